@@ -1,0 +1,21 @@
+# The gpuops operator image: slim Python, non-root, the package and its pinned dependencies only.
+FROM python:3.11.7-slim-bookworm
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+RUN groupadd --system --gid 65532 gpuops \
+ && useradd --system --uid 65532 --gid gpuops --home-dir /home/gpuops --create-home gpuops
+
+WORKDIR /src
+COPY pyproject.toml README.md constraints.txt ./
+COPY gpuops ./gpuops
+RUN pip install --no-cache-dir -c constraints.txt /src \
+ && rm -rf /src/build
+
+WORKDIR /home/gpuops
+USER 65532:65532
+ENTRYPOINT ["gpuops"]
+CMD ["--help"]

@@ -1,0 +1,49 @@
+# gpuops: `make demo` runs the emulated cluster with sample objects; `make test` installs and tests.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+QUICK  ?=
+
+.PHONY: install test lint typecheck unit demo bench chaos clean lock
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# Reinstall whenever the dependency declarations change; constraints.txt pins what CI gets.
+$(STAMP): pyproject.toml constraints.txt | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: install
+	$(BIN)/ruff check gpuops tests bench chaos
+	$(BIN)/hadolint --failure-threshold warning Dockerfile
+
+typecheck: install
+	$(BIN)/mypy --strict gpuops
+
+unit: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+test: lint typecheck unit
+
+demo: install
+	$(BIN)/gpuops demo --port 6443 --kubeconfig $(CURDIR)/demo.kubeconfig
+
+bench: install
+	@set -e; for s in bench/*.py; do echo "== $$s"; $(BIN)/python $$s $(QUICK); done
+
+chaos: install
+	@set -e; found=0; for s in chaos/*.py; do [ -e "$$s" ] || continue; found=1; echo "== $$s"; \
+	  $(BIN)/python $$s $(QUICK); done; [ $$found = 1 ] || echo "no chaos scenarios yet"
+
+# Refresh constraints.txt from the current virtualenv (run after changing dependencies).
+lock: | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^gpuops' > constraints.txt
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache demo.kubeconfig

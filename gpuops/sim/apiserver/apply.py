@@ -1,0 +1,1032 @@
+"""Server-side apply and managedFields (item 42), after sigs.k8s.io/structured-merge-diff and the
+apiserver's fieldmanager wrappers.
+
+Field sets are Python sets of paths; a path is a tuple of path elements, each one of
+("f", field name), ("k", ((key field, canonical JSON), ...)), ("v", canonical JSON) or ("i", index),
+the same elements FieldsV1 spells "f:name", 'k:{"name":"x"}', 'v:"x"' and "i:0". A set holds members
+only, as upstream's does; FieldsV1 "." marks a node that is a member and also has children.
+
+What the fieldmanager wrappers add is reproduced: managedFields of the request/live object
+(a request `managedFields: [{}]` resets them), the "before-first-apply" manager for objects that had no
+managedFields, timestamps only when a manager's write changed the object, at most 10 Update managers
+(older ones merge into "ancient-changes"), metadata fields nobody owns, and kubectl's client-side to
+server-side apply hand-over through the last-applied annotation.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from .errors import Cause, StatusError, bad_request
+from .patch import builtin_always_present, builtin_ssa_shape, is_builtin_kind, json_equal
+
+LAST_APPLIED_ANNOTATION = "kubectl.kubernetes.io/last-applied-configuration"
+BEFORE_FIRST_APPLY = "before-first-apply"
+ANCIENT_CHANGES = "ancient-changes"
+MAX_UPDATE_MANAGERS = 10
+
+PathElement = tuple[str, Any]
+Path = tuple[PathElement, ...]
+ListKeys = Callable[[tuple[str, ...]], tuple[str, str | tuple[str, ...] | None]]
+
+_M: Any = object()  # a value that is absent (not JSON null)
+
+# Fields no manager ever owns (fieldmanager's stripMetaManager).
+_STRIP: frozenset[Path] = frozenset(
+    [(("f", "apiVersion"),), (("f", "kind"),), (("f", "metadata"),)]
+    + [
+        (("f", "metadata"), ("f", name))
+        for name in (
+            "name",
+            "namespace",
+            "creationTimestamp",
+            "selfLink",
+            "uid",
+            "clusterName",
+            "generation",
+            "managedFields",
+            "resourceVersion",
+        )
+    ]
+)
+
+# Defaults of list-map key fields (SMD uses schema defaults when an item omits a key).
+_BUILTIN_KEY_DEFAULTS = {"protocol": "TCP"}
+
+
+class ApplyResult(NamedTuple):
+    obj: dict[str, Any]  # the new object, metadata.managedFields updated
+
+
+class _TypedError(Exception):
+    """The applied configuration does not fit its schema (duplicate or keyless list-map items)."""
+
+
+class _DecodeError(Exception):
+    """managedFields that cannot be read."""
+
+
+# ------------------------------------------------------------------------------ path elements
+
+
+def _norm(v: Any) -> Any:
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, dict):
+        return {k: _norm(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_norm(x) for x in v]
+    return v
+
+
+def _canon(v: Any) -> str:
+    return json.dumps(_norm(v), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _go_json(v: Any) -> str:
+    """Go's encoding/json: sorted keys, compact, HTML-safe escapes."""
+    s = json.dumps(v, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    for ch, esc in (
+        ("<", "\\u003c"),
+        (">", "\\u003e"),
+        ("&", "\\u0026"),
+        ("\u2028", "\\u2028"),
+        ("\u2029", "\\u2029"),
+    ):
+        s = s.replace(ch, esc)
+    return s
+
+
+def _pe_to_fields(pe: PathElement) -> str:
+    kind, val = pe
+    if kind == "f":
+        return "f:" + str(val)
+    if kind == "k":
+        return "k:" + _go_json({name: json.loads(c) for name, c in val})
+    if kind == "v":
+        return "v:" + _go_json(json.loads(val))
+    return f"i:{val}"
+
+
+def _pe_from_fields(s: str) -> PathElement | None:
+    kind, sep, rest = s.partition(":")
+    if not sep or len(kind) != 1:
+        raise _DecodeError(f"missing colon: {s}")
+    try:
+        if kind == "f":
+            return ("f", rest)
+        if kind == "v":
+            return ("v", _canon(json.loads(rest)))
+        if kind == "k":
+            obj = json.loads(rest)
+            if not isinstance(obj, dict):
+                raise _DecodeError(f"bad key: {s}")
+            return ("k", tuple(sorted((k, _canon(v)) for k, v in obj.items())))
+        if kind == "i":
+            return ("i", int(rest))
+    except ValueError as e:
+        raise _DecodeError(str(e)) from e
+    return None  # an element type a newer server knows: ignored, as upstream does
+
+
+def _value_rank(v: Any) -> tuple[Any, ...]:
+    if isinstance(v, bool):
+        return (2, v)
+    if isinstance(v, int | float):
+        return (0, v)
+    if isinstance(v, str):
+        return (1, v)
+    if isinstance(v, list):
+        return (3, [_value_rank(x) for x in v])
+    if isinstance(v, dict):
+        return (4, sorted((k, _value_rank(x)) for k, x in v.items()))
+    return (5,)
+
+
+def _pe_order(pe: PathElement) -> tuple[Any, ...]:
+    kind, val = pe
+    if kind == "f":
+        return (0, val)
+    if kind == "k":
+        return (1, [(name, _value_rank(json.loads(c))) for name, c in val])
+    if kind == "v":
+        return (2, _value_rank(json.loads(val)))
+    return (3, val)
+
+
+def _to_string(v: Any) -> str:
+    """SMD value.ToString, used in conflict paths."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, list):
+        return "[" + ",".join(_to_string(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "".join(f"{k}={_to_string(x)}" for k, x in v.items())
+    return str(v)
+
+
+def _pe_str(pe: PathElement) -> str:
+    kind, val = pe
+    if kind == "f":
+        return "." + str(val)
+    if kind == "k":
+        return "[" + ",".join(f"{name}={_to_string(json.loads(c))}" for name, c in val) + "]"
+    if kind == "v":
+        return f"[={_to_string(json.loads(val))}]"
+    return f"[{val}]"
+
+
+def path_string(path: Path) -> str:
+    """A field path as conflict messages print it: `.spec.containers[name="app"].image`."""
+    return "".join(_pe_str(pe) for pe in path)
+
+
+# ----------------------------------------------------------------------------------- field sets
+
+
+def _trie(paths: Iterable[Path]) -> dict[PathElement, list[Any]]:
+    """Nested {element: [is_member, children]}."""
+    root: dict[PathElement, list[Any]] = {}
+    for p in paths:
+        node = root
+        for i, pe in enumerate(p):
+            entry = node.setdefault(pe, [False, {}])
+            if i == len(p) - 1:
+                entry[0] = True
+            node = entry[1]
+    return root
+
+
+def fields_to_set(fields: Any) -> set[Path]:
+    """FieldsV1 JSON -> set of paths."""
+    out: set[Path] = set()
+
+    def walk(node: Any, prefix: Path) -> None:
+        if not isinstance(node, dict):
+            raise _DecodeError("FieldsV1 nodes must be objects")
+        for key, child in node.items():
+            if key == ".":
+                continue
+            pe = _pe_from_fields(key)
+            if pe is None:
+                continue
+            p = (*prefix, pe)
+            if not isinstance(child, dict):
+                raise _DecodeError("FieldsV1 nodes must be objects")
+            if "." in child or not child:
+                out.add(p)
+            walk(child, p)
+
+    walk(fields, ())
+    return out
+
+
+def set_to_fields(paths: Iterable[Path]) -> dict[str, Any]:
+    """Set of paths -> FieldsV1 JSON, keys in upstream's order."""
+
+    def emit(node: dict[PathElement, list[Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for pe in sorted(node, key=_pe_order):
+            member, children = node[pe]
+            if children:
+                sub: dict[str, Any] = {".": {}} if member else {}
+                sub.update(emit(children))
+                out[_pe_to_fields(pe)] = sub
+            else:
+                out[_pe_to_fields(pe)] = {}
+        return out
+
+    return emit(_trie(p for p in paths if p))
+
+
+def _iterate(paths: Iterable[Path]) -> Iterator[Path]:
+    """Members in upstream Set.Iterate order: a level's members, then its children's subtrees."""
+
+    def walk(node: dict[PathElement, list[Any]], prefix: Path) -> Iterator[Path]:
+        order = sorted(node, key=_pe_order)
+        for pe in order:
+            if node[pe][0]:
+                yield (*prefix, pe)
+        for pe in order:
+            if node[pe][1]:
+                yield from walk(node[pe][1], (*prefix, pe))
+
+    yield from walk(_trie(paths), ())
+
+
+# --------------------------------------------------------------------------------------- schema
+
+
+class SchemaHints:
+    """`list_keys` for a custom resource, read from its structural schema: x-kubernetes-list-type and
+    -list-map-keys for lists, x-kubernetes-map-type for maps and list items."""
+
+    def __init__(self, schema: dict[str, Any] | None) -> None:
+        self.schema = schema or {}
+
+    def _at(self, path: tuple[str, ...]) -> dict[str, Any] | None:
+        node: Any = self.schema
+        for name in path:
+            while isinstance(node, dict) and isinstance(node.get("items"), dict):
+                node = node["items"]
+            if not isinstance(node, dict):
+                return None
+            props = node.get("properties")
+            if isinstance(props, dict) and isinstance(props.get(name), dict):
+                node = props[name]
+            elif isinstance(node.get("additionalProperties"), dict):
+                node = node["additionalProperties"]
+            else:
+                return None
+        return node if isinstance(node, dict) else None
+
+    def __call__(self, path: tuple[str, ...]) -> tuple[str, tuple[str, ...] | None]:
+        node = self._at(path) or {}
+        kind = node.get("x-kubernetes-list-type")
+        if kind == "map":
+            keys = node.get("x-kubernetes-list-map-keys")
+            return "map", tuple(k for k in keys if isinstance(k, str)) if isinstance(keys, list) else None
+        if kind == "set":
+            return "set", None
+        return "atomic", None
+
+    def map_atomic(self, path: tuple[str, ...]) -> bool:
+        node = self._at(path) or {}
+        return node.get("x-kubernetes-map-type") == "atomic"
+
+    def item_atomic(self, path: tuple[str, ...]) -> bool:
+        items = (self._at(path) or {}).get("items")
+        return isinstance(items, dict) and items.get("x-kubernetes-map-type") == "atomic"
+
+    def key_defaults(self, path: tuple[str, ...]) -> dict[str, Any]:
+        """Schema defaults of list-map key fields: an item that omits a key gets its default."""
+        items = (self._at(path) or {}).get("items")
+        props = items.get("properties") if isinstance(items, dict) else None
+        if not isinstance(props, dict):
+            return {}
+        return {k: p["default"] for k, p in props.items() if isinstance(p, dict) and "default" in p}
+
+
+class _Shape(NamedTuple):
+    rel: str  # "map" | "set" | "atomic"
+    keys: tuple[str, ...]
+    item_atomic: bool
+    key_defaults: dict[str, Any]
+
+
+_ATOMIC = _Shape("atomic", (), False, {})
+
+
+class _Schema:
+    """What SMD would read from the type: list types, atomic maps, and non-pointer structs."""
+
+    def __init__(self, group: str, kind: str, list_keys: ListKeys | None) -> None:
+        self.group = group
+        self.kind = kind
+        self.list_keys = list_keys
+        self.builtin = list_keys is None and is_builtin_kind(group, kind)
+
+    def list_shape(self, names: tuple[str, ...]) -> _Shape:
+        if self.builtin:
+            s = builtin_ssa_shape(self.group, self.kind, names)
+            if s is None or s[0] not in ("map", "set"):
+                return _ATOMIC
+            return _Shape(*s, _BUILTIN_KEY_DEFAULTS)
+        if self.list_keys is None:
+            return _ATOMIC
+        rel, key = self.list_keys(names)
+        keys = (key,) if isinstance(key, str) else tuple(key or ())
+        if rel == "map" and keys:
+            item_atomic = getattr(self.list_keys, "item_atomic", None)
+            defaults = getattr(self.list_keys, "key_defaults", None)
+            return _Shape(
+                "map",
+                keys,
+                bool(item_atomic(names)) if callable(item_atomic) else False,
+                dict(defaults(names)) if callable(defaults) else {},
+            )
+        if rel == "set":
+            return _Shape("set", (), False, {})
+        return _ATOMIC
+
+    def map_atomic(self, names: tuple[str, ...]) -> bool:
+        if not names:
+            return False
+        if self.builtin:
+            s = builtin_ssa_shape(self.group, self.kind, names)
+            return s is not None and s[0] == "atomic"
+        fn = getattr(self.list_keys, "map_atomic", None)
+        return bool(fn(names)) if callable(fn) else False
+
+    def skeleton(self, v: Any, names: tuple[str, ...] = ()) -> Any:
+        """`v` with the empty structs a typed built-in object always carries (comparison only)."""
+        if not self.builtin or not isinstance(v, dict):
+            return v
+        out = dict(v)
+        for name, zero in builtin_always_present(self.group, self.kind, names):
+            if name not in out:
+                out[name] = copy.copy(zero)
+        for k, cv in out.items():
+            if isinstance(cv, dict):
+                out[k] = self.skeleton(cv, (*names, k))
+            elif isinstance(cv, list):
+                out[k] = [self.skeleton(x, (*names, k)) for x in cv]
+        return out
+
+
+# ---------------------------------------------------------------------------------------- walks
+
+
+class _Compare(NamedTuple):
+    added: set[Path]
+    modified: set[Path]
+    removed: set[Path]
+
+
+class _Walker:
+    """ToFieldSet, Compare, Merge and RemoveItems of structured-merge-diff over plain JSON."""
+
+    def __init__(self, schema: _Schema) -> None:
+        self.schema = schema
+
+    # -- list items ---------------------------------------------------------------------------
+
+    def item_pes(self, items: list[Any], shape: _Shape, path: Path, strict: bool) -> list[PathElement]:
+        pes: list[PathElement] = []
+        for i, item in enumerate(items):
+            if shape.rel == "set":
+                pes.append(("v", _canon(item)))
+                continue
+            if not isinstance(item, dict):
+                if strict:
+                    raise _TypedError(f"{path_string(path)}: element {i}: expected map, got {_canon(item)}")
+                pes.append(("i", i))
+                continue
+            key: list[tuple[str, str]] = []
+            for name in shape.keys:
+                if name in item:
+                    key.append((name, _canon(item[name])))
+                elif name in shape.key_defaults:
+                    key.append((name, _canon(shape.key_defaults[name])))
+                elif strict:
+                    raise _TypedError(
+                        f"{path_string(path)}: element {i}: associative list with keys has an element that "
+                        f'omits key field "{name}" (and doesn\'t have default value)'
+                    )
+            pes.append(("k", tuple(sorted(key))) if key else ("i", i))
+        if strict:
+            seen: set[PathElement] = set()
+            for pe in pes:
+                if pe in seen:
+                    raise _TypedError(f"{path_string(path)}: duplicate entries for key {_pe_str(pe)}")
+                seen.add(pe)
+        return pes
+
+    # -- ToFieldSet ---------------------------------------------------------------------------
+
+    def field_set(self, v: Any, strict: bool) -> set[Path]:
+        out: set[Path] = set()
+        self._fs(v, (), (), False, out, strict)
+        return out
+
+    def _fs(
+        self, v: Any, path: Path, names: tuple[str, ...], item: bool, out: set[Path], strict: bool
+    ) -> None:
+        if isinstance(v, dict):
+            if path and not item and self.schema.map_atomic(names):
+                out.add(path)
+                return
+            for k, cv in v.items():
+                cp = (*path, ("f", k))
+                self._fs(cv, cp, (*names, k), False, out, strict)
+                if cv is None or (isinstance(cv, dict) and not cv):
+                    out.add(cp)
+        elif isinstance(v, list):
+            shape = self.schema.list_shape(names)
+            if shape.rel == "atomic":
+                out.add(path)
+                return
+            pes = self.item_pes(v, shape, path, strict)
+            counts: dict[PathElement, int] = {}
+            for pe in pes:
+                counts[pe] = counts.get(pe, 0) + 1
+            for child, pe in zip(v, pes, strict=True):
+                ip = (*path, pe)
+                granular = shape.rel == "map" and not shape.item_atomic
+                if counts[pe] == 1 and isinstance(child, dict) and granular:
+                    self._fs(child, ip, names, True, out, strict)
+                out.add(ip)
+        elif path:
+            out.add(path)
+
+    # -- Compare ------------------------------------------------------------------------------
+
+    def compare(self, lhs: Any, rhs: Any) -> _Compare:
+        c = _Compare(set(), set(), set())
+        self._cmp(lhs, rhs, (), (), False, c)
+        return c
+
+    @staticmethod
+    def _leaf(lhs: Any, rhs: Any, path: Path, c: _Compare) -> None:
+        if not path:
+            return
+        if lhs is _M:
+            c.added.add(path)
+        elif rhs is _M:
+            c.removed.add(path)
+        elif not json_equal(lhs, rhs):
+            c.modified.add(path)
+
+    def _cmp(self, lhs: Any, rhs: Any, path: Path, names: tuple[str, ...], item: bool, c: _Compare) -> None:
+        lk, rk = _kind(lhs), _kind(rhs)
+        orig_l, orig_r = lhs, rhs
+        if lk != rk and "missing" not in (lk, rk):
+            if lhs is None and rk != "scalar":
+                lhs, lk = ({} if rk == "map" else []), rk
+            elif rhs is None and lk != "scalar":
+                rhs, rk = ({} if lk == "map" else []), lk
+            else:
+                if path:
+                    c.modified.add(path)
+                if lk != "scalar":
+                    self._cmp(lhs, _M, path, names, item, _Compare(set(), set(), c.removed))
+                if rk != "scalar":
+                    self._cmp(_M, rhs, path, names, item, _Compare(c.added, set(), set()))
+                c.added.discard(path)
+                c.removed.discard(path)
+                return
+        kind = rk if lk == "missing" else lk
+        if kind == "scalar":
+            self._leaf(lhs, rhs, path, c)
+            return
+        # Both sides empty or null: a leaf, so that {} and null stay distinct.
+        empty = (orig_l is _M or not orig_l) and (orig_r is _M or not orig_r)
+        if kind == "map":
+            if empty or (path and not item and self.schema.map_atomic(names)):
+                self._leaf(orig_l, orig_r, path, c)
+                return
+            lm = lhs if lhs is not _M else {}
+            rm = rhs if rhs is not _M else {}
+            for k in [*lm, *(k for k in rm if k not in lm)]:
+                self._cmp(lm.get(k, _M), rm.get(k, _M), (*path, ("f", k)), (*names, k), False, c)
+        else:
+            shape = self.schema.list_shape(names)
+            if empty or shape.rel == "atomic":
+                self._leaf(orig_l, orig_r, path, c)
+                return
+            self._cmp_items(lhs if lhs is not _M else [], rhs if rhs is not _M else [], path, names, shape, c)
+        if path:
+            if lhs is _M:
+                c.added.add(path)
+            elif rhs is _M:
+                c.removed.add(path)
+
+    def _cmp_items(
+        self, lhs: list[Any], rhs: list[Any], path: Path, names: tuple[str, ...], shape: _Shape, c: _Compare
+    ) -> None:
+        lv: dict[PathElement, list[Any]] = {}
+        rv: dict[PathElement, list[Any]] = {}
+        order: list[PathElement] = []
+        for item, pe in zip(lhs, self.item_pes(lhs, shape, path, False), strict=True):
+            if pe not in lv:
+                order.append(pe)
+            lv.setdefault(pe, []).append(item)
+        for item, pe in zip(rhs, self.item_pes(rhs, shape, path, False), strict=True):
+            if pe not in rv and pe not in lv:
+                order.append(pe)
+            rv.setdefault(pe, []).append(item)
+        atomic = shape.rel == "set" or shape.item_atomic
+        for pe in order:
+            ll, rl = lv.get(pe, []), rv.get(pe, [])
+            ip = (*path, pe)
+
+            def one(a: Any, b: Any, ip: Path = ip) -> None:
+                if atomic:
+                    self._leaf(a, b, ip, c)
+                else:
+                    self._cmp(a, b, ip, names, True, c)
+
+            if len(ll) <= 1 and len(rl) <= 1:
+                one(ll[0] if ll else _M, rl[0] if rl else _M)
+            elif len(ll) >= 2 and len(rl) >= 2:
+                if not json_equal(ll, rl):
+                    c.modified.add(ip)
+            elif len(ll) >= 2:
+                if rl:
+                    one(_M, rl[0])
+                c.removed.add(ip)
+            else:
+                if ll:
+                    one(ll[0], _M)
+                c.added.add(ip)
+
+    # -- Merge --------------------------------------------------------------------------------
+
+    def merge(self, lhs: Any, rhs: Any) -> Any:
+        return self._merge(lhs, rhs, (), False)
+
+    def _merge(self, lhs: Any, rhs: Any, names: tuple[str, ...], item: bool) -> Any:
+        if rhs is _M:
+            return lhs
+        if lhs is _M:
+            return copy.deepcopy(rhs)
+        if isinstance(lhs, dict) and isinstance(rhs, dict):
+            if (not lhs and not rhs) or (names and not item and self.schema.map_atomic(names)):
+                return copy.deepcopy(rhs)
+            out = {k: self._merge(v, rhs.get(k, _M), (*names, k), False) for k, v in lhs.items()}
+            for k, v in rhs.items():
+                if k not in lhs:
+                    out[k] = copy.deepcopy(v)
+            return out
+        if isinstance(lhs, list) and isinstance(rhs, list):
+            shape = self.schema.list_shape(names)
+            if (not lhs and not rhs) or shape.rel == "atomic":
+                return copy.deepcopy(rhs)
+            return self._merge_items(lhs, rhs, names, shape)
+        return copy.deepcopy(rhs)
+
+    def _merge_items(
+        self, lhs: list[Any], rhs: list[Any], names: tuple[str, ...], shape: _Shape
+    ) -> list[Any]:
+        """SMD's list merge: the applied order for shared items, live-only items kept in place."""
+        atomic = shape.rel == "set" or shape.item_atomic
+
+        def one(a: Any, b: Any) -> Any:
+            if atomic:
+                return copy.deepcopy(b) if b is not _M else a
+            return self._merge(a, b, names, True)
+
+        r_pes = self.item_pes(rhs, shape, (), False)
+        l_pes = self.item_pes(lhs, shape, (), False)
+        seen_r: dict[PathElement, Any] = dict(zip(r_pes, rhs, strict=True))
+        seen_l: dict[PathElement, Any] = {}
+        for pe, v in zip(l_pes, lhs, strict=True):
+            seen_l[pe] = _M if pe in seen_l else v  # duplicated live items do not merge
+        shared = [pe for pe in r_pes if pe in seen_l]
+        next_shared = shared.pop(0) if shared else None
+        merged_r: set[PathElement] = set()
+        out: list[Any] = []
+        li = ri = 0
+        while li < len(l_pes) or ri < len(r_pes):
+            if li < len(l_pes) and ri < len(r_pes):
+                pe = l_pes[li]
+                if pe == r_pes[ri]:
+                    merged_r.add(pe)
+                    out.append(one(seen_l[pe], seen_r[pe]))
+                    li += 1
+                    ri += 1
+                    next_shared = shared.pop(0) if shared else None
+                    continue
+                if pe in seen_r and next_shared is not None and next_shared != pe:
+                    li += 1
+                    continue
+            if li < len(l_pes):
+                pe = l_pes[li]
+                if pe not in seen_r:
+                    out.append(lhs[li])
+                    li += 1
+                    continue
+                if pe in merged_r:
+                    li += 1
+            if ri < len(r_pes):
+                pe = r_pes[ri]
+                merged_r.add(pe)
+                out.append(one(seen_l.get(pe, _M), seen_r[pe]))
+                ri += 1
+                if next_shared is not None and next_shared == pe:
+                    next_shared = shared.pop(0) if shared else None
+        return out
+
+    # -- RemoveItems --------------------------------------------------------------------------
+
+    def remove(self, v: Any, paths: set[Path]) -> Any:
+        if not paths:
+            return v
+        out = self._remove(v, _trie(paths), (), False)
+        return {} if out is _M else out
+
+    def _remove(self, v: Any, node: dict[PathElement, list[Any]], names: tuple[str, ...], item: bool) -> Any:
+        """`v` without the members of `node`; _M when removal emptied a map or list."""
+        if isinstance(v, dict):
+            if names and not item and self.schema.map_atomic(names):
+                return v
+            out: dict[str, Any] = {}
+            for k, cv in v.items():
+                entry = node.get(("f", k))
+                if entry is None:
+                    out[k] = cv
+                elif not entry[0]:
+                    nv = self._remove(cv, entry[1], (*names, k), False)
+                    if nv is not _M:
+                        out[k] = nv
+            return out if out or not v else _M
+        if isinstance(v, list):
+            shape = self.schema.list_shape(names)
+            if shape.rel == "atomic":
+                return v
+            items: list[Any] = []
+            for child, pe in zip(v, self.item_pes(v, shape, (), False), strict=True):
+                entry = node.get(pe)
+                if entry is None:
+                    items.append(child)
+                elif not entry[0]:
+                    nv = self._remove(child, entry[1], names, True)
+                    items.append({} if nv is _M else nv)
+            return items if items or not v else _M
+        return v
+
+
+def _kind(v: Any) -> str:
+    if v is _M:
+        return "missing"
+    if isinstance(v, dict):
+        return "map"
+    if isinstance(v, list):
+        return "list"
+    return "scalar"
+
+
+# ------------------------------------------------------------------------------- managed fields
+
+Identity = tuple[str, str, str, str]  # manager, operation, apiVersion (Update only), subresource
+
+
+@dataclass
+class _Entry:
+    fields: set[Path]
+    api_version: str
+    time: str | None
+
+
+def _identity(manager: str, operation: str, api_version: str, subresource: str) -> Identity:
+    return (manager, operation, "" if operation == "Apply" else api_version, subresource)
+
+
+def _decode(managed: Any) -> dict[Identity, _Entry]:
+    out: dict[Identity, _Entry] = {}
+    if managed is None:
+        return out
+    if not isinstance(managed, list):
+        raise _DecodeError("managedFields must be a list")
+    for e in managed:
+        if not isinstance(e, dict):
+            raise _DecodeError("managedFields entries must be objects")
+        fields = fields_to_set(e.get("fieldsV1") or {})
+        op = str(e.get("operation") or "")
+        av = str(e.get("apiVersion") or "")
+        ident = _identity(str(e.get("manager") or ""), op, av, str(e.get("subresource") or ""))
+        t = e.get("time")
+        out[ident] = _Entry(fields, av, t if isinstance(t, str) else None)
+    return out
+
+
+def _seconds(t: str | None) -> float:
+    if not t:
+        return 0.0
+    try:
+        return int(datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp())
+    except ValueError:
+        return 0.0
+
+
+def _encode(managers: dict[Identity, _Entry]) -> list[dict[str, Any]]:
+    entries: list[dict[str, Any]] = []
+    for (manager, op, _, sub), e in managers.items():
+        d: dict[str, Any] = {"manager": manager, "operation": op, "apiVersion": e.api_version}
+        if e.time is not None:
+            d["time"] = e.time
+        d["fieldsType"] = "FieldsV1"
+        d["fieldsV1"] = set_to_fields(e.fields)
+        if sub:
+            d["subresource"] = sub
+        entries.append(d)
+    entries.sort(
+        key=lambda d: (
+            d["operation"],
+            _seconds(d.get("time")),
+            d["manager"],
+            d["apiVersion"],
+            d.get("subresource", ""),
+        )
+    )
+    return entries
+
+
+def _finish(obj: dict[str, Any], managers: dict[Identity, _Entry]) -> dict[str, Any]:
+    for ident in [i for i, e in managers.items() if not e.fields]:
+        del managers[ident]
+    meta = obj.setdefault("metadata", {})
+    if managers:
+        meta["managedFields"] = _encode(managers)
+    else:
+        meta.pop("managedFields", None)
+    return obj
+
+
+def _cap_updaters(managers: dict[Identity, _Entry]) -> None:
+    """At most MAX_UPDATE_MANAGERS Update entries; the oldest merge into "ancient-changes" per version."""
+    updaters = [i for i in managers if i[1] != "Apply"]
+    if len(updaters) <= MAX_UPDATE_MANAGERS:
+        return
+    updaters.sort(key=lambda i: (_seconds(managers[i].time), json.dumps(list(i))))
+    first: dict[str, Identity] = {}
+    length = len(updaters)
+    for ident in updaters:
+        if length <= MAX_UPDATE_MANAGERS:
+            break
+        e = managers[ident]
+        bucket = _identity(ANCIENT_CHANGES, "Update", e.api_version, "")
+        if e.api_version in first:
+            if bucket not in managers:
+                managers[bucket] = managers.pop(first[e.api_version])
+            managers[bucket] = _Entry(e.fields | managers[bucket].fields, e.api_version, e.time)
+            del managers[ident]
+            length -= 1
+        else:
+            first[e.api_version] = ident
+
+
+def strip_managed_fields(obj: Any) -> Any:
+    """A deep copy of `obj` without metadata.managedFields."""
+    out = copy.deepcopy(obj)
+    if isinstance(out, dict) and isinstance(out.get("metadata"), dict):
+        out["metadata"].pop("managedFields", None)
+    return out
+
+
+def _group(api_version: str) -> str:
+    return api_version.rpartition("/")[0]
+
+
+def _drop_nulls(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _drop_nulls(x) for k, x in v.items() if x is not None}
+    if isinstance(v, list):
+        return [_drop_nulls(x) for x in v]
+    return v
+
+
+# ---------------------------------------------------------------------------------------- update
+
+
+def update_managed_fields(
+    old: dict[str, Any] | None,
+    new: dict[str, Any],
+    *,
+    manager: str,
+    operation: str,
+    api_version: str,
+    now: str,
+    subresource: str = "",
+    list_keys: ListKeys | None = None,
+) -> dict[str, Any]:
+    """managedFields after a create/update/patch by `manager` (old None = create): it gets the fields it
+    set or changed, which other managers lose, and everyone loses the fields it removed."""
+    obj = copy.deepcopy(new)
+    meta = obj.setdefault("metadata", {})
+    requested = meta.pop("managedFields", None)
+    live = (old or {}).get("metadata", {}).get("managedFields") if isinstance(old, dict) else None
+    managers: dict[Identity, _Entry] = {}
+    try:
+        if subresource:
+            managers = _decode(live)
+        elif isinstance(requested, list) and len(requested) == 1 and requested[0] == {}:
+            managers = {}  # `managedFields: [{}]` resets ownership
+        else:
+            try:
+                managers = _decode(requested)
+            except _DecodeError:
+                managers = {}
+            if not managers:
+                managers = _decode(live)
+    except _DecodeError:
+        managers = {}
+    if not managers and old is not None:
+        return obj  # objects without managedFields stay untracked until an apply
+    schema = _Schema(_group(api_version), str(obj.get("kind") or (old or {}).get("kind") or ""), list_keys)
+    walker = _Walker(schema)
+    before = schema.skeleton(strip_managed_fields(old) if old is not None else {})
+    c = walker.compare(before, schema.skeleton(obj))
+    changed = c.added | c.modified
+    for e in managers.values():
+        e.fields -= changed
+        e.fields -= c.removed
+    mine = changed - _STRIP
+    if mine:
+        ident = _identity(manager, operation, api_version, subresource)
+        prev = managers.get(ident)
+        managers[ident] = _Entry(mine | (prev.fields if prev else set()), api_version, now)
+    for ident in [i for i, e in managers.items() if not e.fields]:
+        del managers[ident]
+    _cap_updaters(managers)
+    return _finish(obj, managers)
+
+
+# ----------------------------------------------------------------------------------------- apply
+
+
+def _gvk_string(api_version: Any, kind: Any) -> str:
+    av = str(api_version or "")
+    group, _, version = av.rpartition("/")
+    return f"{group}/{version}, Kind={kind or ''}"
+
+
+def _print_manager(ident: Identity) -> str:
+    manager, op, api_version, sub = ident
+    out = json.dumps(manager, ensure_ascii=False)
+    if sub:
+        out += f" with subresource {json.dumps(sub, ensure_ascii=False)}"
+    if op == "Update":
+        out += f" using {api_version}"
+    return out
+
+
+def _conflict_error(conflicts: dict[Identity, set[Path]]) -> StatusError:
+    ordered = sorted(conflicts)
+    pairs = [(ident, p) for ident in ordered for p in _iterate(conflicts[ident])]
+    causes = [
+        Cause("FieldManagerConflict", f"conflict with {_print_manager(i)}", path_string(p)) for i, p in pairs
+    ]
+    if len(pairs) == 1:
+        ident, p = pairs[0]
+        msg = f"Apply failed with 1 conflict: conflict with {_print_manager(ident)}: {path_string(p)}"
+    else:
+        lines = []
+        for ident in ordered:
+            lines.append(f"conflicts with {_print_manager(ident)}:")
+            lines.extend(f"- {path_string(p)}" for p in _iterate(conflicts[ident]))
+        msg = f"Apply failed with {len(pairs)} conflicts: " + "\n".join(lines)
+    return StatusError(409, "Conflict", msg, causes=causes)
+
+
+def _allowed_by_last_applied(walker: _Walker, live: dict[str, Any], api_version: str) -> set[Path]:
+    """Fields kubectl's client-side apply last set to their current values: `kubectl apply
+    --server-side` may take them over from kubectl-client-side-apply without a conflict."""
+    raw = ((live.get("metadata") or {}).get("annotations") or {}).get(LAST_APPLIED_ANNOTATION)
+    if not isinstance(raw, str) or not raw:
+        return set()
+    try:
+        last = json.loads(raw)
+    except ValueError:
+        return set()
+    if not isinstance(last, dict) or last.get("apiVersion") != api_version:
+        return set()
+    try:
+        fields = walker.field_set(last, True)
+    except _TypedError:
+        return set()
+    c = walker.compare(walker.schema.skeleton(last), walker.schema.skeleton(live))
+    return fields - c.modified - c.added - c.removed
+
+
+def _set_last_applied(obj: dict[str, Any], config: dict[str, Any]) -> None:
+    annotations = (obj.get("metadata") or {}).get("annotations")
+    if not isinstance(annotations, dict) or not annotations.get(LAST_APPLIED_ANNOTATION):
+        return
+    cfg = copy.deepcopy(config)
+    cann = (cfg.get("metadata") or {}).get("annotations")
+    if isinstance(cann, dict):
+        cann.pop(LAST_APPLIED_ANNOTATION, None)
+    annotations[LAST_APPLIED_ANNOTATION] = _go_json(cfg) + "\n"
+
+
+def _drop_paths(obj: dict[str, Any], paths: Iterable[tuple[str, ...]]) -> dict[str, Any]:
+    out = copy.deepcopy(obj)
+    for names in paths:
+        node: Any = out
+        for name in names[:-1]:
+            node = node.get(name) if isinstance(node, dict) else None
+        if isinstance(node, dict) and names:
+            node.pop(names[-1], None)
+    return out
+
+
+def server_side_apply(
+    live: dict[str, Any] | None,
+    config: dict[str, Any],
+    *,
+    manager: str,
+    force: bool,
+    api_version: str,
+    now: str,
+    list_keys: ListKeys | None = None,
+    subresource: str = "",
+    reset_fields: Iterable[tuple[str, ...]] | None = None,
+) -> dict[str, Any]:
+    """Apply `config` for `manager` onto `live` (None = create); returns the new object with managedFields.
+
+    Conflicts (a field the config changes that another manager owns) raise 409 unless `force`. Built-in
+    kinds use their list types; other kinds use `list_keys(path) -> (list type, map key(s))`, which may
+    also offer map_atomic(path), item_atomic(path) and key_defaults(path) (SchemaHints reads all four
+    from a CRD schema); without it lists are atomic and maps granular. `reset_fields` are field paths
+    the endpoint ignores (upstream's reset fields: ("status",) on a main resource with a status
+    subresource); by default the status subresource ignores everything but status.
+    """
+    if not isinstance(config, dict):
+        raise bad_request("error decoding patch: the applied configuration must be an object")
+    cmeta = config.get("metadata")
+    if isinstance(cmeta, dict) and cmeta.get("managedFields") is not None:
+        raise bad_request("metadata.managedFields must be nil")
+    kind = config.get("kind")
+    if config.get("apiVersion") != api_version or (live is not None and live.get("kind") not in (None, kind)):
+        raise bad_request(f"invalid object type: {_gvk_string(config.get('apiVersion'), kind)}")
+    if reset_fields is None:
+        kept = ("status", "apiVersion", "kind")
+        reset_fields = [(k,) for k in config if k not in kept] if subresource == "status" else []
+    applied = _drop_paths(config, reset_fields)
+    schema = _Schema(_group(api_version), str(kind or ""), list_keys)
+    walker = _Walker(schema)
+    base = strip_managed_fields(live) if live is not None else {}
+    try:
+        managers = _decode((live or {}).get("metadata", {}).get("managedFields"))
+    except _DecodeError as err:
+        raise StatusError(500, "", f"failed to decode managed fields: {err}") from err
+    try:
+        new_set = walker.field_set(applied, True) - _STRIP
+    except _TypedError as err:
+        meta: dict[str, Any] = cmeta if isinstance(cmeta, dict) else {}
+        where = f"{_gvk_string(api_version, kind)} {meta.get('namespace', '')}/{meta.get('name', '')}"
+        raise StatusError(500, "", f"failed to create typed patch object ({where}): {err}") from err
+    if live is not None and not managers:
+        c = walker.compare(schema.skeleton({}), schema.skeleton(base))
+        owned = (c.added | c.modified) - _STRIP
+        if owned:
+            first = _identity(BEFORE_FIRST_APPLY, "Update", api_version, "")
+            managers[first] = _Entry(owned, api_version, now)
+
+    me = _identity(manager, "Apply", api_version, subresource)
+    last = managers.get(me)
+    merged = walker.merge(base, applied)
+    if last is not None and last.fields:
+        owned_now = set(new_set)
+        for ident, e in managers.items():
+            if ident != me:
+                owned_now |= e.fields
+        merged = walker.remove(merged, last.fields - owned_now)
+    c = walker.compare(schema.skeleton(base), schema.skeleton(merged))
+    changed = c.added | c.modified
+    conflicts = {i: e.fields & changed for i, e in managers.items() if i != me and e.fields & changed}
+    if conflicts and not force:
+        allowed = _allowed_by_last_applied(walker, base, api_version) if manager == "kubectl" else set()
+        remaining = {i: s - allowed for i, s in conflicts.items() if s - allowed}
+        if remaining:
+            raise _conflict_error(remaining)
+    for ident, e in managers.items():
+        if ident != me:
+            e.fields -= conflicts.get(ident, set())
+            e.fields -= c.removed
+    unchanged = json_equal(base, merged)
+    managers[me] = _Entry(new_set, api_version, (last.time if last else None) if unchanged else now)
+    result = _drop_nulls(base if unchanged else merged)
+    if manager == "kubectl":
+        _set_last_applied(result, config)
+    return _finish(result, managers)

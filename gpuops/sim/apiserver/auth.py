@@ -1,0 +1,634 @@
+"""Who is calling and may they: bearer tokens, request attributes, RBAC, TokenReview and SubjectAccessReview.
+
+The emulator enforces RBAC only when asked to; when it does, clients must see the same users, groups, verbs,
+decisions and `Forbidden` messages as from a kube-apiserver running `--authorization-mode=RBAC`, so that
+`kubectl auth can-i`, TokenReview-based webhooks and least-privilege manifests behave identically.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gpuops.sim.apiserver.errors import Cause, StatusError, bad_request, internal, invalid, qualified
+
+ANONYMOUS = "system:anonymous"
+UNAUTHENTICATED = "system:unauthenticated"
+AUTHENTICATED = "system:authenticated"
+MASTERS = "system:masters"
+SA_PREFIX = "system:serviceaccount:"
+SA_GROUP = "system:serviceaccounts"
+DEFAULT_AUDIENCE = "https://kubernetes.default.svc.cluster.local"
+
+_RBAC_GROUP = "rbac.authorization.k8s.io"
+
+
+@dataclass(frozen=True)
+class UserInfo:
+    username: str
+    uid: str = ""
+    groups: tuple[str, ...] = ()
+    extra: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `UserInfo` JSON of TokenReview and AdmissionReview (empty fields omitted, as Go does)."""
+        out: dict[str, Any] = {}
+        if self.username:
+            out["username"] = self.username
+        if self.uid:
+            out["uid"] = self.uid
+        if self.groups:
+            out["groups"] = list(self.groups)
+        if self.extra:
+            out["extra"] = {k: list(v) for k, v in self.extra.items()}
+        return out
+
+
+ANONYMOUS_USER = UserInfo(ANONYMOUS, groups=(UNAUTHENTICATED,))
+
+
+def unauthorized() -> StatusError:
+    """What kube-apiserver answers for a bearer token it does not know (even with anonymous auth on)."""
+    return StatusError(401, "Unauthorized", "Unauthorized")
+
+
+class Authenticator:
+    """A static token table, like `--token-auth-file`, plus service-account tokens minted on demand.
+
+    Tokens are audience-agnostic: they are valid for the API server's audiences only (TokenReview checks).
+    """
+
+    def __init__(
+        self, *, allow_anonymous: bool = True, api_audiences: Sequence[str] = (DEFAULT_AUDIENCE,)
+    ) -> None:
+        self._tokens: dict[str, UserInfo] = {}
+        self.allow_anonymous = allow_anonymous
+        self.api_audiences = tuple(api_audiences)
+
+    def add_token(self, token: str, user: UserInfo) -> None:
+        if not token:
+            raise ValueError("empty tokens are never valid")
+        self._tokens[token] = user
+
+    def remove_token(self, token: str) -> None:
+        self._tokens.pop(token, None)
+
+    def service_account_token(self, namespace: str, name: str, uid: str = "") -> str:
+        token = secrets.token_urlsafe(32)
+        user = UserInfo(
+            username=f"{SA_PREFIX}{namespace}:{name}",
+            uid=uid,
+            groups=(SA_GROUP, f"{SA_GROUP}:{namespace}", AUTHENTICATED),
+        )
+        self._tokens[token] = user
+        return token
+
+    def authenticate_token(self, token: str) -> UserInfo | None:
+        """The user behind a token, with `system:authenticated` added the way the group adder does."""
+        user = self._tokens.get(token) if token else None
+        if user is None:
+            return None
+        if AUTHENTICATED in user.groups or UNAUTHENTICATED in user.groups:
+            return user
+        return UserInfo(user.username, user.uid, (*user.groups, AUTHENTICATED), user.extra)
+
+    def authenticate(self, authorization_header: str | None) -> UserInfo | None:
+        """None means 401. A header without a bearer token falls through to the anonymous user (upstream)."""
+        token = _bearer_token(authorization_header)
+        if token is not None:
+            return self.authenticate_token(token)
+        return ANONYMOUS_USER if self.allow_anonymous else None
+
+
+def _bearer_token(header: str | None) -> str | None:
+    """Upstream splits on single spaces: "Bearer  x" (two spaces) carries an empty token, i.e. none at all."""
+    auth = (header or "").strip()
+    if not auth:
+        return None
+    parts = auth.split(" ", 2)
+    if len(parts) < 2 or parts[0].lower() != "bearer" or not parts[1]:
+        return None
+    return parts[1]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Request attributes
+
+
+@dataclass(frozen=True)
+class Attributes:
+    user: UserInfo
+    verb: str
+    namespace: str
+    api_group: str
+    api_version: str
+    resource: str
+    subresource: str
+    name: str
+    path: str
+    resource_request: bool
+
+
+_API_PREFIXES = ("api", "apis")
+_SPECIAL_VERBS = ("proxy", "watch")
+_NAMESPACE_SUBRESOURCES = ("status", "finalize")
+_METHOD_VERBS = {
+    "POST": "create",
+    "GET": "get",
+    "HEAD": "get",
+    "PUT": "update",
+    "PATCH": "patch",
+    "DELETE": "delete",
+}
+
+
+def _query_bool(value: str | None) -> bool:
+    """Query booleans decode like upstream's parameter codec: anything but "0"/"false" is true."""
+    if value is None:
+        return False
+    return not (value == "0" or value.lower() == "false")
+
+
+def _exact_name_from_field_selector(selector: str) -> str | None:
+    for term in selector.split(","):
+        term = term.strip()
+        for op in ("==", "="):
+            key, sep, value = term.partition(op)
+            if sep and not key.endswith("!") and key.strip() == "metadata.name":
+                return value.strip()
+    return None
+
+
+def _valid_path_segment(name: str) -> bool:
+    return bool(name) and name not in (".", "..") and "/" not in name and "%" not in name
+
+
+def request_attributes(user: UserInfo, method: str, path: str, query: Mapping[str, str]) -> Attributes:
+    """Classify a REST request as kube-apiserver's RequestInfoFactory does, for authorization and errors."""
+    verb = method.lower()
+    trimmed = path.strip("/")
+    parts = trimmed.split("/") if trimmed else []
+
+    def non_resource() -> Attributes:
+        return Attributes(user, verb, "", "", "", "", "", "", path, False)
+
+    if len(parts) < 3 or parts[0] not in _API_PREFIXES:
+        return non_resource()
+    prefix, rest = parts[0], parts[1:]
+    group = ""
+    if prefix == "apis":
+        if len(rest) < 3:
+            return non_resource()
+        group, rest = rest[0], rest[1:]
+    version, rest = rest[0], rest[1:]
+
+    if rest[0] in _SPECIAL_VERBS:
+        if len(rest) < 2:
+            raise internal(
+                f"failed to create RequestInfo: unable to determine kind and namespace from url {path}"
+            )
+        verb, rest = rest[0], rest[1:]
+    else:
+        verb = _METHOD_VERBS.get(method.upper(), "")
+
+    namespace = ""
+    if rest[0] == "namespaces" and len(rest) > 1:
+        namespace = rest[1]
+        if len(rest) > 2 and rest[2] not in _NAMESPACE_SUBRESOURCES:
+            rest = rest[2:]
+
+    resource = rest[0]
+    name = rest[1] if len(rest) >= 2 else ""
+    subresource = rest[2] if len(rest) >= 3 and verb != "proxy" else ""
+
+    if not name and verb == "get":
+        verb = "watch" if _query_bool(query.get("watch")) else "list"
+        selector = query.get("fieldSelector")
+        if selector:
+            exact = _exact_name_from_field_selector(selector)
+            if exact is not None and _valid_path_segment(exact):
+                name = exact
+    if not name and verb == "delete":
+        verb = "deletecollection"
+    return Attributes(user, verb, namespace, group, version, resource, subresource, name, path, True)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Label selectors (shared with admission webhooks' namespace/object selectors)
+
+
+def label_selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str] | None) -> bool:
+    """metav1.LabelSelector semantics: None selects nothing, {} selects everything.
+
+    Raises ValueError for an operator upstream would reject.
+    """
+    if selector is None:
+        return False
+    have = labels or {}
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if have.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions") or []:
+        key = expr.get("key", "")
+        op = expr.get("operator", "")
+        values = list(expr.get("values") or [])
+        if op == "In":
+            if not values:
+                raise ValueError(f"for 'in', 'notin' operators, values set can't be empty: {key}")
+            if key not in have or have[key] not in values:
+                return False
+        elif op == "NotIn":
+            if not values:
+                raise ValueError(f"for 'in', 'notin' operators, values set can't be empty: {key}")
+            if key in have and have[key] in values:
+                return False
+        elif op == "Exists":
+            if key not in have:
+                return False
+        elif op == "DoesNotExist":
+            if key in have:
+                return False
+        else:
+            raise ValueError(f'"{op}" is not a valid label selector operator')
+    return True
+
+
+# ----------------------------------------------------------------------------------------------------------
+# RBAC
+
+
+class RBACSource(Protocol):
+    def roles(self, namespace: str) -> Iterable[Mapping[str, Any]]: ...
+    def cluster_roles(self) -> Iterable[Mapping[str, Any]]: ...
+    def role_bindings(self, namespace: str) -> Iterable[Mapping[str, Any]]: ...
+    def cluster_role_bindings(self) -> Iterable[Mapping[str, Any]]: ...
+    def cluster_role(self, name: str) -> Mapping[str, Any] | None: ...
+    def role(self, namespace: str, name: str) -> Mapping[str, Any] | None: ...
+
+
+def _meta_name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
+
+
+def aggregated_rules(cluster_role: Mapping[str, Any], rbac: RBACSource) -> list[dict[str, Any]]:
+    """The rules the clusterrole-aggregation controller would write into an aggregated ClusterRole.
+
+    Chains of aggregation are followed to their fixed point (the controller gets there over several passes).
+    The server may store the result into the object, as the controller does; authorize() computes it anyway.
+    """
+    return _resolve_rules(cluster_role, rbac, set())
+
+
+def _resolve_rules(role: Mapping[str, Any], rbac: RBACSource, seen: set[str]) -> list[dict[str, Any]]:
+    agg = role.get("aggregationRule")
+    if agg is None:
+        return [dict(r) for r in role.get("rules") or []]
+    name = _meta_name(role)
+    seen = seen | {name}
+    selectors = agg.get("clusterRoleSelectors") or []
+    candidates = sorted(rbac.cluster_roles(), key=_meta_name)
+    out: list[dict[str, Any]] = []
+    for selector in selectors:
+        for other in candidates:
+            other_name = _meta_name(other)
+            if other_name in seen:
+                continue
+            labels = (other.get("metadata") or {}).get("labels") or {}
+            try:
+                if not label_selector_matches(selector, labels):
+                    continue
+            except ValueError:
+                continue
+            for rule in _resolve_rules(other, rbac, seen):
+                if rule not in out:
+                    out.append(rule)
+    return out
+
+
+def _has(items: Any, wanted: str, wildcard: str = "*") -> bool:
+    return any(item in (wildcard, wanted) for item in items or ())
+
+
+def _resource_matches(rule_resources: Any, combined: str, subresource: str) -> bool:
+    for res in rule_resources or ():
+        if res in ("*", combined):
+            return True
+        if subresource and res == "*/" + subresource:
+            return True
+    return False
+
+
+def _non_resource_url_matches(urls: Any, path: str) -> bool:
+    for url in urls or ():
+        if url in ("*", path):
+            return True
+        if url.endswith("*") and path.startswith(url.rstrip("*")):
+            return True
+    return False
+
+
+def rule_allows(attrs: Attributes, rule: Mapping[str, Any]) -> bool:
+    """One PolicyRule against one request; resourceNames only ever match requests that carry a name."""
+    if not _has(rule.get("verbs"), attrs.verb):
+        return False
+    if not attrs.resource_request:
+        return _non_resource_url_matches(rule.get("nonResourceURLs"), attrs.path)
+    combined = f"{attrs.resource}/{attrs.subresource}" if attrs.subresource else attrs.resource
+    if not _has(rule.get("apiGroups"), attrs.api_group):
+        return False
+    if not _resource_matches(rule.get("resources"), combined, attrs.subresource):
+        return False
+    names = rule.get("resourceNames") or []
+    return not names or attrs.name in names
+
+
+def _subject_applies(user: UserInfo, subject: Mapping[str, Any], binding_namespace: str) -> bool:
+    kind = subject.get("kind")
+    name = subject.get("name", "")
+    if kind == "User":
+        return bool(user.username == name)
+    if kind == "Group":
+        return name in user.groups
+    if kind == "ServiceAccount":
+        sa_namespace = subject.get("namespace") or binding_namespace
+        if not sa_namespace:
+            return False
+        return user.username == f"{SA_PREFIX}{sa_namespace}:{name}"
+    return False
+
+
+def _describe_subject(subject: Mapping[str, Any], binding_namespace: str) -> str:
+    kind = subject.get("kind", "")
+    name = subject.get("name", "")
+    if kind == "ServiceAccount":
+        return f'{kind} "{name}/{subject.get("namespace") or binding_namespace}"'
+    return f'{kind} "{name}"'
+
+
+def _role_ref_rules(
+    ref: Mapping[str, Any], binding_namespace: str, rbac: RBACSource
+) -> tuple[list[dict[str, Any]], str | None]:
+    kind = ref.get("kind", "")
+    name = ref.get("name", "")
+    if kind == "Role":
+        role = rbac.role(binding_namespace, name)
+        if role is None:
+            return [], f'role.{_RBAC_GROUP} "{name}" not found'
+        return [dict(r) for r in role.get("rules") or []], None
+    if kind == "ClusterRole":
+        cluster_role = rbac.cluster_role(name)
+        if cluster_role is None:
+            return [], f'clusterrole.{_RBAC_GROUP} "{name}" not found'
+        return aggregated_rules(cluster_role, rbac), None
+    return [], f'unsupported role reference kind: "{kind}"'
+
+
+def _aggregate_errors(errors: list[str]) -> str:
+    """utilerrors.NewAggregate's rendering: one error bare, several deduplicated in brackets."""
+    unique = list(dict.fromkeys(errors))
+    if len(errors) == 1 or len(unique) == 1:
+        return unique[0]
+    return "[" + ", ".join(unique) + "]"
+
+
+def authorize(attrs: Attributes, rbac: RBACSource) -> tuple[bool, str]:
+    """system:masters first (the privileged-group authorizer), then RBAC's allow-only rule walk."""
+    if MASTERS in attrs.user.groups:
+        return True, ""
+    errors: list[str] = []
+    for binding in rbac.cluster_role_bindings():
+        found = _allowing_rule(attrs, binding, "", rbac, errors)
+        if found is not None:
+            ref = binding.get("roleRef") or {}
+            return True, (
+                f'RBAC: allowed by ClusterRoleBinding "{_meta_name(binding)}" of {ref.get("kind", "")} '
+                f'"{ref.get("name", "")}" to {found}'
+            )
+    if attrs.namespace:
+        for binding in rbac.role_bindings(attrs.namespace):
+            found = _allowing_rule(attrs, binding, attrs.namespace, rbac, errors)
+            if found is not None:
+                ref = binding.get("roleRef") or {}
+                return True, (
+                    f'RBAC: allowed by RoleBinding "{_meta_name(binding)}/{attrs.namespace}" of '
+                    f'{ref.get("kind", "")} "{ref.get("name", "")}" to {found}'
+                )
+    return False, ("RBAC: " + _aggregate_errors(errors)) if errors else ""
+
+
+def _allowing_rule(
+    attrs: Attributes, binding: Mapping[str, Any], namespace: str, rbac: RBACSource, errors: list[str]
+) -> str | None:
+    """The description of the subject through which `binding` allows the request, or None."""
+    subjects = binding.get("subjects") or []
+    subject = next((s for s in subjects if _subject_applies(attrs.user, s, namespace)), None)
+    if subject is None:
+        return None
+    rules, error = _role_ref_rules(binding.get("roleRef") or {}, namespace, rbac)
+    if error is not None:
+        errors.append(error)
+        return None
+    if any(rule_allows(attrs, rule) for rule in rules):
+        return _describe_subject(subject, namespace)
+    return None
+
+
+def forbidden(attrs: Attributes, reason: str = "") -> StatusError:
+    """The 403 of responsewriters.Forbidden; `reason` is the authorizer's (e.g. a missing role) if any."""
+    user = attrs.user.username
+    if not attrs.resource_request:
+        what = f'User "{user}" cannot {attrs.verb} path "{attrs.path}"'
+    else:
+        resource = f"{attrs.resource}/{attrs.subresource}" if attrs.subresource else attrs.resource
+        where = f'in the namespace "{attrs.namespace}"' if attrs.namespace else "at the cluster scope"
+        group = attrs.api_group
+        what = f'User "{user}" cannot {attrs.verb} resource "{resource}" in API group "{group}" {where}'
+    if reason:
+        what = f"{what}: {reason}"
+    if not attrs.resource and not attrs.api_group:
+        message = f"forbidden: {what}"
+    elif attrs.name:
+        message = f'{qualified(attrs.resource, attrs.api_group)} "{attrs.name}" is forbidden: {what}'
+    else:
+        message = f"{qualified(attrs.resource, attrs.api_group)} is forbidden: {what}"
+    return StatusError(403, "Forbidden", message, name=attrs.name, group=attrs.api_group, kind=attrs.resource)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# TokenReview / SubjectAccessReview
+
+
+def _review_shell(body: Mapping[str, Any], api_version: str, kind: str) -> dict[str, Any]:
+    out = copy.deepcopy(dict(body))
+    out["apiVersion"] = api_version
+    out["kind"] = kind
+    out.setdefault("metadata", {})
+    out.setdefault("spec", {})
+    return out
+
+
+def token_review(body: Mapping[str, Any], authn: Authenticator) -> dict[str, Any]:
+    """authentication.k8s.io/v1 TokenReview: status as upstream serializes it (false/empty fields omitted)."""
+    spec = body.get("spec") or {}
+    token = spec.get("token") or ""
+    if not token:
+        raise bad_request("token is required for TokenReview in authentication")
+    out = _review_shell(body, "authentication.k8s.io/v1", "TokenReview")
+    wanted = list(spec.get("audiences") or []) or list(authn.api_audiences)
+    audiences = [a for a in authn.api_audiences if a in wanted]
+    user = authn.authenticate_token(token) if audiences else None
+    if user is None:
+        out["status"] = {"user": {}, "error": "invalid bearer token"}
+        return out
+    out["status"] = {"authenticated": True, "user": user.to_dict(), "audiences": audiences}
+    return out
+
+
+def _sar_attributes(spec: Mapping[str, Any], user: UserInfo, kind: str) -> Attributes:
+    res = spec.get("resourceAttributes")
+    non = spec.get("nonResourceAttributes")
+    causes: list[Cause] = []
+    one_of = "exactly one of nonResourceAttributes or resourceAttributes must be specified"
+    if res is not None and non is not None:
+        shown = json.dumps(non, separators=(",", ":"))
+        causes.append(Cause("FieldValueInvalid", f"Invalid value: {shown}: {one_of}", "spec"))
+    if res is None and non is None:
+        causes.append(Cause("FieldValueInvalid", f"Invalid value: null: {one_of}", "spec"))
+    if kind == "SubjectAccessReview" and not user.username and not user.groups:
+        no_subject = 'Invalid value: "": at least one of user or group must be specified'
+        causes.append(Cause("FieldValueInvalid", no_subject, "spec.user"))
+    if causes:
+        raise invalid(kind, "authorization.k8s.io", "", causes)
+    if res is not None:
+        return Attributes(
+            user=user,
+            verb=str(res.get("verb") or ""),
+            namespace=str(res.get("namespace") or ""),
+            api_group=str(res.get("group") or ""),
+            api_version=str(res.get("version") or "*"),
+            resource=str(res.get("resource") or ""),
+            subresource=str(res.get("subresource") or ""),
+            name=str(res.get("name") or ""),
+            path="",
+            resource_request=True,
+        )
+    assert non is not None
+    verb, path = str(non.get("verb") or ""), str(non.get("path") or "")
+    return Attributes(user, verb, "", "", "", "", "", "", path, False)
+
+
+def _sar_status(attrs: Attributes, rbac: RBACSource) -> dict[str, Any]:
+    allowed, reason = authorize(attrs, rbac)
+    status: dict[str, Any] = {"allowed": allowed}
+    if reason:
+        status["reason"] = reason
+    return status
+
+
+def subject_access_review(body: Mapping[str, Any], rbac: RBACSource) -> dict[str, Any]:
+    """authorization.k8s.io/v1 SubjectAccessReview: the subject is taken literally (no groups are added)."""
+    spec = body.get("spec") or {}
+    extra = {k: tuple(v or ()) for k, v in (spec.get("extra") or {}).items()}
+    groups = tuple(spec.get("groups") or ())
+    user = UserInfo(str(spec.get("user") or ""), str(spec.get("uid") or ""), groups, extra)
+    attrs = _sar_attributes(spec, user, "SubjectAccessReview")
+    out = _review_shell(body, "authorization.k8s.io/v1", "SubjectAccessReview")
+    out["status"] = _sar_status(attrs, rbac)
+    return out
+
+
+def self_subject_access_review(body: Mapping[str, Any], user: UserInfo, rbac: RBACSource) -> dict[str, Any]:
+    """What `kubectl auth can-i` posts: the same review, for the requesting user."""
+    spec = body.get("spec") or {}
+    attrs = _sar_attributes(spec, user, "SelfSubjectAccessReview")
+    out = _review_shell(body, "authorization.k8s.io/v1", "SelfSubjectAccessReview")
+    out["status"] = _sar_status(attrs, rbac)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Bootstrap policy
+
+
+def _bootstrap_meta(name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"},
+        "annotations": {"rbac.authorization.kubernetes.io/autoupdate": "true"},
+    }
+
+
+def bootstrap_policy() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The default ClusterRoles and ClusterRoleBindings any authenticated client relies on (discovery, can-i).
+
+    A subset of kube-apiserver's bootstrap policy; the server seeds these when it turns RBAC on.
+    """
+    rbac_v1 = f"{_RBAC_GROUP}/v1"
+
+    def role(name: str, rules: list[dict[str, Any]]) -> dict[str, Any]:
+        meta = _bootstrap_meta(name)
+        return {"apiVersion": rbac_v1, "kind": "ClusterRole", "metadata": meta, "rules": rules}
+
+    def binding(name: str, groups: list[str]) -> dict[str, Any]:
+        return {
+            "apiVersion": rbac_v1,
+            "kind": "ClusterRoleBinding",
+            "metadata": _bootstrap_meta(name),
+            "roleRef": {"apiGroup": _RBAC_GROUP, "kind": "ClusterRole", "name": name},
+            "subjects": [{"apiGroup": _RBAC_GROUP, "kind": "Group", "name": g} for g in groups],
+        }
+
+    public_info = ["/healthz", "/livez", "/readyz", "/version", "/version/"]
+    roles = [
+        role(
+            "cluster-admin",
+            [
+                {"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]},
+                {"nonResourceURLs": ["*"], "verbs": ["*"]},
+            ],
+        ),
+        role(
+            "system:discovery",
+            [
+                {
+                    "nonResourceURLs": [
+                        "/api",
+                        "/api/*",
+                        "/apis",
+                        "/apis/*",
+                        "/openapi",
+                        "/openapi/*",
+                        *public_info,
+                    ],
+                    "verbs": ["get"],
+                }
+            ],
+        ),
+        role("system:public-info-viewer", [{"nonResourceURLs": public_info, "verbs": ["get"]}]),
+        role(
+            "system:basic-user",
+            [
+                {
+                    "apiGroups": ["authorization.k8s.io"],
+                    "resources": ["selfsubjectaccessreviews", "selfsubjectrulesreviews"],
+                    "verbs": ["create"],
+                },
+                {
+                    "apiGroups": ["authentication.k8s.io"],
+                    "resources": ["selfsubjectreviews"],
+                    "verbs": ["create"],
+                },
+            ],
+        ),
+    ]
+    bindings = [
+        binding("cluster-admin", [MASTERS]),
+        binding("system:discovery", [AUTHENTICATED]),
+        binding("system:public-info-viewer", [AUTHENTICATED, UNAUTHENTICATED]),
+        binding("system:basic-user", [AUTHENTICATED]),
+    ]
+    return roles, bindings

@@ -1,0 +1,442 @@
+"""Defaulting and validation of built-in kinds: what kube-apiserver's registry strategies do on write.
+
+Only the rules our controllers and clients can observe are modelled: names, pod defaults (the ones the
+scheduler and kubelet read), pod update immutability, scheduling-gate removal, Job template rules,
+namespace finalizers, Secret stringData, Service defaults.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from typing import Any
+
+from .errors import Cause, StatusError, invalid
+
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_QUALIFIED = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+_SUBDOMAIN_MSG = (
+    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must "
+    "start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is "
+    "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+)
+_LABEL_MSG = (
+    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start "
+    "and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is "
+    "'[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
+)
+
+# Kinds whose names are DNS labels rather than subdomains.
+_LABEL_NAMED = {("", "Namespace"), ("", "Service")}
+
+
+def _q(value: Any) -> str:
+    if isinstance(value, str):
+        return f'"{value}"'
+    return str(value)
+
+
+def validate_name(group: str, kind: str, name: str) -> list[Cause]:
+    if (group, kind) in _LABEL_NAMED:
+        if len(name) > 63 or not DNS1123_LABEL.match(name):
+            return [Cause("FieldValueInvalid", f"Invalid value: {_q(name)}: {_LABEL_MSG}", "metadata.name")]
+        return []
+    if len(name) > 253 or not DNS1123_SUBDOMAIN.match(name):
+        return [Cause("FieldValueInvalid", f"Invalid value: {_q(name)}: {_SUBDOMAIN_MSG}", "metadata.name")]
+    return []
+
+
+def _valid_qualified_name(key: str) -> bool:
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not DNS1123_SUBDOMAIN.match(prefix)):
+        return False
+    return 0 < len(name) <= 63 and bool(_QUALIFIED.match(name))
+
+
+def validate_metadata(meta: dict[str, Any]) -> list[Cause]:
+    causes: list[Cause] = []
+    labels = meta.get("labels") or {}
+    if not isinstance(labels, dict):
+        return [Cause("FieldValueInvalid", "Invalid value: must be a map of strings", "metadata.labels")]
+    for k, v in labels.items():
+        if not _valid_qualified_name(k):
+            causes.append(
+                Cause(
+                    "FieldValueInvalid",
+                    f"Invalid value: {_q(k)}: name part must consist of alphanumeric characters, '-', '_' or '.', "
+                    "and must start and end with an alphanumeric character",
+                    "metadata.labels",
+                )
+            )
+        if not isinstance(v, str) or len(v) > 63 or not _LABEL_VALUE.match(v):
+            causes.append(
+                Cause(
+                    "FieldValueInvalid",
+                    f"Invalid value: {_q(v)}: a valid label must be an empty string or consist of alphanumeric "
+                    "characters, '-', '_' or '.', and must start and end with an alphanumeric character",
+                    "metadata.labels",
+                )
+            )
+    annotations = meta.get("annotations") or {}
+    if not isinstance(annotations, dict) or any(not isinstance(v, str) for v in annotations.values()):
+        causes.append(
+            Cause("FieldValueInvalid", "Invalid value: must be a map of strings", "metadata.annotations")
+        )
+    elif sum(len(k) + len(v) for k, v in annotations.items()) > 256 * 1024:
+        causes.append(
+            Cause("FieldValueTooLong", "Too long: must have at most 262144 bytes", "metadata.annotations")
+        )
+    for i, f in enumerate(meta.get("finalizers") or []):
+        if not isinstance(f, str) or not _valid_qualified_name(f):
+            causes.append(
+                Cause(
+                    "FieldValueInvalid",
+                    f"Invalid value: {_q(f)}: must be a qualified name",
+                    f"metadata.finalizers[{i}]",
+                )
+            )
+        elif "/" not in f and f not in ("kubernetes", "orphan", "foregroundDeletion"):
+            causes.append(
+                Cause(
+                    "FieldValueInvalid",
+                    f"Invalid value: {_q(f)}: name is neither a standard finalizer name nor is it fully qualified",
+                    f"metadata.finalizers[{i}]",
+                )
+            )
+    for i, ref in enumerate(meta.get("ownerReferences") or []):
+        for field in ("apiVersion", "kind", "name", "uid"):
+            if not isinstance(ref, dict) or not ref.get(field):
+                causes.append(
+                    Cause("FieldValueRequired", "Required value", f"metadata.ownerReferences[{i}].{field}")
+                )
+    return causes
+
+
+# ------------------------------------------------------------------------------------------ pods
+
+_NOT_READY_TOLERATIONS = [
+    {
+        "key": "node.kubernetes.io/not-ready",
+        "operator": "Exists",
+        "effect": "NoExecute",
+        "tolerationSeconds": 300,
+    },
+    {
+        "key": "node.kubernetes.io/unreachable",
+        "operator": "Exists",
+        "effect": "NoExecute",
+        "tolerationSeconds": 300,
+    },
+]
+
+
+def _default_container(c: dict[str, Any]) -> None:
+    c.setdefault("terminationMessagePath", "/dev/termination-log")
+    c.setdefault("terminationMessagePolicy", "File")
+    image = str(c.get("image", ""))
+    tag = image.rsplit("/", 1)[-1]
+    c.setdefault(
+        "imagePullPolicy", "Always" if (":" not in tag or tag.endswith(":latest")) else "IfNotPresent"
+    )
+    res = c.setdefault("resources", {})
+    limits = res.get("limits") or {}
+    if limits:
+        requests = res.setdefault("requests", {})
+        for k, v in limits.items():
+            requests.setdefault(k, v)
+
+
+def default_pod_spec(spec: dict[str, Any]) -> None:
+    spec.setdefault("restartPolicy", "Always")
+    spec.setdefault("terminationGracePeriodSeconds", 30)
+    spec.setdefault("dnsPolicy", "ClusterFirst")
+    spec.setdefault("securityContext", {})
+    spec.setdefault("schedulerName", "default-scheduler")
+    spec.setdefault("enableServiceLinks", True)
+    spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
+    if not spec.get("priorityClassName"):
+        spec.setdefault("priority", 0)
+    for c in spec.get("containers") or []:
+        if isinstance(c, dict):
+            _default_container(c)
+    for c in spec.get("initContainers") or []:
+        if isinstance(c, dict):
+            _default_container(c)
+
+
+def _qos(spec: dict[str, Any]) -> str:
+    containers = [
+        c for c in (spec.get("containers") or []) + (spec.get("initContainers") or []) if isinstance(c, dict)
+    ]
+    any_set = False
+    guaranteed = True
+    for c in containers:
+        res = c.get("resources") or {}
+        req, lim = res.get("requests") or {}, res.get("limits") or {}
+        if any(k in req or k in lim for k in ("cpu", "memory")):
+            any_set = True
+        for k in ("cpu", "memory"):
+            if k not in lim or req.get(k, lim.get(k)) != lim.get(k):
+                guaranteed = False
+    if not any_set:
+        return "BestEffort"
+    return "Guaranteed" if guaranteed else "Burstable"
+
+
+def validate_pod_spec(spec: Any, path: str) -> list[Cause]:
+    if not isinstance(spec, dict):
+        return [Cause("FieldValueRequired", "Required value", path)]
+    causes: list[Cause] = []
+    containers = spec.get("containers")
+    if not containers:
+        causes.append(Cause("FieldValueRequired", "Required value", f"{path}.containers"))
+    names: set[str] = set()
+    for kind in ("initContainers", "containers"):
+        for i, c in enumerate(spec.get(kind) or []):
+            p = f"{path}.{kind}[{i}]"
+            if not isinstance(c, dict):
+                causes.append(Cause("FieldValueInvalid", "Invalid value: must be an object", p))
+                continue
+            name = c.get("name")
+            if not name:
+                causes.append(Cause("FieldValueRequired", "Required value", f"{p}.name"))
+            elif not isinstance(name, str) or not DNS1123_LABEL.match(name):
+                causes.append(
+                    Cause("FieldValueInvalid", f"Invalid value: {_q(name)}: {_LABEL_MSG}", f"{p}.name")
+                )
+            elif name in names:
+                causes.append(Cause("FieldValueDuplicate", f"Duplicate value: {_q(name)}", f"{p}.name"))
+            else:
+                names.add(name)
+            if not c.get("image"):
+                causes.append(Cause("FieldValueRequired", "Required value", f"{p}.image"))
+    rp = spec.get("restartPolicy")
+    if rp is not None and rp not in ("Always", "OnFailure", "Never"):
+        causes.append(
+            Cause(
+                "FieldValueNotSupported",
+                f'Unsupported value: {_q(rp)}: supported values: "Always", "OnFailure", "Never"',
+                f"{path}.restartPolicy",
+            )
+        )
+    gates = spec.get("schedulingGates") or []
+    if gates and spec.get("nodeName"):
+        causes.append(
+            Cause(
+                "FieldValueForbidden",
+                "Forbidden: cannot be set with spec.nodeName",
+                f"{path}.schedulingGates",
+            )
+        )
+    seen: set[str] = set()
+    for i, g in enumerate(gates):
+        gname = g.get("name") if isinstance(g, dict) else None
+        if not gname or not isinstance(gname, str) or not _valid_qualified_name(gname):
+            causes.append(
+                Cause(
+                    "FieldValueInvalid",
+                    f"Invalid value: {_q(gname)}: must be a qualified name",
+                    f"{path}.schedulingGates[{i}].name",
+                )
+            )
+        elif gname in seen:
+            causes.append(
+                Cause(
+                    "FieldValueDuplicate",
+                    f"Duplicate value: {_q(gname)}",
+                    f"{path}.schedulingGates[{i}].name",
+                )
+            )
+        else:
+            seen.add(gname)
+    return causes
+
+
+_POD_MUTABLE_MSG = (
+    "Forbidden: pod updates may not change fields other than `spec.containers[*].image`,"
+    "`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing "
+    "tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)"
+)
+
+
+def _mask_mutable(spec: dict[str, Any]) -> dict[str, Any]:
+    masked = dict(spec)
+    for kind in ("containers", "initContainers"):
+        masked[kind] = [
+            {k: v for k, v in c.items() if k != "image"} if isinstance(c, dict) else c
+            for c in spec.get(kind) or []
+        ]
+    for k in ("activeDeadlineSeconds", "tolerations", "terminationGracePeriodSeconds", "schedulingGates"):
+        masked.pop(k, None)
+    return masked
+
+
+def validate_pod_update(old: dict[str, Any], new: dict[str, Any]) -> list[Cause]:
+    os_, ns_ = old.get("spec") or {}, new.get("spec") or {}
+    causes: list[Cause] = []
+    if _mask_mutable(os_) != _mask_mutable(ns_):
+        causes.append(Cause("FieldValueForbidden", _POD_MUTABLE_MSG, "spec"))
+    old_tol, new_tol = os_.get("tolerations") or [], ns_.get("tolerations") or []
+    if any(t not in new_tol for t in old_tol):
+        causes.append(
+            Cause(
+                "FieldValueForbidden",
+                "Forbidden: existing toleration can not be modified except its tolerationSeconds",
+                "spec.tolerations",
+            )
+        )
+    old_gates = {g.get("name") for g in os_.get("schedulingGates") or [] if isinstance(g, dict)}
+    for i, g in enumerate(ns_.get("schedulingGates") or []):
+        if isinstance(g, dict) and g.get("name") not in old_gates:
+            causes.append(
+                Cause(
+                    "FieldValueForbidden",
+                    f"Forbidden: only deletion is allowed, but found new scheduling gate '{g.get('name')}'",
+                    f"spec.schedulingGates[{i}]",
+                )
+            )
+    return causes
+
+
+# ------------------------------------------------------------------------------------------ per kind
+
+
+def prepare_create(group: str, kind: str, obj: dict[str, Any]) -> None:
+    """Defaults and server-owned fields set on create, in place (obj is the handler's private copy)."""
+    meta = obj["metadata"]
+    if (group, kind) == ("", "Pod"):
+        spec = obj.setdefault("spec", {})
+        if isinstance(spec, dict):
+            default_pod_spec(spec)
+            spec.setdefault("serviceAccountName", "default")
+            tol = spec.setdefault("tolerations", [])
+            if isinstance(tol, list):
+                keys = {t.get("key") for t in tol if isinstance(t, dict)}
+                tol.extend(dict(t) for t in _NOT_READY_TOLERATIONS if t["key"] not in keys)
+            obj["status"] = {"phase": "Pending", "qosClass": _qos(spec)}
+    elif (group, kind) == ("", "Namespace"):
+        obj.setdefault("spec", {})["finalizers"] = ["kubernetes"]
+        obj["status"] = {"phase": "Active"}
+        meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta["name"]
+    elif (group, kind) == ("batch", "Job"):
+        spec = obj.setdefault("spec", {})
+        if isinstance(spec, dict):
+            if spec.get("completions") is None and spec.get("parallelism") is None:
+                spec["completions"] = 1
+            spec.setdefault("parallelism", 1)
+            spec.setdefault("backoffLimit", 6)
+            spec.setdefault("completionMode", "NonIndexed")
+            spec.setdefault("suspend", False)
+            spec.setdefault("podReplacementPolicy", "TerminatingOrFailed")
+            uid = meta["uid"]
+            tmpl = spec.setdefault("template", {})
+            tmeta = tmpl.setdefault("metadata", {})
+            labels = tmeta.setdefault("labels", {})
+            labels.update(
+                {
+                    "batch.kubernetes.io/controller-uid": uid,
+                    "controller-uid": uid,
+                    "batch.kubernetes.io/job-name": meta["name"],
+                    "job-name": meta["name"],
+                }
+            )
+            if not spec.get("manualSelector"):
+                spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
+            if isinstance(tmpl.get("spec"), dict):
+                default_pod_spec(tmpl["spec"])
+            obj["status"] = {}
+    elif (group, kind) == ("", "Secret"):
+        obj.setdefault("type", "Opaque")
+    elif (group, kind) == ("", "Service"):
+        spec = obj.setdefault("spec", {})
+        if isinstance(spec, dict):
+            spec.setdefault("type", "ClusterIP")
+            spec.setdefault("sessionAffinity", "None")
+            for p in spec.get("ports") or []:
+                if isinstance(p, dict):
+                    p.setdefault("protocol", "TCP")
+                    p.setdefault("targetPort", p.get("port"))
+        obj["status"] = {"loadBalancer": {}}
+    elif (group, kind) in (("apps", "Deployment"), ("apps", "DaemonSet")):
+        spec = obj.setdefault("spec", {})
+        if isinstance(spec, dict) and isinstance(spec.get("template"), dict):
+            if isinstance(spec["template"].get("spec"), dict):
+                default_pod_spec(spec["template"]["spec"])
+        obj["status"] = {}
+
+
+def normalize(group: str, kind: str, obj: dict[str, Any]) -> None:
+    """Conversions every write goes through (Secret stringData is write-only)."""
+    if (group, kind) == ("", "Secret") and "stringData" in obj:
+        data = obj.setdefault("data", {}) or {}
+        for k, v in (obj.pop("stringData") or {}).items():
+            data[k] = base64.b64encode(str(v).encode()).decode()
+        obj["data"] = data
+
+
+def validate(group: str, kind: str, obj: dict[str, Any], old: dict[str, Any] | None) -> list[Cause]:
+    causes: list[Cause] = []
+    if (group, kind) == ("", "Pod"):
+        causes += validate_pod_spec(obj.get("spec"), "spec")
+        if old is not None:
+            causes += validate_pod_update(old, obj)
+    elif (group, kind) == ("batch", "Job"):
+        tmpl = (obj.get("spec") or {}).get("template")
+        if not isinstance(tmpl, dict):
+            causes.append(Cause("FieldValueRequired", "Required value", "spec.template"))
+        else:
+            causes += validate_pod_spec(tmpl.get("spec"), "spec.template.spec")
+            rp = (tmpl.get("spec") or {}).get("restartPolicy")
+            if rp not in ("Never", "OnFailure"):
+                causes.append(
+                    Cause(
+                        "FieldValueNotSupported",
+                        f'Unsupported value: {_q(rp)}: supported values: "OnFailure", "Never"',
+                        "spec.template.spec.restartPolicy",
+                    )
+                )
+        if old is not None:
+            if (old.get("spec") or {}).get("selector") != (obj.get("spec") or {}).get("selector"):
+                causes.append(
+                    Cause("FieldValueInvalid", "Invalid value: field is immutable", "spec.selector")
+                )
+    elif (group, kind) == ("policy", "PodDisruptionBudget"):
+        spec = obj.get("spec") or {}
+        if "minAvailable" in spec and "maxUnavailable" in spec:
+            causes.append(
+                Cause(
+                    "FieldValueInvalid",
+                    "Invalid value: minAvailable and maxUnavailable cannot be both set",
+                    "spec",
+                )
+            )
+    elif (group, kind) == ("", "Secret"):
+        for k, v in (obj.get("data") or {}).items():
+            try:
+                base64.b64decode(str(v), validate=True)
+            except ValueError:
+                causes.append(Cause("FieldValueInvalid", "Invalid value: illegal base64 data", f"data[{k}]"))
+    return causes
+
+
+def check_valid(group: str, kind: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+    meta = obj["metadata"]
+    causes = validate_name(group, kind, meta.get("name", "")) if old is None else []
+    causes += validate_metadata(meta)
+    causes += validate(group, kind, obj, old)
+    if causes:
+        raise invalid(kind, group, meta.get("name", ""), causes)
+
+
+def ensure_object(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise StatusError(400, "BadRequest", "the body of the request must be a JSON object")
+    meta = body.get("metadata")
+    if meta is None:
+        body["metadata"] = {}
+    elif not isinstance(meta, dict):
+        raise StatusError(400, "BadRequest", "metadata must be an object")
+    return body

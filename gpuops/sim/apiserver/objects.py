@@ -1,0 +1,852 @@
+"""The write and read paths of the API: create, update, patch, delete, get, eviction, binding.
+
+This is where the apiserver's generic registry rules live (resourceVersion preconditions, generation,
+status-subresource split, finalizers, graceful deletion, dry run, admission, managedFields); kind-specific
+rules come from `builtin` and, for custom resources, from the CRD schema.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import msgspec
+
+from . import builtin, crds, schema
+from .admission import AdmissionRequest, WebhookCaller
+from .apply import server_side_apply, update_managed_fields
+from .auth import UserInfo
+from .builtin_schemas import builtin_schema
+from .errors import Cause, StatusError, bad_request, conflict, invalid, not_found, unsupported_media_type
+from .patch import apply_json_patch, apply_merge_patch, apply_strategic_merge_patch
+from .registry import Registry
+from .resources import ResourceInfo
+from .selectors import label_selector_from_object
+from .store import Store, Stored, clone
+
+CORE_NS: tuple[str, str] = ("", "namespaces")
+MUTATING = ("admissionregistration.k8s.io", "mutatingwebhookconfigurations")
+VALIDATING = ("admissionregistration.k8s.io", "validatingwebhookconfigurations")
+CRD_GR = ("apiextensions.k8s.io", "customresourcedefinitions")
+PDB_GR = ("policy", "poddisruptionbudgets")
+PODS_GR = ("", "pods")
+CRD_CLEANUP = "customresourcecleanup.apiextensions.k8s.io"
+
+JSON_PATCH = "application/json-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+APPLY_PATCH_CBOR = "application/apply-patch+cbor"
+
+
+def rfc3339(t: datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def micro_time(t: datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass
+class WriteContext:
+    """What every write carries besides the object: who, dry run, field manager and validation mode."""
+
+    user: UserInfo
+    dry_run: bool = False
+    field_manager: str = ""
+    field_validation: str = ""
+    warnings: list[str] = field(default_factory=list)
+
+
+def _ns_and_name(obj: dict[str, Any]) -> tuple[str, str]:
+    meta = obj["metadata"]
+    return meta.get("namespace", "") or "", meta.get("name", "")
+
+
+def _without(obj: dict[str, Any], *keys: str) -> dict[str, Any]:
+    return {k: v for k, v in obj.items() if k not in keys}
+
+
+def _meta_sans_volatile(meta: dict[str, Any]) -> dict[str, Any]:
+    return _without(meta, "resourceVersion", "managedFields", "generation")
+
+
+class ObjectAPI:
+    def __init__(
+        self,
+        store: Store,
+        registry: Registry,
+        webhooks: WebhookCaller | None = None,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.webhooks = webhooks
+        self.clock = clock or (lambda: datetime.now(UTC))
+        # Called with (info, stored) after a CRD is written so the server can (re)register its resources.
+        self.on_crd_change: list[Callable[[dict[str, Any], bool], None]] = []
+
+    # ------------------------------------------------------------------------------------ reads
+
+    def get(self, info: ResourceInfo, namespace: str, name: str) -> Stored:
+        s = self.store.get(info.storage_key, namespace if info.namespaced else "", name)
+        if s is None:
+            raise not_found(info.resource, info.group, name)
+        return s
+
+    def namespace_labels(self, namespace: str) -> dict[str, str] | None:
+        s = self.store.get(CORE_NS, "", namespace)
+        return dict(s.obj["metadata"].get("labels") or {}) if s else None
+
+    # ------------------------------------------------------------------------------------ helpers
+
+    def _check_namespace(self, info: ResourceInfo, namespace: str, creating: bool) -> None:
+        if not info.namespaced:
+            return
+        if not namespace:
+            raise bad_request("the server could not find the requested resource: a namespace is required")
+        ns = self.store.get(CORE_NS, "", namespace)
+        if ns is None:
+            raise not_found("namespaces", "", namespace)
+        if creating and ns.obj["metadata"].get("deletionTimestamp"):
+            raise StatusError(
+                403,
+                "Forbidden",
+                f"unable to create new content in namespace {namespace} because it is being terminated",
+                name=namespace,
+                kind="namespaces",
+                causes=[
+                    Cause(
+                        "NamespaceTerminating",
+                        f"namespace {namespace} is being terminated",
+                        "metadata.namespace",
+                    )
+                ],
+            )
+
+    def _validate(
+        self,
+        info: ResourceInfo,
+        obj: dict[str, Any],
+        old: dict[str, Any] | None,
+        ctx: WriteContext,
+        check_unknown: bool,
+    ) -> dict[str, Any]:
+        """Schema (CRs) or registry-strategy (built-ins) validation; returns the pruned, defaulted object."""
+        obj.setdefault("apiVersion", info.api_version)
+        obj.setdefault("kind", info.kind)
+        if obj.get("kind") != info.kind or obj.get("apiVersion") != info.api_version:
+            raise bad_request(
+                f"the API version in the data ({obj.get('apiVersion')}) does not match the expected API version "
+                f"({info.api_version})"
+                if obj.get("apiVersion") != info.api_version
+                else f"the kind in the data ({obj.get('kind')}) does not match the expected kind ({info.kind})"
+            )
+        if info.is_custom:
+            out, warnings = schema.process_custom_resource(
+                info, obj, old=old, field_validation=ctx.field_validation if check_unknown else "Ignore"
+            )
+            ctx.warnings.extend(warnings)
+            meta_causes = builtin.validate_metadata(out["metadata"])
+            if meta_causes:
+                raise invalid(info.kind, info.group, out["metadata"].get("name", ""), meta_causes)
+            return out
+        bschema = builtin_schema(info)
+        if bschema is not None:
+            if check_unknown:
+                unknown = schema.unknown_fields(bschema, obj)
+                ctx.warnings.extend(schema.check_field_validation(unknown, ctx.field_validation))
+            obj = schema.prune(bschema, obj)
+        builtin.normalize(info.group, info.kind, obj)
+        builtin.check_valid(info.group, info.kind, obj, old)
+        if info.storage_key == CRD_GR:
+            obj = crds.default_crd(obj)
+            crds.validate_crd(obj)
+        return obj
+
+    async def _admit(
+        self,
+        info: ResourceInfo,
+        operation: str,
+        obj: dict[str, Any] | None,
+        old: dict[str, Any] | None,
+        ctx: WriteContext,
+        subresource: str = "",
+        options: dict[str, Any] | None = None,
+    ) -> dict[str, Any] | None:
+        if self.webhooks is None:
+            return obj
+        mutating = [s.obj for s in self.store.iter(MUTATING)]
+        validating = [s.obj for s in self.store.iter(VALIDATING)]
+        if not mutating and not validating:
+            return obj
+        ref = obj if obj is not None else old
+        assert ref is not None
+        ns, name = _ns_and_name(ref)
+        req = AdmissionRequest(
+            operation=operation,
+            group=info.group,
+            version=info.version,
+            resource=info.resource,
+            subresource=subresource,
+            kind=info.kind,
+            namespace=ns,
+            name=name,
+            obj=obj,
+            old_obj=old,
+            dry_run=ctx.dry_run,
+            user=ctx.user,
+            options=options,
+        )
+        ns_labels = self.namespace_labels(ns) if ns else None
+        if info.storage_key == CORE_NS and ref is not None:
+            ns_labels = dict(ref["metadata"].get("labels") or {})
+        if mutating and obj is not None:
+            mutated = await self.webhooks.mutate(mutating, req, ns_labels, warnings=ctx.warnings)
+            if mutated is not None:
+                obj = self._validate(info, mutated, old, ctx, check_unknown=False)
+                req.obj = obj
+        if validating:
+            ctx.warnings.extend(await self.webhooks.validate(validating, req, ns_labels))
+        return obj
+
+    def _bump_generation(self, info: ResourceInfo, new: dict[str, Any], old: dict[str, Any]) -> None:
+        if not info.has_generation:
+            return
+        ignore = ("metadata", "status") if (info.status_subresource or not info.is_custom) else ("metadata",)
+        gen = int(old["metadata"].get("generation") or 1)
+        if _without(new, *ignore) != _without(old, *ignore):
+            gen += 1
+        new["metadata"]["generation"] = gen
+
+    def _persist(self, info: ResourceInfo, obj: dict[str, Any], ctx: WriteContext) -> dict[str, Any]:
+        if ctx.dry_run:
+            return obj
+        stored = self.store.put(info.storage_key, obj)
+        if info.storage_key == CRD_GR:
+            for hook in self.on_crd_change:
+                hook(stored.obj, False)
+        return stored.obj
+
+    def _manager(self, ctx: WriteContext, default: str = "unknown") -> str:
+        return ctx.field_manager or default
+
+    # ------------------------------------------------------------------------------------ create
+
+    async def create(
+        self, info: ResourceInfo, namespace: str, body: Any, ctx: WriteContext
+    ) -> dict[str, Any]:
+        obj = builtin.ensure_object(body)
+        meta = obj["metadata"]
+        body_ns = meta.get("namespace")
+        if info.namespaced:
+            if body_ns and body_ns != namespace:
+                raise bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
+            meta["namespace"] = namespace
+        else:
+            meta.pop("namespace", None)
+        if not meta.get("name"):
+            gen = meta.get("generateName")
+            if not gen:
+                raise invalid(
+                    info.kind,
+                    info.group,
+                    "",
+                    [
+                        Cause(
+                            "FieldValueRequired",
+                            "Required value: name or generateName is required",
+                            "metadata.name",
+                        )
+                    ],
+                )
+            suffix = "".join(random.choices(string.ascii_lowercase + "2456789", k=5))
+            meta["name"] = f"{gen[:58]}{suffix}"
+        self._check_namespace(info, namespace, creating=True)
+        now = self.clock()
+        for k in (
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "resourceVersion",
+            "generation",
+            "selfLink",
+        ):
+            meta.pop(k, None)
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = rfc3339(now)
+        if info.status_subresource and info.is_custom:
+            obj.pop("status", None)
+        obj = self._validate(info, obj, None, ctx, check_unknown=True)
+        meta = obj["metadata"]
+        if info.has_generation:
+            meta["generation"] = 1
+        builtin.prepare_create(info.group, info.kind, obj)
+        if info.storage_key == CRD_GR:
+            obj["status"] = crds.crd_established_status(obj, rfc3339(now))
+            fins = meta.setdefault("finalizers", [])
+            if CRD_CLEANUP not in fins:
+                fins.append(CRD_CLEANUP)
+        admitted = await self._admit(info, "CREATE", obj, None, ctx)
+        assert admitted is not None
+        obj = admitted
+        ns, name = _ns_and_name(obj)
+        if self.store.get(info.storage_key, ns, name) is not None:
+            raise StatusError(
+                409,
+                "AlreadyExists",
+                f'{info.resource}{"." + info.group if info.group else ""} "{name}" already exists',
+                name=name,
+                group=info.group,
+                kind=info.resource,
+            )
+        obj["metadata"].pop("managedFields", None)
+        obj = update_managed_fields(
+            None,
+            obj,
+            manager=self._manager(ctx),
+            operation="Update",
+            api_version=info.api_version,
+            now=rfc3339(now),
+        )
+        return self._persist(info, obj, ctx)
+
+    # ------------------------------------------------------------------------------------ update
+
+    def _merge_for_subresource(
+        self, info: ResourceInfo, old: dict[str, Any], new: dict[str, Any], subresource: str
+    ) -> dict[str, Any]:
+        """Status split (item 35): the main resource ignores status, /status ignores everything else."""
+        if subresource == "status":
+            merged = dict(old)
+            if "status" in new:
+                merged["status"] = new["status"]
+            else:
+                merged.pop("status", None)
+            merged["metadata"] = dict(old["metadata"])
+            # The status endpoint still honours the caller's resourceVersion precondition.
+            if new.get("metadata", {}).get("resourceVersion"):
+                merged["metadata"]["resourceVersion"] = new["metadata"]["resourceVersion"]
+            return merged
+        if info.status_subresource:
+            new = dict(new)
+            if "status" in old:
+                new["status"] = old["status"]
+            else:
+                new.pop("status", None)
+        return new
+
+    async def update(
+        self,
+        info: ResourceInfo,
+        namespace: str,
+        name: str,
+        body: Any,
+        ctx: WriteContext,
+        subresource: str = "",
+        *,
+        require_rv: bool | None = None,
+        operation_manager: str = "Update",
+        check_unknown: bool = True,
+    ) -> dict[str, Any]:
+        new = builtin.ensure_object(body)
+        meta = new["metadata"]
+        if meta.get("name") and meta["name"] != name:
+            raise bad_request(
+                f"the name of the object ({meta['name']}) does not match the name on the URL ({name})"
+            )
+        if info.namespaced and meta.get("namespace") and meta["namespace"] != namespace:
+            raise bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request"
+            )
+        self._check_namespace(info, namespace, creating=False)
+        current = self.get(info, namespace, name)
+        old = current.obj
+        rv = meta.get("resourceVersion")
+        if require_rv is None:
+            require_rv = info.is_custom
+        if rv:
+            if rv != old["metadata"]["resourceVersion"]:
+                raise conflict(info.resource, info.group, name)
+        elif require_rv:
+            raise invalid(
+                info.kind,
+                info.group,
+                name,
+                [
+                    Cause(
+                        "FieldValueInvalid",
+                        "Invalid value: 0x0: must be specified for an update",
+                        "metadata.resourceVersion",
+                    )
+                ],
+            )
+        new = clone(new)
+        new = self._merge_for_subresource(info, old, new, subresource)
+        meta = new["metadata"]
+        meta["name"] = name
+        if info.namespaced:
+            meta["namespace"] = namespace
+        for k in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds"):
+            if k in old["metadata"]:
+                meta[k] = old["metadata"][k]
+            else:
+                meta.pop(k, None)
+        meta["generation"] = old["metadata"].get("generation")
+        if meta["generation"] is None:
+            meta.pop("generation")
+        if old["metadata"].get("deletionTimestamp"):
+            added = set(meta.get("finalizers") or []) - set(old["metadata"].get("finalizers") or [])
+            if added:
+                raise invalid(
+                    info.kind,
+                    info.group,
+                    name,
+                    [
+                        Cause(
+                            "FieldValueForbidden",
+                            "Forbidden: no new finalizers can be added if the object is being "
+                            "deleted, found new finalizers " + str(sorted(added)),
+                            "metadata.finalizers",
+                        )
+                    ],
+                )
+        new = self._validate(info, new, old, ctx, check_unknown=check_unknown)
+        admitted = await self._admit(info, "UPDATE", new, old, ctx, subresource)
+        assert admitted is not None
+        new = admitted
+        self._bump_generation(info, new, old)
+        if operation_manager == "Update":
+            new = update_managed_fields(
+                old,
+                new,
+                manager=self._manager(ctx),
+                operation="Update",
+                api_version=info.api_version,
+                now=rfc3339(self.clock()),
+                subresource=subresource,
+            )
+        return self._finish_update(info, old, new, ctx)
+
+    def _finish_update(
+        self, info: ResourceInfo, old: dict[str, Any], new: dict[str, Any], ctx: WriteContext
+    ) -> dict[str, Any]:
+        new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+        if _without(new, "metadata") == _without(old, "metadata") and _meta_sans_volatile(
+            new["metadata"]
+        ) == _meta_sans_volatile(old["metadata"]):
+            return old  # a no-op write: no new resourceVersion, no event (item 21)
+        if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
+            if ctx.dry_run:
+                return new
+            ns, name = _ns_and_name(new)
+            gone = self.store.remove(info.storage_key, ns, name)
+            assert gone is not None
+            self._after_delete(info, gone.obj)
+            return gone.obj
+        return self._persist(info, new, ctx)
+
+    # ------------------------------------------------------------------------------------ patch
+
+    async def patch(
+        self,
+        info: ResourceInfo,
+        namespace: str,
+        name: str,
+        content_type: str,
+        body: Any,
+        ctx: WriteContext,
+        subresource: str = "",
+        force: bool = False,
+    ) -> tuple[int, dict[str, Any]]:
+        ctype = content_type.split(";")[0].strip().lower()
+        if ctype in (APPLY_PATCH, APPLY_PATCH_CBOR):
+            return await self._apply(info, namespace, name, body, ctx, subresource, force)
+        if force:
+            raise bad_request("force: Invalid value: true: may not be specified for non-apply patch")
+        self._check_namespace(info, namespace, creating=False)
+        current = self.get(info, namespace, name)
+        old = current.obj
+        if ctype == JSON_PATCH:
+            patched = apply_json_patch(old, body)
+        elif ctype == MERGE_PATCH:
+            if not isinstance(body, dict):
+                raise bad_request("the body of a merge patch must be a JSON object")
+            patched = apply_merge_patch(old, body)
+        elif ctype == STRATEGIC_PATCH:
+            if info.is_custom:
+                raise unsupported_media_type(
+                    "the body of the request was in an unknown format - accepted media types include: "
+                    "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"
+                )
+            if not isinstance(body, dict):
+                raise bad_request("the body of a strategic merge patch must be a JSON object")
+            patched = apply_strategic_merge_patch(old, body, info.group, info.kind)
+        else:
+            accepted = (
+                "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"
+            )
+            if not info.is_custom:
+                accepted = (
+                    "application/json-patch+json, application/merge-patch+json, "
+                    "application/strategic-merge-patch+json, application/apply-patch+yaml"
+                )
+            raise unsupported_media_type(
+                f"the body of the request was in an unknown format - accepted media types include: {accepted}"
+            )
+        if not isinstance(patched, dict):
+            raise StatusError(422, "Invalid", "the patch produced an object that is not a JSON object")
+        patched.setdefault("metadata", {})
+        if not isinstance(patched["metadata"], dict):
+            raise StatusError(422, "Invalid", "metadata must be an object")
+        obj = await self.update(info, namespace, name, patched, ctx, subresource, require_rv=False)
+        return 200, obj
+
+    async def _apply(
+        self,
+        info: ResourceInfo,
+        namespace: str,
+        name: str,
+        body: Any,
+        ctx: WriteContext,
+        subresource: str,
+        force: bool,
+    ) -> tuple[int, dict[str, Any]]:
+        if not ctx.field_manager:
+            raise invalid(
+                "PatchOptions",
+                "meta.k8s.io",
+                "",
+                [Cause("FieldValueRequired", "Required value: is required for apply patch", "fieldManager")],
+            )
+        config = builtin.ensure_object(body)
+        cmeta = config["metadata"]
+        if cmeta.get("name") and cmeta["name"] != name:
+            raise bad_request(
+                f"the name of the object ({cmeta['name']}) does not match the name on the URL ({name})"
+            )
+        if info.is_custom or builtin_schema(info) is not None:
+            target_schema = info.schema if info.is_custom else builtin_schema(info)
+            if target_schema is not None:
+                unknown = schema.unknown_fields(target_schema, config)
+                ctx.warnings.extend(schema.check_field_validation(unknown, ctx.field_validation))
+        self._check_namespace(info, namespace, creating=False)
+        live = self.store.get(info.storage_key, namespace if info.namespaced else "", name)
+        now = rfc3339(self.clock())
+        cmeta.setdefault("name", name)
+        if info.namespaced:
+            cmeta.setdefault("namespace", namespace)
+        if live is None:
+            if subresource:
+                raise not_found(info.resource, info.group, name)
+            obj = server_side_apply(
+                None,
+                clone(config),
+                manager=ctx.field_manager,
+                force=force,
+                api_version=info.api_version,
+                now=now,
+            )
+            managed = obj["metadata"].get("managedFields")
+            created = await self.create(
+                info,
+                namespace,
+                obj,
+                WriteContext(ctx.user, ctx.dry_run, ctx.field_manager, "Ignore", ctx.warnings),
+            )
+            if managed is not None and not ctx.dry_run:
+                # create() recorded an Update entry; the object was created by Apply.
+                fixed = dict(created)
+                fixed["metadata"] = dict(created["metadata"], managedFields=managed)
+                created = self.store.put(info.storage_key, fixed).obj
+            return 201, created
+        old = live.obj
+        merged = server_side_apply(
+            clone(old),
+            clone(config),
+            manager=ctx.field_manager,
+            force=force,
+            api_version=info.api_version,
+            now=now,
+            subresource=subresource,
+        )
+        rv = cmeta.get("resourceVersion")
+        if rv and rv != old["metadata"]["resourceVersion"]:
+            raise conflict(info.resource, info.group, name)
+        merged["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+        obj = await self.update(
+            info,
+            namespace,
+            name,
+            merged,
+            ctx,
+            subresource,
+            require_rv=False,
+            operation_manager="Apply",
+            check_unknown=False,
+        )
+        return 200, obj
+
+    # ------------------------------------------------------------------------------------ delete
+
+    async def delete(
+        self, info: ResourceInfo, namespace: str, name: str, options: dict[str, Any], ctx: WriteContext
+    ) -> tuple[int, dict[str, Any]]:
+        current = self.get(info, namespace, name)
+        old = current.obj
+        meta = old["metadata"]
+        pre = options.get("preconditions") or {}
+        if pre.get("uid") and pre["uid"] != meta.get("uid"):
+            raise conflict(
+                info.resource,
+                info.group,
+                name,
+                f"Precondition failed: UID in precondition: {pre['uid']}, UID in object meta: "
+                f"{meta.get('uid')}",
+            )
+        if pre.get("resourceVersion") and pre["resourceVersion"] != meta.get("resourceVersion"):
+            raise conflict(
+                info.resource,
+                info.group,
+                name,
+                f"Precondition failed: ResourceVersion in precondition: {pre['resourceVersion']}, "
+                f"ResourceVersion in object meta: {meta.get('resourceVersion')}",
+            )
+        await self._admit(
+            info,
+            "DELETE",
+            None,
+            old,
+            ctx,
+            options=dict(options, kind="DeleteOptions", apiVersion="meta.k8s.io/v1"),
+        )
+        policy = options.get("propagationPolicy")
+        if policy is None and options.get("orphanDependents") is not None:
+            policy = "Orphan" if options["orphanDependents"] else "Background"
+        if policy not in (None, "Background", "Foreground", "Orphan"):
+            raise invalid(
+                "DeleteOptions",
+                "meta.k8s.io",
+                "",
+                [
+                    Cause(
+                        "FieldValueNotSupported",
+                        f'Unsupported value: "{policy}": supported values: "Foreground", "Background", "Orphan", "nil"',
+                        "propagationPolicy",
+                    )
+                ],
+            )
+        new = clone(old)
+        nmeta = new["metadata"]
+        now = self.clock()
+        grace = options.get("gracePeriodSeconds")
+        # Pod graceful deletion (item 46): bound, non-terminal pods wait for the kubelet.
+        if info.storage_key == PODS_GR:
+            phase = (old.get("status") or {}).get("phase")
+            bound = bool((old.get("spec") or {}).get("nodeName"))
+            if grace is None:
+                grace = (old.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+            if not bound or phase in ("Succeeded", "Failed"):
+                grace = 0
+            current_grace = nmeta.get("deletionGracePeriodSeconds")
+            if int(grace) > 0 and (current_grace is None or int(grace) < int(current_grace)):
+                nmeta["deletionTimestamp"] = rfc3339(now + timedelta(seconds=int(grace)))
+                if current_grace is None and "generation" in nmeta:
+                    nmeta["generation"] = int(nmeta["generation"]) + 1
+                nmeta["deletionGracePeriodSeconds"] = int(grace)
+                self._add_policy_finalizer(nmeta, policy)
+                if ctx.dry_run:
+                    return 200, new
+                return 200, self.store.put(info.storage_key, new).obj
+            if int(grace) > 0 and current_grace is not None:
+                return 200, old  # already terminating with a shorter grace period
+        self._add_policy_finalizer(nmeta, policy)
+        if nmeta.get("finalizers"):
+            if not nmeta.get("deletionTimestamp"):
+                nmeta["deletionTimestamp"] = rfc3339(now)
+                nmeta["deletionGracePeriodSeconds"] = 0
+                if info.has_generation and "generation" in nmeta:
+                    nmeta["generation"] = int(nmeta["generation"]) + 1
+            elif nmeta.get("deletionGracePeriodSeconds"):
+                nmeta["deletionGracePeriodSeconds"] = 0
+            if info.storage_key == CORE_NS:
+                new.setdefault("status", {})["phase"] = "Terminating"
+            if ctx.dry_run:
+                return 200, new
+            if new == old:
+                return 200, old
+            return 200, self.store.put(info.storage_key, new).obj
+        if info.storage_key == CORE_NS:
+            # Namespaces always go through the namespace controller (spec.finalizers: kubernetes).
+            nmeta["deletionTimestamp"] = nmeta.get("deletionTimestamp") or rfc3339(now)
+            nmeta["deletionGracePeriodSeconds"] = 0
+            new.setdefault("status", {})["phase"] = "Terminating"
+            if ctx.dry_run:
+                return 200, new
+            if new == old:
+                return 200, old
+            return 200, self.store.put(info.storage_key, new).obj
+        if ctx.dry_run:
+            return 200, old
+        gone = self.store.remove(info.storage_key, namespace if info.namespaced else "", name)
+        assert gone is not None
+        self._after_delete(info, gone.obj)
+        return 200, gone.obj
+
+    @staticmethod
+    def _add_policy_finalizer(meta: dict[str, Any], policy: str | None) -> None:
+        if policy in ("Foreground", "Orphan"):
+            fin = "foregroundDeletion" if policy == "Foreground" else "orphan"
+            existing = meta.get("finalizers") or []
+            if fin not in existing:
+                meta["finalizers"] = [*existing, fin]
+
+    def _after_delete(self, info: ResourceInfo, obj: dict[str, Any]) -> None:
+        if info.storage_key == CRD_GR:
+            for hook in self.on_crd_change:
+                hook(obj, True)
+
+    # ------------------------------------------------------------------------------------ subresources
+
+    async def evict(self, namespace: str, name: str, body: Any, ctx: WriteContext) -> dict[str, Any]:
+        """Eviction (item 50): PDB-guarded graceful delete."""
+        if not isinstance(body, dict):
+            raise bad_request("the body of an eviction must be an Eviction object")
+        bname = (body.get("metadata") or {}).get("name")
+        if bname and bname != name:
+            raise bad_request(f"name in URL does not match name in Eviction object: {name} != {bname}")
+        info = self.registry.lookup("", "v1", "pods")
+        assert info is not None
+        pod = self.get(info, namespace, name).obj
+        opts = dict(body.get("deleteOptions") or {})
+        if body.get("dryRun") or opts.get("dryRun"):
+            ctx.dry_run = True
+        phase = (pod.get("status") or {}).get("phase")
+        skip_pdb = (
+            phase in ("Pending", "Succeeded", "Failed")
+            or pod["metadata"].get("deletionTimestamp")
+            or not (pod.get("spec") or {}).get("nodeName")
+        )
+        pdb: Stored | None = None
+        if not skip_pdb:
+            labels = pod["metadata"].get("labels") or {}
+            matching = []
+            for s in self.store.iter(PDB_GR, namespace):
+                try:
+                    sel = label_selector_from_object((s.obj.get("spec") or {}).get("selector"))
+                except ValueError:
+                    continue
+                if sel.matches(labels):
+                    matching.append(s)
+            if len(matching) > 1:
+                raise StatusError(
+                    500,
+                    "InternalError",
+                    "This pod has more than one PodDisruptionBudget, which the eviction subresource "
+                    "does not support.",
+                )
+            if matching:
+                pdb = matching[0]
+                self._check_pdb(pdb.obj, pod)
+        if pdb is not None and not ctx.dry_run:
+            p = clone(pdb.obj)
+            st = p.setdefault("status", {})
+            st["disruptionsAllowed"] = max(0, int(st.get("disruptionsAllowed", 0)) - 1)
+            st.setdefault("disruptedPods", {})[name] = rfc3339(self.clock())
+            self.store.put(PDB_GR, p)
+        await self.delete(info, namespace, name, opts, ctx)
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+
+    def _check_pdb(self, pdb: dict[str, Any], pod: dict[str, Any]) -> None:
+        st = pdb.get("status") or {}
+        meta = pdb["metadata"]
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in (pod.get("status") or {}).get("conditions") or []
+        )
+        policy = (pdb.get("spec") or {}).get("unhealthyPodEvictionPolicy", "IfHealthyBudget")
+        if not ready and policy == "AlwaysAllow":
+            return
+        if int(st.get("observedGeneration", 0)) < int(meta.get("generation", 1)):
+            raise StatusError(
+                429,
+                "TooManyRequests",
+                "Cannot evict pod as it would violate the pod's disruption budget.",
+                causes=[
+                    Cause(
+                        "DisruptionBudget",
+                        f"The disruption budget {meta['name']} is still being processed by the server.",
+                    )
+                ],
+                retry_after=10,
+            )
+        if (
+            not ready
+            and int(st.get("currentHealthy", 0)) >= int(st.get("desiredHealthy", 0))
+            and int(st.get("desiredHealthy", 0)) > 0
+        ):
+            return  # IfHealthyBudget: unready pods may go while the budget is healthy
+        if int(st.get("disruptionsAllowed", 0)) <= 0:
+            raise StatusError(
+                429,
+                "TooManyRequests",
+                "Cannot evict pod as it would violate the pod's disruption budget.",
+                causes=[
+                    Cause(
+                        "DisruptionBudget",
+                        f"The disruption budget {meta['name']} needs {st.get('desiredHealthy', 0)} healthy "
+                        f"pods and has {st.get('currentHealthy', 0)} currently",
+                    )
+                ],
+                retry_after=10,
+            )
+
+    async def bind(self, namespace: str, name: str, body: Any, ctx: WriteContext) -> dict[str, Any]:
+        """Binding (item 51): sets spec.nodeName and PodScheduled=True once."""
+        if not isinstance(body, dict) or not isinstance(body.get("target"), dict):
+            raise bad_request("the body of a binding must be a Binding with a target")
+        target = body["target"].get("name")
+        if not target:
+            raise invalid("Binding", "", name, [Cause("FieldValueRequired", "Required value", "target.name")])
+        info = self.registry.lookup("", "v1", "pods")
+        assert info is not None
+        pod = self.get(info, namespace, name).obj
+        if pod["metadata"].get("deletionTimestamp"):
+            raise conflict("pods", "", name, "pod is being deleted, cannot be assigned to a host")
+        if (pod.get("spec") or {}).get("nodeName"):
+            raise conflict(
+                "pods", "", name, f'pod {name} is already assigned to node "{pod["spec"]["nodeName"]}"'
+            )
+        if (pod.get("spec") or {}).get("schedulingGates"):
+            raise conflict("pods", "", name, f"pod {name} has non-empty .spec.schedulingGates")
+        new = clone(pod)
+        new["spec"]["nodeName"] = target
+        st = new.setdefault("status", {})
+        conds = [c for c in st.get("conditions") or [] if c.get("type") != "PodScheduled"]
+        conds.append(
+            {
+                "type": "PodScheduled",
+                "status": "True",
+                "lastProbeTime": None,
+                "lastTransitionTime": rfc3339(self.clock()),
+            }
+        )
+        st["conditions"] = conds
+        if not ctx.dry_run:
+            self.store.put(info.storage_key, new)
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+
+
+def decode_json(raw: bytes) -> Any:
+    try:
+        return msgspec.json.decode(raw)
+    except msgspec.DecodeError as e:
+        raise bad_request(f"the body of the request could not be decoded as JSON: {e}") from None

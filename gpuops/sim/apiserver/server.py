@@ -1,0 +1,741 @@
+"""The HTTP face of the emulator: routing, authentication, authorization, faults and response encoding.
+
+`APIServer` is an async context manager for tests and the body of `gpuops sim apiserver`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import structlog
+from aiohttp import web
+
+from . import auth, discovery, openapi, tables
+from .admission import WebhookCaller
+from .controllers import ControllerLoops
+from .crds import crd_resource_infos
+from .errors import StatusError, bad_request, internal, method_not_allowed, not_found
+from .faults import Faults
+from .lists import Lister, Page
+from .objects import CRD_GR, ObjectAPI, WriteContext, decode_json
+from .registry import Registry
+from .resources import ResourceInfo
+from .routing import Route, parse_path
+from .store import Store
+from .watch import WatchSettings, serve_watch
+
+log = structlog.get_logger("gpuops.sim.apiserver")
+_encode = msgspec.json.encode
+MAX_BODY = 3 * 1024 * 1024
+ENDPOINT_ANNOTATION = "sim.gpuops.io/endpoint"
+RBAC_GROUP = "rbac.authorization.k8s.io"
+
+
+class _StoreRBAC:
+    """RBAC objects straight from the store (auth.RBACSource)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def roles(self, namespace: str) -> Iterable[Mapping[str, Any]]:
+        return (s.obj for s in self.store.iter((RBAC_GROUP, "roles"), namespace))
+
+    def cluster_roles(self) -> Iterable[Mapping[str, Any]]:
+        return (s.obj for s in self.store.iter((RBAC_GROUP, "clusterroles")))
+
+    def role_bindings(self, namespace: str) -> Iterable[Mapping[str, Any]]:
+        return (s.obj for s in self.store.iter((RBAC_GROUP, "rolebindings"), namespace))
+
+    def cluster_role_bindings(self) -> Iterable[Mapping[str, Any]]:
+        return (s.obj for s in self.store.iter((RBAC_GROUP, "clusterrolebindings")))
+
+    def cluster_role(self, name: str) -> Mapping[str, Any] | None:
+        s = self.store.get((RBAC_GROUP, "clusterroles"), "", name)
+        return s.obj if s else None
+
+    def role(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        s = self.store.get((RBAC_GROUP, "roles"), namespace, name)
+        return s.obj if s else None
+
+
+def _json(
+    body: Any, status: int = 200, warnings: list[str] | None = None, content_type: str = "application/json"
+) -> web.Response:
+    headers = {"Content-Type": content_type}
+    resp = web.Response(
+        body=_encode(body) if not isinstance(body, bytes) else body, status=status, headers=headers
+    )
+    for w in warnings or []:
+        resp.headers.add("Warning", '299 - "' + w.replace('"', '\\"') + '"')
+    return resp
+
+
+def status_response(err: StatusError) -> web.Response:
+    body = err.to_status()
+    headers = dict(err.headers)
+    cont = headers.pop("X-Continue", None)
+    if cont:
+        body["metadata"] = {"continue": cont}
+    resp = _json(body, err.code)
+    if err.retry_after is not None:
+        resp.headers["Retry-After"] = str(err.retry_after)
+    for k, v in headers.items():
+        resp.headers[k] = v
+    return resp
+
+
+class APIServer:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        authorization: str = "AlwaysAllow",
+        admin_token: str | None = None,
+        anonymous: bool = True,
+        history_size: int = 100_000,
+        history_age: float = 300.0,
+        bookmark_interval: float = 60.0,
+        watch_timeout: float = 1800.0,
+        continue_ttl: float = 300.0,
+        watcher_buffer: int = 200_000,
+        seed_namespaces: Iterable[str] = ("default", "kube-system", "kube-public", "kube-node-lease"),
+    ) -> None:
+        if authorization not in ("AlwaysAllow", "RBAC"):
+            raise ValueError("authorization: must be 'AlwaysAllow' or 'RBAC'")
+        self.host = host
+        self.port = port
+        self.authorization = authorization
+        self.admin_token = admin_token or secrets.token_urlsafe(24)
+        self.store = Store(history_size=history_size, history_age=history_age, watcher_buffer=watcher_buffer)
+        self.registry = Registry()
+        self.authn = auth.Authenticator(allow_anonymous=anonymous)
+        self.authn.add_token(self.admin_token, auth.UserInfo("admin", groups=("system:masters",)))
+        self.rbac = _StoreRBAC(self.store)
+        self.service_endpoints: dict[tuple[str, str], str] = {}
+        self.webhooks = WebhookCaller(self._resolve_service)
+        self.api = ObjectAPI(self.store, self.registry, self.webhooks)
+        self.api.on_crd_change.append(self._crd_changed)
+        self.lister = Lister(self.store, continue_ttl=continue_ttl)
+        self.watch_settings = WatchSettings(bookmark_interval, watch_timeout)
+        self.controllers = ControllerLoops(self.api)
+        self.faults = Faults()
+        self.requests_total = 0
+        self._streams: set[web.StreamResponse] = set()
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._housekeeping: asyncio.Task[None] | None = None
+        self._openapi_cache: dict[tuple[int, str], dict[str, Any]] = {}
+        self._seed(seed_namespaces)
+
+    # ------------------------------------------------------------------------------------ lifecycle
+
+    def _seed(self, namespaces: Iterable[str]) -> None:
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        import uuid
+
+        for ns in namespaces:
+            self.store.put(
+                ("", "namespaces"),
+                {
+                    "apiVersion": "v1",
+                    "kind": "Namespace",
+                    "metadata": {
+                        "name": ns,
+                        "uid": str(uuid.uuid4()),
+                        "creationTimestamp": now,
+                        "labels": {"kubernetes.io/metadata.name": ns},
+                    },
+                    "spec": {"finalizers": ["kubernetes"]},
+                    "status": {"phase": "Active"},
+                },
+            )
+        roles, bindings = auth.bootstrap_policy()
+        for r in roles:
+            r["metadata"].setdefault("uid", str(uuid.uuid4()))
+            r["metadata"].setdefault("creationTimestamp", now)
+            self.store.put((RBAC_GROUP, "clusterroles"), r)
+        for b in bindings:
+            b["metadata"].setdefault("uid", str(uuid.uuid4()))
+            b["metadata"].setdefault("creationTimestamp", now)
+            self.store.put((RBAC_GROUP, "clusterrolebindings"), b)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self) -> None:
+        app = web.Application(client_max_size=MAX_BODY + 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        await self._listen()
+        self.controllers.start()
+        self._housekeeping = asyncio.get_running_loop().create_task(self._housekeep())
+
+    async def _listen(self) -> None:
+        assert self._runner is not None
+        self._site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+        await self._site.start()
+        if self.port == 0:
+            server = self._site._server
+            assert server is not None
+            sockets = getattr(server, "sockets", None)
+            assert sockets
+            self.port = int(sockets[0].getsockname()[1])
+
+    async def _unlisten(self) -> None:
+        self.drop_watches()
+        if self._site is not None:
+            await self._site.stop()
+            self._site = None
+        if self._runner is not None and self._runner.server is not None:
+            for conn in list(self._runner.server.connections):
+                conn.force_close()
+
+    async def stop(self) -> None:
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._housekeeping
+        await self.controllers.stop()
+        self.drop_watches()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        await self.webhooks.close()
+
+    async def __aenter__(self) -> APIServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _housekeep(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self.store.expire_history()
+
+    # ------------------------------------------------------------------------------------ chaos switches
+
+    def drop_watches(self) -> int:
+        watchers = self.store.all_watchers()
+        for w in watchers:
+            w.close()
+        return len(watchers)
+
+    def compact(self) -> int:
+        return self.store.compact()
+
+    async def outage(self, seconds: float) -> None:
+        """Stop answering (connections refused) for `seconds`, then listen again on the same port."""
+        await self._unlisten()
+        await asyncio.sleep(seconds)
+        await self._listen()
+
+    async def restart(self) -> None:
+        await self.outage(0.0)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_bytes(self.store.dump())
+
+    def restore(self, path: str | Path) -> None:
+        self.drop_watches()
+        self.store.load(Path(path).read_bytes())
+        for crd in list(self.registry.all()):
+            if crd.is_custom:
+                self.registry.remove_crd(crd.crd_name)
+        for s in self.store.iter(CRD_GR):
+            self._crd_changed(s.obj, False)
+
+    # ------------------------------------------------------------------------------------ helpers
+
+    def _crd_changed(self, crd: dict[str, Any], deleted: bool) -> None:
+        name = crd["metadata"]["name"]
+        if deleted:
+            self.registry.remove_crd(name)
+        else:
+            self.registry.set_crd(name, crd_resource_infos(crd))
+        self._openapi_cache.clear()
+
+    def _resolve_service(self, namespace: str, name: str, port: int) -> str:
+        if (namespace, name) in self.service_endpoints:
+            return self.service_endpoints[(namespace, name)]
+        svc = self.store.get(("", "services"), namespace, name)
+        if svc is not None:
+            ep = (svc.obj["metadata"].get("annotations") or {}).get(ENDPOINT_ANNOTATION)
+            if ep:
+                return str(ep)
+        raise ConnectionError(f'service "{namespace}/{name}" has no reachable endpoint')
+
+    def service_account_token(self, namespace: str, name: str) -> str:
+        return self.authn.service_account_token(namespace, name)
+
+    def kubeconfig(self, token: str | None = None, user: str = "admin") -> str:
+        return (
+            "apiVersion: v1\nkind: Config\n"
+            f"clusters:\n- name: gpuops-sim\n  cluster:\n    server: {self.url}\n"
+            f"users:\n- name: {user}\n  user:\n    token: {token or self.admin_token}\n"
+            f"contexts:\n- name: gpuops-sim\n  context:\n    cluster: gpuops-sim\n    user: {user}\n"
+            "    namespace: default\n"
+            "current-context: gpuops-sim\n"
+        )
+
+    def write_kubeconfig(self, path: str | Path, token: str | None = None) -> None:
+        p = Path(path)
+        p.write_text(self.kubeconfig(token))
+        p.chmod(0o600)
+
+    # ------------------------------------------------------------------------------------ request entry
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.requests_total += 1
+        try:
+            return await self._dispatch(request)
+        except StatusError as e:
+            return status_response(e)
+        except web.HTTPRequestEntityTooLarge:
+            return status_response(
+                StatusError(413, "RequestEntityTooLarge", f"Request entity too large: limit is {MAX_BODY}")
+            )
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        except Exception as e:  # a request must never take the server down
+            log.exception("request failed", method=request.method, path=request.path)
+            return status_response(internal(f"{type(e).__name__}: {e}"))
+
+    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        path = request.path
+        user = self.authn.authenticate(request.headers.get("Authorization"))
+        if user is None:
+            raise auth.unauthorized()
+        if path.startswith("/sim/"):
+            if "system:masters" not in user.groups:
+                raise StatusError(403, "Forbidden", "the emulator's control endpoints need the admin token")
+            return await self._control(request)
+        query = {k: v for k, v in request.query.items()}
+        attrs = auth.request_attributes(user, request.method, path, query)
+        if self.authorization == "RBAC":
+            allowed, reason = auth.authorize(attrs, self.rbac)
+            if not allowed:
+                raise auth.forbidden(attrs, reason)
+        if attrs.resource_request:
+            if self.faults.latency:
+                await asyncio.sleep(self.faults.latency)
+            self.faults.check(attrs.verb, attrs.resource)
+        route = parse_path(path)
+        if route is None:
+            return await self._non_resource(request, path)
+        if not route.resource:
+            return self._group_version_discovery(route, request)
+        info = self.registry.lookup(route.group, route.version, route.resource)
+        if info is None:
+            raise not_found_path()
+        return await self._resource(request, route, info, user, query)
+
+    # ------------------------------------------------------------------------------------ non-resource
+
+    async def _non_resource(self, request: web.Request, path: str) -> web.StreamResponse:
+        if request.method not in ("GET", "HEAD"):
+            raise method_not_allowed()
+        if path in ("/healthz", "/livez", "/readyz"):
+            return web.Response(text="ok", content_type="text/plain")
+        if path == "/version":
+            return _json(discovery.version_info())
+        accept = request.headers.get("Accept")
+        if path in ("/api", "/apis"):
+            fmt, ctype = discovery.negotiate_discovery(accept)
+            infos = self.registry.all()
+            if fmt != "legacy":
+                return _json(
+                    discovery.aggregated_discovery(infos, core=path == "/api", version=fmt),
+                    content_type=ctype,
+                )
+            if path == "/api":
+                return _json(discovery.api_versions())
+            return _json(discovery.api_group_list(infos))
+        if path.startswith("/apis/") and path.count("/") == 2:
+            group = path.split("/")[2]
+            groups = discovery.api_group_list(self.registry.all())
+            for g in groups.get("groups", []):
+                if g.get("name") == group:
+                    return _json({"kind": "APIGroup", "apiVersion": "v1", **g})
+            raise not_found_path()
+        if path == "/openapi/v3":
+            return _json(openapi.openapi_v3_index(self.registry.all()))
+        if path.startswith("/openapi/v3/"):
+            gv_path = path[len("/openapi/v3/") :]
+            gv = gv_path[len("api/") :] if gv_path.startswith("api/") else gv_path[len("apis/") :]
+            key = (self.registry.generation, gv)
+            doc = self._openapi_cache.get(key)
+            if doc is None:
+                doc = openapi.openapi_v3_group_version(self.registry.all(), gv)
+                if doc is None:
+                    raise not_found_path()
+                self._openapi_cache[key] = doc
+            return _json(doc)
+        raise not_found_path()
+
+    def _group_version_discovery(self, route: Route, request: web.Request) -> web.Response:
+        gv = f"{route.group}/{route.version}" if route.group else route.version
+        doc = discovery.api_resource_list(self.registry.all(), gv)
+        if doc is None:
+            raise not_found_path()
+        return _json(doc)
+
+    # ------------------------------------------------------------------------------------ control
+
+    async def _control(self, request: web.Request) -> web.StreamResponse:
+        if request.path != "/sim/faults":
+            raise not_found_path()
+        if request.method == "GET":
+            return _json(
+                dict(
+                    self.faults.describe(),
+                    resourceVersion=self.store.rv,
+                    compactedResourceVersion=self.store.compacted_rv,
+                )
+            )
+        if request.method != "POST":
+            raise method_not_allowed()
+        body = decode_json(await request.read())
+        if not isinstance(body, dict) or "action" not in body:
+            raise bad_request(
+                'body: need {"action": "error"|"latency"|"clear"|"drop-watches"|"compact"|'
+                '"outage"|"restart"|"snapshot"|"restore", ...}'
+            )
+        action = body["action"]
+        result: dict[str, Any] = {"action": action}
+        try:
+            if action == "error":
+                self.faults.add_error(
+                    int(body["code"]),
+                    float(body.get("rate", 1.0)),
+                    verbs=body.get("verbs"),
+                    resources=body.get("resources"),
+                    retry_after=body.get("retryAfter"),
+                    count=body.get("count"),
+                )
+            elif action == "latency":
+                self.faults.latency = float(body["seconds"])
+            elif action == "clear":
+                self.faults.clear()
+            elif action == "drop-watches":
+                result["dropped"] = self.drop_watches()
+            elif action == "compact":
+                result["compactedResourceVersion"] = self.compact()
+            elif action in ("outage", "restart"):
+                seconds = float(body.get("seconds", 0.0)) if action == "outage" else 0.0
+                # Answer first, then go dark: the caller learns the outage started.
+                asyncio.get_running_loop().call_later(
+                    0.05, lambda: asyncio.ensure_future(self.outage(seconds))
+                )
+                result["seconds"] = seconds
+            elif action == "snapshot":
+                self.save(str(body["path"]))
+            elif action == "restore":
+                self.restore(str(body["path"]))
+            else:
+                raise bad_request(f"action: unsupported value {action!r}")
+        except (KeyError, TypeError, ValueError) as e:
+            raise bad_request(f"invalid fault request: {e}") from None
+        return _json(result)
+
+    # ------------------------------------------------------------------------------------ resources
+
+    async def _read_body(self, request: web.Request) -> Any:
+        raw = await request.read()
+        if len(raw) > MAX_BODY:
+            raise StatusError(413, "RequestEntityTooLarge", f"Request entity too large: limit is {MAX_BODY}")
+        ctype = (request.headers.get("Content-Type") or "application/json").split(";")[0].strip().lower()
+        if ctype.endswith("yaml"):
+            import yaml
+
+            try:
+                return yaml.safe_load(raw.decode("utf-8")) if raw else None
+            except (yaml.YAMLError, UnicodeDecodeError) as e:
+                raise bad_request(f"error converting YAML to JSON: {e}") from None
+        if not raw:
+            raise bad_request("the body of the request is empty")
+        return decode_json(raw)
+
+    def _context(self, request: web.Request, user: auth.UserInfo, query: Mapping[str, str]) -> WriteContext:
+        dry = query.get("dryRun")
+        if dry not in (None, "", "All"):
+            raise bad_request(f'dryRun: Unsupported value: "{dry}": supported values: "All"')
+        fv = query.get("fieldValidation", "")
+        if fv not in ("", "Strict", "Warn", "Ignore"):
+            raise bad_request(
+                f'fieldValidation: Unsupported value: "{fv}": supported values: "Ignore", "Strict", "Warn"'
+            )
+        manager = query.get("fieldManager", "")
+        if (
+            not manager
+            and request.method != "PATCH"
+            or (request.method == "PATCH" and not manager and "apply-patch" not in request.content_type)
+        ):
+            ua = request.headers.get("User-Agent", "")
+            manager = ua.split("/")[0] if ua else "unknown"
+        return WriteContext(user, dry_run=dry == "All", field_manager=manager, field_validation=fv)
+
+    async def _resource(
+        self,
+        request: web.Request,
+        route: Route,
+        info: ResourceInfo,
+        user: auth.UserInfo,
+        query: dict[str, str],
+    ) -> web.StreamResponse:
+        method = request.method
+        if info.namespaced and not route.namespaced_path and route.resource != "namespaces":
+            if route.name or method not in ("GET",):
+                raise not_found_path()
+        if not info.namespaced and route.namespaced_path:
+            raise not_found_path()
+        ns = route.namespace if info.namespaced else ""
+        if info.storage_key == ("", "namespaces"):
+            ns = ""
+        sub = route.subresource
+        if sub and sub not in info.subresources and not (info.resource == "namespaces" and sub == "finalize"):
+            raise not_found_path()
+        if info.create_only:
+            if method != "POST" or route.name:
+                raise method_not_allowed()
+            return await self._review(request, info, user)
+        name = route.name
+        watch = route.legacy_watch or query.get("watch") in ("1", "true")
+        if method == "GET":
+            if watch:
+                q = dict(query)
+                if name:
+                    q["fieldSelector"] = ",".join(
+                        f for f in (query.get("fieldSelector", ""), f"metadata.name={name}") if f
+                    )
+                return await self._watch(
+                    request, info, ns if route.namespaced_path or not info.namespaced else None, q
+                )
+            if name:
+                return self._get(request, info, ns, name)
+            return await self._list(request, info, ns if route.namespaced_path else None, query)
+        ctx = self._context(request, user, query)
+        if method == "POST":
+            body = await self._read_body(request)
+            if sub == "eviction":
+                return _json(await self.api.evict(ns, name, body, ctx), 201, ctx.warnings)
+            if sub == "binding":
+                return _json(await self.api.bind(ns, name, body, ctx), 201, ctx.warnings)
+            if name:
+                raise method_not_allowed()
+            obj = await self.api.create(info, ns, body, ctx)
+            return _json(obj, 201, ctx.warnings)
+        if method == "PUT":
+            if not name:
+                raise method_not_allowed()
+            body = await self._read_body(request)
+            if sub == "finalize":
+                return _json(await self._finalize_namespace(info, name, body, ctx), 200, ctx.warnings)
+            obj = await self.api.update(info, ns, name, body, ctx, sub)
+            return _json(obj, 200, ctx.warnings)
+        if method == "PATCH":
+            if not name:
+                raise method_not_allowed()
+            body = await self._read_body(request)
+            force = query.get("force") in ("true", "1")
+            code, obj = await self.api.patch(
+                info, ns, name, request.headers.get("Content-Type", ""), body, ctx, sub, force
+            )
+            return _json(obj, code, ctx.warnings)
+        if method == "DELETE":
+            options = await self._delete_options(request, query)
+            if options.get("dryRun"):
+                ctx.dry_run = True
+            if not name:
+                return await self._delete_collection(
+                    request, info, ns if route.namespaced_path else None, query, options, ctx
+                )
+            code, obj = await self.api.delete(info, ns, name, options, ctx)
+            return _json(obj, code, ctx.warnings)
+        raise method_not_allowed()
+
+    async def _finalize_namespace(
+        self, info: ResourceInfo, name: str, body: Any, ctx: WriteContext
+    ) -> dict[str, Any]:
+        current = self.api.get(info, "", name).obj
+        if not isinstance(body, dict):
+            raise bad_request("the body of a finalize request must be a Namespace")
+        new = dict(current)
+        new["spec"] = dict(
+            current.get("spec") or {}, finalizers=(body.get("spec") or {}).get("finalizers") or []
+        )
+        if new["spec"] == current.get("spec"):
+            return current
+        if (
+            current["metadata"].get("deletionTimestamp")
+            and not new["spec"]["finalizers"]
+            and not current["metadata"].get("finalizers")
+        ):
+            gone = self.store.remove(info.storage_key, "", name)
+            assert gone is not None
+            return gone.obj
+        return self.store.put(info.storage_key, new).obj
+
+    async def _delete_options(self, request: web.Request, query: Mapping[str, str]) -> dict[str, Any]:
+        options: dict[str, Any] = {}
+        raw = await request.read()
+        if raw:
+            body = decode_json(raw)
+            if not isinstance(body, dict):
+                raise bad_request("the body of a delete must be DeleteOptions")
+            options.update(body)
+        if "gracePeriodSeconds" in query:
+            try:
+                options["gracePeriodSeconds"] = int(query["gracePeriodSeconds"])
+            except ValueError:
+                raise bad_request("gracePeriodSeconds: must be an integer") from None
+        if "propagationPolicy" in query:
+            options["propagationPolicy"] = query["propagationPolicy"]
+        if query.get("dryRun") == "All":
+            options["dryRun"] = ["All"]
+        return options
+
+    async def _delete_collection(
+        self,
+        request: web.Request,
+        info: ResourceInfo,
+        ns: str | None,
+        query: Mapping[str, str],
+        options: dict[str, Any],
+        ctx: WriteContext,
+    ) -> web.Response:
+        page = await self.lister.list(
+            info, ns, {k: v for k, v in query.items() if k in ("labelSelector", "fieldSelector")}
+        )
+        deleted = []
+        for s in page.items:
+            m = s.obj["metadata"]
+            with contextlib.suppress(StatusError):
+                _, obj = await self.api.delete(info, m.get("namespace", "") or "", m["name"], options, ctx)
+                deleted.append(obj)
+        return _json(
+            {
+                "kind": info.list_kind,
+                "apiVersion": info.api_version,
+                "metadata": {"resourceVersion": str(self.store.rv)},
+                "items": deleted,
+            },
+            200,
+            ctx.warnings,
+        )
+
+    async def _review(self, request: web.Request, info: ResourceInfo, user: auth.UserInfo) -> web.Response:
+        body = await self._read_body(request)
+        if not isinstance(body, dict):
+            raise bad_request("the body of a review must be an object")
+        if info.kind == "TokenReview":
+            return _json(auth.token_review(body, self.authn), 201)
+        if info.kind == "SelfSubjectAccessReview":
+            return _json(auth.self_subject_access_review(body, user, self.rbac), 201)
+        return _json(auth.subject_access_review(body, self.rbac), 201)
+
+    def _object_format(self, request: web.Request) -> str:
+        return discovery.negotiate_object(request.headers.get("Accept"))
+
+    def _get(self, request: web.Request, info: ResourceInfo, ns: str, name: str) -> web.Response:
+        fmt = self._object_format(request)
+        rv = request.query.get("resourceVersion")
+        if rv not in (None, "", "0"):
+            from .lists import parse_rv
+
+            parse_rv(rv)
+        stored = self.api.get(info, ns, name)
+        if fmt != "json":
+            table = tables.render_table(
+                info,
+                [stored.obj],
+                resource_version=str(stored.rv),
+                include_object=request.query.get("includeObject", "Metadata"),
+            )
+            return _json(table, content_type=_table_ctype(fmt))
+        return _json(stored.raw)
+
+    async def _list(
+        self, request: web.Request, info: ResourceInfo, ns: str | None, query: Mapping[str, str]
+    ) -> web.Response:
+        fmt = self._object_format(request)
+        page: Page = await self.lister.list(info, ns, query)
+        if fmt != "json":
+            table = tables.render_table(
+                info,
+                [s.obj for s in page.items],
+                resource_version=str(page.resource_version),
+                continue_token=page.continue_token,
+                remaining=page.remaining,
+                include_object=query.get("includeObject", "Metadata"),
+            )
+            return _json(table, content_type=_table_ctype(fmt))
+        meta: dict[str, Any] = {"resourceVersion": str(page.resource_version)}
+        if page.continue_token:
+            meta["continue"] = page.continue_token
+        if page.remaining is not None:
+            meta["remainingItemCount"] = page.remaining
+        head = _encode({"kind": info.list_kind, "apiVersion": info.api_version, "metadata": meta})
+        body = head[:-1] + b',"items":[' + b",".join(s.raw for s in page.items) + b"]}"
+        return _json(body)
+
+    async def _watch(
+        self, request: web.Request, info: ResourceInfo, ns: str | None, query: Mapping[str, str]
+    ) -> web.StreamResponse:
+        fmt = self._object_format(request)
+        table_row = None
+        ctype = "application/json"
+        if fmt != "json":
+            ctype = _table_ctype(fmt)
+
+            first = [True]
+
+            def table_row(obj: dict[str, Any]) -> dict[str, Any]:
+                # Upstream sends column definitions with the first event of a watch only.
+                headers, first[0] = first[0], False
+                return tables.render_table_row_event(info, obj, include_headers=headers)
+
+        return await serve_watch(
+            request,
+            self.store,
+            info,
+            ns,
+            query,
+            self.watch_settings,
+            table_row=table_row,
+            content_type=ctype,
+            open_streams=self._streams,
+        )
+
+
+def _table_ctype(fmt: str) -> str:
+    version = "v1beta1" if fmt == "table-v1beta1" else "v1"
+    return f"application/json;as=Table;v={version};g=meta.k8s.io"
+
+
+def not_found_path() -> StatusError:
+    return StatusError(404, "NotFound", "the server could not find the requested resource")
+
+
+async def serve_forever(server: APIServer, ready: asyncio.Event | None = None) -> None:
+    async with server:
+        if ready is not None:
+            ready.set()
+        while True:
+            await asyncio.sleep(3600)
+
+
+def monotonic() -> float:
+    return time.monotonic()

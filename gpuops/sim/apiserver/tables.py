@@ -1,0 +1,1043 @@
+"""Server-side printing: `meta.k8s.io/v1 Table` bodies for `kubectl get` (api-semantics item 9).
+
+kubectl asks for `application/json;as=Table;v=v1;g=meta.k8s.io` on list, get and watch and prints the
+cells as given, so the cells must be what kube-apiserver would compute:
+
+* built-ins with an upstream printer (Pod, Node, Namespace, ConfigMap, Secret, ServiceAccount, Event,
+  Lease, PodDisruptionBudget, Deployment) get its columns, including the priority-1 ("wide") ones, which
+  the server always fills; ages are rendered server-side the way `duration.HumanDuration` does;
+* other built-ins get the default convertor's "Name" and "Created At" (an RFC 3339 string);
+* custom resources get "Name" plus the CRD's additionalPrinterColumns ("Age" if it lists none). A column
+  shows the *first* JSONPath result only, `date` columns are turned into ages on the server, and a
+  missing value is a null cell (kubectl prints it blank).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from .errors import bad_request
+from .resources import ResourceInfo
+from .selectors import label_selector_from_object
+
+__all__ = [
+    "TABLE_API_VERSION",
+    "column_definitions",
+    "human_duration",
+    "jsonpath_find",
+    "render_table",
+    "render_table_row_event",
+]
+
+TABLE_API_VERSION = "meta.k8s.io/v1"
+INCLUDE_OBJECT_VALUES = ("None", "Metadata", "Object")
+
+Column = dict[str, Any]
+Cells = list[Any]
+
+# ---------------------------------------------------------------------------------------------------------
+# Times and numbers rendered the way Go renders them
+
+_RFC3339 = re.compile(r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(Z|[+-]\d{2}:\d{2})")
+
+
+def _parse_time(value: Any) -> datetime | None:
+    """metav1.Time from JSON: RFC 3339 (fractions allowed); None for absent, empty or unparseable."""
+    if not isinstance(value, str):
+        return None
+    m = _RFC3339.fullmatch(value)
+    if m is None:
+        return None
+    year, month, day, hour, minute, second = (int(g) for g in m.groups()[:6])
+    micros = int((m.group(7) or "0")[:6].ljust(6, "0"))
+    zone = m.group(8)
+    offset = (
+        timedelta(0)
+        if zone == "Z"
+        else (1 if zone[0] == "+" else -1) * timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6]))
+    )
+    try:
+        local = datetime(year, month, day, hour, minute, second, micros)
+    except ValueError:
+        return None
+    return (local - offset).replace(tzinfo=UTC)
+
+
+def _is_zero_time(t: datetime | None) -> bool:
+    return t is None or t == datetime(1, 1, 1, tzinfo=UTC)
+
+
+def human_duration(d: timedelta) -> str:
+    """duration.HumanDuration: about two significant figures, as `kubectl get` shows ages."""
+    seconds = int(d.total_seconds())  # truncates toward zero like Go's int(d.Seconds())
+    if seconds < -1:
+        return "<invalid>"
+    if seconds < 0:
+        return "0s"
+    if seconds < 60 * 2:
+        return f"{seconds}s"
+    minutes = seconds // 60
+    if minutes < 10:
+        s = seconds % 60
+        return f"{minutes}m" if s == 0 else f"{minutes}m{s}s"
+    if minutes < 60 * 3:
+        return f"{minutes}m"
+    hours = seconds // 3600
+    if hours < 8:
+        m = minutes % 60
+        return f"{hours}h" if m == 0 else f"{hours}h{m}m"
+    if hours < 48:
+        return f"{hours}h"
+    if hours < 24 * 8:
+        h = hours % 24
+        return f"{hours // 24}d" if h == 0 else f"{hours // 24}d{h}h"
+    if hours < 24 * 365 * 2:
+        return f"{hours // 24}d"
+    if hours < 24 * 365 * 8:
+        dy = (hours // 24) % 365
+        return f"{hours // 24 // 365}y" if dy == 0 else f"{hours // 24 // 365}y{dy}d"
+    return f"{hours // 24 // 365}y"
+
+
+def _since(value: Any, now: datetime) -> str:
+    """translateTimestampSince: an age, or `<unknown>` for a missing timestamp."""
+    t = _parse_time(value)
+    if _is_zero_time(t):
+        return "<unknown>"
+    assert t is not None
+    return human_duration(now - t)
+
+
+def _rfc3339(value: Any) -> str:
+    """Time.UTC().Format(time.RFC3339): whole seconds, `Z`; the zero time when absent."""
+    t = _parse_time(value) or datetime(1, 1, 1, tzinfo=UTC)
+    return f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:{t.second:02d}Z"
+
+
+def _digits(f: float) -> tuple[str, int, bool]:
+    """Shortest round-trip digits of a non-zero |f|, where its decimal point goes, and its sign."""
+    sign, digits, exponent = Decimal(repr(f)).as_tuple()
+    assert isinstance(exponent, int)
+    ds = "".join(map(str, digits))
+    return ds.rstrip("0"), len(ds) + exponent, bool(sign)
+
+
+def _fmt_e(ds: str, dp: int, neg: bool, short_exp: bool) -> str:
+    mant = ds[0] + ("." + ds[1:] if len(ds) > 1 else "")
+    exp = dp - 1
+    e = f"{abs(exp):02d}" if not short_exp else str(abs(exp))
+    return ("-" if neg else "") + mant + "e" + ("-" if exp < 0 else "+") + e
+
+
+def _fmt_f(ds: str, dp: int, neg: bool) -> str:
+    if dp <= 0:
+        body = "0." + "0" * -dp + ds
+    elif dp >= len(ds):
+        body = ds + "0" * (dp - len(ds))
+    else:
+        body = ds[:dp] + "." + ds[dp:]
+    return ("-" if neg else "") + body
+
+
+def go_float(f: float) -> str:
+    """fmt's %v of a float64 (strconv 'g', shortest): 1.5, 1e+06, 1.234567e+06."""
+    if math.isnan(f) or math.isinf(f):
+        return "NaN" if math.isnan(f) else ("+Inf" if f > 0 else "-Inf")
+    if f == 0:
+        return "-0" if math.copysign(1, f) < 0 else "0"
+    ds, dp, neg = _digits(f)
+    if not -4 <= dp - 1 < 6:  # shortest %g switches to e-notation outside [1e-4, 1e6)
+        return _fmt_e(ds, dp, neg, short_exp=False)
+    return _fmt_f(ds, dp, neg)
+
+
+def _json_float(f: float) -> str:
+    """encoding/json's float64: plain decimals unless tiny or huge, then e-notation without padding."""
+    if f == 0:
+        return "-0" if math.copysign(1, f) < 0 else "0"
+    ds, dp, neg = _digits(f)
+    if abs(f) < 1e-6 or abs(f) >= 1e21:
+        return _fmt_e(ds, dp, neg, short_exp=True)
+    return _fmt_f(ds, dp, neg)
+
+
+def _go_json(value: Any) -> str:
+    """json.Marshal of decoded JSON: compact, sorted keys, HTML-safe escapes, Go number spelling."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return _json_float(value)
+    if isinstance(value, str):
+        s = json.dumps(value, ensure_ascii=False)
+        for ch, esc in (
+            ("<", "\\u003c"),
+            (">", "\\u003e"),
+            ("&", "\\u0026"),
+            ("\u2028", "\\u2028"),
+            ("\u2029", "\\u2029"),
+        ):
+            s = s.replace(ch, esc)
+        return s
+    if isinstance(value, Mapping):
+        members = (f"{_go_json(str(k))}:{_go_json(value[k])}" for k in sorted(value, key=str))
+        return "{" + ",".join(members) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_go_json(v) for v in value) + "]"
+    return _go_json(str(value))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# JSONPath, the subset CRD printer columns use (k8s.io/client-go/util/jsonpath, missing keys allowed)
+
+
+class JSONPathError(ValueError):
+    """The path cannot be parsed or evaluated; a printer column then shows a null cell."""
+
+
+Step = tuple[Any, ...]
+
+
+def _parse_path(text: str) -> list[Step]:
+    s = text.strip()
+    if s.startswith("{") and s.endswith("}"):
+        s = s[1:-1].strip()
+    if s.startswith("$"):
+        s = s[1:]
+    steps: list[Step] = []
+    i, n = 0, len(s)
+    while i < n:
+        if s.startswith("..", i):
+            steps.append(("recurse",))
+            i += 2
+            if i < n and s[i] == "[":
+                continue
+            i = _parse_name(s, i, steps)
+        elif s[i] == ".":
+            i = _parse_name(s, i + 1, steps)
+        elif s[i] == "[":
+            i = _parse_bracket(s, i, steps)
+        else:
+            raise JSONPathError(f"unrecognized character in action: {s[i]!r}")
+    return steps
+
+
+def _parse_name(s: str, i: int, steps: list[Step]) -> int:
+    out: list[str] = []
+    while i < len(s) and s[i] not in ".[]":
+        if s[i] == "\\" and i + 1 < len(s):
+            out.append(s[i + 1])
+            i += 2
+            continue
+        out.append(s[i])
+        i += 1
+    name = "".join(out)
+    if not name:
+        # A lone trailing dot (`{.}`) means the current node.
+        if i >= len(s):
+            return i
+        raise JSONPathError("empty field name")
+    steps.append(("wild",) if name == "*" else ("field", name))
+    return i
+
+
+def _bracket_end(s: str, i: int) -> int:
+    """Index of the `]` closing the bracket opened at i, skipping quoted text and parentheses."""
+    depth, quote = 0, ""
+    for j in range(i + 1, len(s)):
+        c = s[j]
+        if quote:
+            if c == "\\":
+                continue
+            if c == quote:
+                quote = ""
+        elif c in "'\"":
+            quote = c
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "]" and depth == 0:
+            return j
+    raise JSONPathError("unterminated array")
+
+
+def _split_top(text: str, sep: str) -> list[str]:
+    parts, start, quote = [], 0, ""
+    for j, c in enumerate(text):
+        if quote:
+            if c == quote:
+                quote = ""
+        elif c in "'\"":
+            quote = c
+        elif c == sep:
+            parts.append(text[start:j])
+            start = j + 1
+    parts.append(text[start:])
+    return parts
+
+
+def _unquote(text: str) -> str | None:
+    t = text.strip()
+    if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"":
+        return t[1:-1]
+    return None
+
+
+def _parse_bracket(s: str, i: int, steps: list[Step]) -> int:
+    end = _bracket_end(s, i)
+    inner = s[i + 1 : end].strip()
+    if inner == "*":
+        steps.append(("wild",))
+    elif inner.startswith("?"):
+        body = inner[1:].strip()
+        if not (body.startswith("(") and body.endswith(")")):
+            raise JSONPathError(f"unrecognized filter: {inner}")
+        steps.append(_parse_filter(body[1:-1].strip()))
+    else:
+        parts = _split_top(inner, ",")
+        names = [_unquote(p) for p in parts]
+        if all(n is not None for n in names):
+            steps.append(("keys", [n for n in names if n is not None]))
+        elif len(parts) == 1 and ":" in inner:
+            nums = inner.split(":")
+            if len(nums) > 3:
+                raise JSONPathError(f"invalid slice: {inner}")
+            try:
+                bounds = [int(x) if x.strip() else None for x in nums] + [None] * (3 - len(nums))
+            except ValueError:
+                raise JSONPathError(f"invalid slice: {inner}") from None
+            steps.append(("slice", *bounds))
+        else:
+            try:
+                steps.append(("index", [int(p) for p in parts]))
+            except ValueError:
+                raise JSONPathError(f"invalid array index: {inner}") from None
+    return end + 1
+
+
+_FILTER_OPS = ("==", "!=", "<=", ">=", "<", ">")
+
+
+def _parse_filter(body: str) -> Step:
+    quote = ""
+    for j, c in enumerate(body):
+        if quote:
+            if c == quote:
+                quote = ""
+            continue
+        if c in "'\"":
+            quote = c
+            continue
+        for op in _FILTER_OPS:
+            if body.startswith(op, j):
+                left, right = body[:j].strip(), body[j + len(op) :].strip()
+                return ("filter", _parse_operand(left), op, _parse_operand(right))
+    return ("filter", _parse_operand(body), None, None)
+
+
+def _parse_operand(text: str) -> tuple[str, Any]:
+    if text.startswith("@"):
+        return ("path", _parse_path(text[1:]))
+    quoted = _unquote(text)
+    if quoted is not None:
+        return ("value", quoted)
+    if text in ("true", "false"):
+        return ("value", text == "true")
+    if text == "null":
+        return ("value", None)
+    try:
+        return ("value", int(text))
+    except ValueError:
+        pass
+    try:
+        return ("value", float(text))
+    except ValueError:
+        raise JSONPathError(f"unrecognized filter operand: {text}") from None
+
+
+def _descendants(value: Any) -> list[Any]:
+    out = [value]
+    if isinstance(value, Mapping):
+        for k in sorted(value, key=str):
+            out.extend(_descendants(value[k]))
+    elif isinstance(value, list):
+        for v in value:
+            out.extend(_descendants(v))
+    return out
+
+
+def _compare(left: Any, op: str, right: Any) -> bool:
+    num = (int, float)
+    if (
+        isinstance(left, num)
+        and isinstance(right, num)
+        and not isinstance(left, bool)
+        and not isinstance(right, bool)
+    ):
+        pass
+    elif type(left) is not type(right) or (op not in ("==", "!=") and not isinstance(left, str)):
+        raise JSONPathError(f"incompatible types for comparison: {left!r} {op} {right!r}")
+    if op == "==":
+        return bool(left == right)
+    if op == "!=":
+        return bool(left != right)
+    if op == "<":
+        return bool(left < right)
+    if op == ">":
+        return bool(left > right)
+    if op == "<=":
+        return bool(left <= right)
+    return bool(left >= right)
+
+
+def _eval(steps: Sequence[Step], values: list[Any]) -> list[Any]:
+    for step in steps:
+        kind = step[0]
+        out: list[Any] = []
+        for v in values:
+            if kind == "field":
+                if isinstance(v, Mapping) and step[1] in v:
+                    out.append(v[step[1]])
+            elif kind == "keys":
+                if isinstance(v, Mapping):
+                    out.extend(v[k] for k in step[1] if k in v)
+            elif kind == "wild":
+                if isinstance(v, Mapping):
+                    out.extend(v[k] for k in sorted(v, key=str))
+                elif isinstance(v, list):
+                    out.extend(v)
+            elif kind == "recurse":
+                out.extend(_descendants(v))
+            elif kind == "index":
+                if not isinstance(v, list):
+                    raise JSONPathError(f"{v!r} is not array or slice")
+                for idx in step[1]:
+                    j = idx + len(v) if idx < 0 else idx
+                    if not 0 <= j < len(v):
+                        raise JSONPathError(f"array index out of bounds: index {idx}, length {len(v)}")
+                    out.append(v[j])
+            elif kind == "slice":
+                if not isinstance(v, list):
+                    raise JSONPathError(f"{v!r} is not array or slice")
+                start, stop, stride = step[1], step[2], step[3]
+                if stride == 0:
+                    raise JSONPathError("step must be > 0")
+                out.extend(v[slice(start, stop, stride)])
+            elif kind == "filter":
+                if not isinstance(v, list):
+                    raise JSONPathError(f"{v!r} is not array or slice and cannot be filtered")
+                _, left, op, right = step
+                for item in v:
+                    lefts = _operand(left, item)
+                    if op is None:
+                        if lefts:
+                            out.append(item)
+                        continue
+                    rights = _operand(right, item)
+                    if lefts and rights and _compare(lefts[0], op, rights[0]):
+                        out.append(item)
+        values = out
+    return values
+
+
+def _operand(operand: tuple[str, Any], item: Any) -> list[Any]:
+    kind, value = operand
+    return _eval(value, [item]) if kind == "path" else [value]
+
+
+def jsonpath_find(path: str, obj: Any) -> list[Any]:
+    """All values `path` selects in `obj` (missing keys select nothing); JSONPathError if malformed."""
+    try:
+        return _eval(_parse_path(path), [obj])
+    except RecursionError:
+        raise JSONPathError("path nests too deeply") from None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Columns
+
+_NAME_DESC = (
+    "Name must be unique within a namespace; clients use it to refer to the object. "
+    "More info: https://kubernetes.io/docs/concepts/overview/working-with-objects/names#names"
+)
+_CREATED_DESC = (
+    "CreationTimestamp is the time the server created the object, in UTC RFC 3339. "
+    "More info: https://git.k8s.io/community/contributors/devel/sig-architecture/"
+    "api-conventions.md#metadata"
+)
+
+
+def _col(
+    name: str, type_: str = "string", description: str = "", *, fmt: str = "", priority: int = 0
+) -> Column:
+    return {"name": name, "type": type_, "format": fmt, "description": description, "priority": priority}
+
+
+_NAME = _col("Name", "string", _NAME_DESC, fmt="name")
+_AGE = _col("Age", "string", _CREATED_DESC)
+
+_POD_COLUMNS = [
+    _NAME,
+    _col("Ready", description="The aggregate readiness state of this pod for accepting traffic."),
+    _col("Status", description="The aggregate status of the containers in this pod."),
+    _col("Restarts", description="How many times the pod's containers restarted, and when the last one did."),
+    _AGE,
+    _col("IP", description="The pod's primary IP address; empty until one is allocated.", priority=1),
+    _col("Node", description="The node the pod is bound to.", priority=1),
+    _col(
+        "Nominated Node",
+        description="The node the scheduler nominated while preempting for this pod.",
+        priority=1,
+    ),
+    _col("Readiness Gates", description="Extra conditions evaluated for pod readiness.", priority=1),
+]
+_NODE_COLUMNS = [
+    _NAME,
+    _col("Status", description="The status of the node"),
+    _col("Roles", description="The roles of the node"),
+    _AGE,
+    _col("Version", description="Kubelet version reported by the node."),
+    _col("Internal-IP", description="Addresses reachable on the node.", priority=1),
+    _col("External-IP", description="Addresses reachable on the node.", priority=1),
+    _col("OS-Image", description="OS image reported by the node.", priority=1),
+    _col("Kernel-Version", description="Kernel version reported by the node.", priority=1),
+    _col("Container-Runtime", description="Container runtime version reported by the node.", priority=1),
+]
+_NAMESPACE_COLUMNS = [_NAME, _col("Status", description="The status of the namespace"), _AGE]
+_CONFIGMAP_COLUMNS = [_NAME, _col("Data", description="Number of data and binaryData keys."), _AGE]
+_SECRET_COLUMNS = [
+    _NAME,
+    _col("Type", description="Lets programs handle the secret's data by kind."),
+    _col("Data", description="Number of data keys."),
+    _AGE,
+]
+_SERVICEACCOUNT_COLUMNS = [_NAME, _col("Secrets", description="Number of secrets listed."), _AGE]
+_LEASE_COLUMNS = [_NAME, _col("Holder", description="The current holder of the lease."), _AGE]
+_PDB_COLUMNS = [
+    _NAME,
+    _col("Min Available", description="The minimum number of pods that must be available."),
+    _col("Max Unavailable", description="The maximum number of pods that may be unavailable."),
+    _col("Allowed Disruptions", "integer", "Calculated number of pods that may be disrupted at this time."),
+    _AGE,
+]
+_DEPLOYMENT_COLUMNS = [
+    _NAME,
+    _col("Ready", description="Number of the pod with ready state"),
+    _col("Up-to-date", description="Pods that run the newest template."),
+    _col("Available", description="Pods available for at least minReadySeconds."),
+    _AGE,
+    _col("Containers", description="Names of each container in the template.", priority=1),
+    _col("Images", description="Images referenced by each container in the template.", priority=1),
+    _col("Selector", description="Label query over the pods the deployment manages.", priority=1),
+]
+_EVENT_COLUMNS = [
+    _col("Last Seen", description="When the event was last observed."),
+    _col("Type", description="Type of this event (Normal, Warning)."),
+    _col("Reason", description="Short, machine understandable reason for the event."),
+    _col("Object", description="The object this event is about."),
+    _col("Subobject", description="Path to the part of the object the event concerns.", priority=1),
+    _col("Source", description="The component reporting this event.", priority=1),
+    _col("Message", description="A human-readable description of the event."),
+    _col("First Seen", description="When the event was first recorded.", priority=1),
+    _col("Count", description="How many times the event occurred.", priority=1),
+    _col("Name", "string", _NAME_DESC, fmt="name", priority=1),
+]
+_DEFAULT_COLUMNS = [_NAME, _col("Created At", "date", _CREATED_DESC)]
+
+
+def _printer_columns(info: ResourceInfo) -> Sequence[Mapping[str, Any]]:
+    """The CRD's additionalPrinterColumns, or the Age column the apiserver serves when it lists none."""
+    age = {
+        "name": "Age",
+        "type": "date",
+        "jsonPath": ".metadata.creationTimestamp",
+        "description": _CREATED_DESC,
+    }
+    return info.printer_columns or [age]
+
+
+def _custom_columns(info: ResourceInfo) -> list[Column]:
+    cols = [_NAME]
+    for c in _printer_columns(info):
+        path = str(c.get("jsonPath", ""))
+        desc = c.get("description") or f"Custom resource definition column (in JSONPath format): {path}"
+        cols.append(
+            _col(
+                str(c.get("name", "")),
+                str(c.get("type", "")),
+                str(desc),
+                fmt=str(c.get("format") or ""),
+                priority=int(c.get("priority") or 0),
+            )
+        )
+    return cols
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Rows
+
+
+def _g(obj: Any, *path: str) -> Any:
+    for p in path:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(p)
+    return obj
+
+
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _int(value: Any, default: int = 0) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _dict(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return _str(_g(obj, "metadata", "name"))
+
+
+def _age(obj: Mapping[str, Any], now: datetime) -> str:
+    return _since(_g(obj, "metadata", "creationTimestamp"), now)
+
+
+def _later(current: datetime | None, candidate: Any) -> datetime | None:
+    t = _parse_time(candidate)
+    if t is None or _is_zero_time(t):
+        return current
+    return t if current is None or current < t else current
+
+
+def _terminated_reason(term: Mapping[str, Any], prefix: str) -> str:
+    if _str(term.get("reason")):
+        return prefix + _str(term.get("reason"))
+    if _int(term.get("signal")):
+        return f"{prefix}Signal:{_int(term.get('signal'))}"
+    return f"{prefix}ExitCode:{_int(term.get('exitCode'))}"
+
+
+def _has_condition(conditions: list[Any], type_: str) -> bool:
+    return any(_g(c, "type") == type_ and _g(c, "status") == "True" for c in conditions)
+
+
+def _pod_row(pod: Mapping[str, Any], now: datetime) -> tuple[Cells, list[dict[str, str]]]:
+    """printPod: READY counts ready containers (and started sidecars), STATUS is the most telling reason."""
+    spec, status = _dict(pod.get("spec")), _dict(pod.get("status"))
+    init_specs = _list(spec.get("initContainers"))
+    sidecar_specs = [c for c in init_specs if _g(c, "restartPolicy") == "Always"]
+    sidecars = {_g(c, "name") for c in sidecar_specs}
+    total = len(_list(spec.get("containers"))) + len(sidecar_specs)
+    conditions = _list(status.get("conditions"))
+    phase = _str(status.get("phase"))
+    reason = _str(status.get("reason")) or phase
+    for c in conditions:
+        if _g(c, "type") == "PodScheduled" and _g(c, "reason") == "SchedulingGated":
+            reason = "SchedulingGated"
+
+    ready = restarts = sidecar_restarts = 0
+    last_restart: datetime | None = None
+    last_sidecar_restart: datetime | None = None
+    initializing = False
+    for i, cs in enumerate(_list(status.get("initContainerStatuses"))):
+        count = _int(_g(cs, "restartCount"))
+        restarts += count
+        finished = _g(cs, "lastState", "terminated", "finishedAt")
+        last_restart = _later(last_restart, finished)
+        is_sidecar = _g(cs, "name") in sidecars
+        if is_sidecar:
+            sidecar_restarts += count
+            last_sidecar_restart = _later(last_sidecar_restart, finished)
+        term, waiting = _g(cs, "state", "terminated"), _g(cs, "state", "waiting")
+        if isinstance(term, Mapping) and _int(term.get("exitCode")) == 0:
+            continue
+        if is_sidecar and _g(cs, "started") is True:
+            if _g(cs, "ready") is True:
+                ready += 1
+            continue
+        if isinstance(term, Mapping):
+            reason = _terminated_reason(term, "Init:")
+        elif isinstance(waiting, Mapping) and _str(waiting.get("reason")) not in ("", "PodInitializing"):
+            reason = "Init:" + waiting["reason"]
+        else:
+            reason = f"Init:{i}/{len(init_specs)}"
+        initializing = True
+        break
+
+    if not initializing or _has_condition(conditions, "Initialized"):
+        restarts, last_restart = sidecar_restarts, last_sidecar_restart
+        has_running = False
+        for cs in reversed(_list(status.get("containerStatuses"))):
+            restarts += _int(_g(cs, "restartCount"))
+            last_restart = _later(last_restart, _g(cs, "lastState", "terminated", "finishedAt"))
+            term, waiting = _g(cs, "state", "terminated"), _g(cs, "state", "waiting")
+            if isinstance(waiting, Mapping) and _str(waiting.get("reason")):
+                reason = waiting["reason"]
+            elif isinstance(term, Mapping):
+                reason = _terminated_reason(term, "")
+            elif _g(cs, "ready") is True and isinstance(_g(cs, "state", "running"), Mapping):
+                has_running = True
+                ready += 1
+        if reason == "Completed" and has_running:
+            reason = "Running" if _has_condition(conditions, "Ready") else "NotReady"
+
+    deleting = _g(pod, "metadata", "deletionTimestamp") is not None
+    if deleting and status.get("reason") == "NodeLost":
+        reason = "Unknown"
+    elif deleting and phase not in ("Succeeded", "Failed"):
+        reason = "Terminating"
+
+    restarts_text = str(restarts)
+    if restarts and last_restart is not None:
+        restarts_text = f"{restarts} ({human_duration(now - last_restart)} ago)"
+
+    ips = _list(status.get("podIPs"))
+    pod_ip = _str(_g(ips[0], "ip")) if ips else _str(status.get("podIP"))
+    gates = _list(spec.get("readinessGates"))
+    gates_text = "<none>"
+    if gates:
+        true_count = 0
+        for gate in gates:
+            for c in conditions:
+                if _g(c, "type") == _g(gate, "conditionType"):
+                    true_count += _g(c, "status") == "True"
+                    break
+        gates_text = f"{true_count}/{len(gates)}"
+    cells: Cells = [
+        _name(pod),
+        f"{ready}/{total}",
+        reason,
+        restarts_text,
+        _age(pod, now),
+        pod_ip or "<none>",
+        _str(spec.get("nodeName")) or "<none>",
+        _str(status.get("nominatedNodeName")) or "<none>",
+        gates_text,
+    ]
+    row_conditions: list[dict[str, str]] = []
+    if phase == "Succeeded":
+        row_conditions = [
+            {
+                "type": "Completed",
+                "status": "True",
+                "reason": "Succeeded",
+                "message": "The pod has completed successfully.",
+            }
+        ]
+    elif phase == "Failed":
+        row_conditions = [
+            {"type": "Completed", "status": "True", "reason": "Failed", "message": "The pod failed."}
+        ]
+    return cells, row_conditions
+
+
+def _node_cells(node: Mapping[str, Any], now: datetime) -> Cells:
+    by_type = {_g(c, "type"): c for c in _list(_g(node, "status", "conditions"))}
+    status: list[str] = []
+    if "Ready" in by_type:
+        status.append("Ready" if _g(by_type["Ready"], "status") == "True" else "NotReady")
+    else:
+        status.append("Unknown")
+    if _g(node, "spec", "unschedulable") is True:
+        status.append("SchedulingDisabled")
+    roles: set[str] = set()
+    for k, v in _dict(_g(node, "metadata", "labels")).items():
+        if k.startswith("node-role.kubernetes.io/") and len(k) > len("node-role.kubernetes.io/"):
+            roles.add(k[len("node-role.kubernetes.io/") :])
+        elif k == "kubernetes.io/role" and v:
+            roles.add(str(v))
+    info = _dict(_g(node, "status", "nodeInfo"))
+
+    def address(kind: str) -> str:
+        for a in _list(_g(node, "status", "addresses")):
+            if _g(a, "type") == kind:
+                return _str(_g(a, "address"))
+        return "<none>"
+
+    return [
+        _name(node),
+        ",".join(status),
+        ",".join(sorted(roles)) or "<none>",
+        _age(node, now),
+        _str(info.get("kubeletVersion")),
+        address("InternalIP"),
+        address("ExternalIP"),
+        _str(info.get("osImage")) or "<unknown>",
+        _str(info.get("kernelVersion")) or "<unknown>",
+        _str(info.get("containerRuntimeVersion")) or "<unknown>",
+    ]
+
+
+def _int_or_string(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return "N/A"
+    return str(value)
+
+
+def _deployment_cells(obj: Mapping[str, Any], now: datetime) -> Cells:
+    spec, status = _dict(obj.get("spec")), _dict(obj.get("status"))
+    containers = _list(_g(spec, "template", "spec", "containers"))
+    try:
+        selector = str(label_selector_from_object(spec.get("selector")))
+    except ValueError:
+        selector = "<invalid>"
+    return [
+        _name(obj),
+        f"{_int(status.get('readyReplicas'))}/{_int(spec.get('replicas'), 1)}",
+        _int(status.get("updatedReplicas")),
+        _int(status.get("availableReplicas")),
+        _age(obj, now),
+        ",".join(_str(_g(c, "name")) for c in containers),
+        ",".join(_str(_g(c, "image")) for c in containers),
+        selector,
+    ]
+
+
+def _event_cells(ev: Mapping[str, Any], now: datetime) -> Cells:
+    first = _since(ev.get("firstTimestamp"), now)
+    if _is_zero_time(_parse_time(ev.get("firstTimestamp"))):
+        first = _since(ev.get("eventTime"), now)
+    last = _since(ev.get("lastTimestamp"), now)
+    if _is_zero_time(_parse_time(ev.get("lastTimestamp"))):
+        last = first
+    count = _int(ev.get("count"))
+    series = ev.get("series")
+    if isinstance(series, Mapping):
+        last = _since(series.get("lastObservedTime"), now)
+        count = _int(series.get("count"))
+    elif count == 0:
+        count = 1
+    involved = _dict(ev.get("involvedObject"))
+    kind = _str(involved.get("kind")).lower()
+    target = f"{kind}/{involved['name']}" if _str(involved.get("name")) else kind
+    component = _str(_g(ev, "source", "component")) or _str(ev.get("reportingComponent"))
+    instance = _str(_g(ev, "source", "host")) or _str(ev.get("reportingInstance"))
+    source = f"{component}, {instance}" if instance else component
+    return [
+        last,
+        _str(ev.get("type")),
+        _str(ev.get("reason")),
+        target,
+        _str(involved.get("fieldPath")),
+        source,
+        _str(ev.get("message")).strip(),
+        first,
+        count,
+        _name(ev),
+    ]
+
+
+_PRINTERS: dict[tuple[str, str], tuple[list[Column], Callable[[Mapping[str, Any], datetime], Cells]]] = {
+    ("", "Node"): (_NODE_COLUMNS, _node_cells),
+    ("", "Namespace"): (
+        _NAMESPACE_COLUMNS,
+        lambda o, now: [_name(o), _str(_g(o, "status", "phase")), _age(o, now)],
+    ),
+    ("", "ConfigMap"): (
+        _CONFIGMAP_COLUMNS,
+        lambda o, now: [_name(o), len(_dict(o.get("data"))) + len(_dict(o.get("binaryData"))), _age(o, now)],
+    ),
+    ("", "Secret"): (
+        _SECRET_COLUMNS,
+        lambda o, now: [_name(o), _str(o.get("type")), len(_dict(o.get("data"))), _age(o, now)],
+    ),
+    ("", "ServiceAccount"): (
+        _SERVICEACCOUNT_COLUMNS,
+        lambda o, now: [_name(o), len(_list(o.get("secrets"))), _age(o, now)],
+    ),
+    ("", "Event"): (_EVENT_COLUMNS, _event_cells),
+    ("coordination.k8s.io", "Lease"): (
+        _LEASE_COLUMNS,
+        lambda o, now: [_name(o), _str(_g(o, "spec", "holderIdentity")), _age(o, now)],
+    ),
+    ("policy", "PodDisruptionBudget"): (
+        _PDB_COLUMNS,
+        lambda o, now: [
+            _name(o),
+            _int_or_string(_g(o, "spec", "minAvailable")),
+            _int_or_string(_g(o, "spec", "maxUnavailable")),
+            _int(_g(o, "status", "disruptionsAllowed")),
+            _age(o, now),
+        ],
+    ),
+    ("apps", "Deployment"): (_DEPLOYMENT_COLUMNS, _deployment_cells),
+}
+
+
+def column_definitions(info: ResourceInfo) -> list[Column]:
+    """The Table's columnDefinitions for this resource (fresh dicts, safe to modify)."""
+    if info.is_custom:
+        cols = _custom_columns(info)
+    elif (info.group, info.kind) == ("", "Pod"):
+        cols = _POD_COLUMNS
+    elif (info.group, info.kind) in _PRINTERS:
+        cols = _PRINTERS[(info.group, info.kind)][0]
+    else:
+        cols = _DEFAULT_COLUMNS
+    return [dict(c) for c in cols]
+
+
+def _custom_cell(column: Mapping[str, Any], obj: Mapping[str, Any], now: datetime) -> Any:
+    """One additionalPrinterColumns cell: the first JSONPath result, typed by the column's type."""
+    try:
+        found = jsonpath_find(str(column.get("jsonPath", "")), obj)
+    except JSONPathError:
+        return None
+    if not found:
+        return None
+    value = found[0]
+    kind = column.get("type")
+    if kind == "string":
+        if value is None:
+            return "<no value>"  # what Go's text printer makes of a JSON null
+        if isinstance(value, (Mapping, list)):
+            return _go_json(value)
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, float):
+            return go_float(value)
+        return str(value)
+    if value is None:
+        return None
+    if kind == "integer":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None
+        return int(value)
+    if kind == "number":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None
+        return float(value)
+    if kind == "boolean":
+        return value if isinstance(value, bool) else None
+    if kind == "date":
+        if not isinstance(value, str):
+            return None
+        if value in ("", "null"):
+            return "<unknown>"
+        t = _parse_time(value)
+        if t is None:
+            return "<invalid>"
+        return "<unknown>" if _is_zero_time(t) else human_duration(now - t)
+    return None
+
+
+def _row(
+    info: ResourceInfo, obj: Mapping[str, Any], include_object: str, api_version: str, now: datetime
+) -> dict[str, Any]:
+    conditions: list[dict[str, str]] = []
+    if info.is_custom:
+        cells: Cells = [_name(obj)] + [_custom_cell(c, obj, now) for c in _printer_columns(info)]
+    elif (info.group, info.kind) == ("", "Pod"):
+        cells, conditions = _pod_row(obj, now)
+    elif (info.group, info.kind) in _PRINTERS:
+        cells = _PRINTERS[(info.group, info.kind)][1](obj, now)
+    else:
+        cells = [_name(obj), _rfc3339(_g(obj, "metadata", "creationTimestamp"))]
+    row: dict[str, Any] = {"cells": cells}
+    if conditions:
+        row["conditions"] = conditions
+    if include_object == "None":
+        row["object"] = None
+    elif include_object == "Object":
+        full = copy.deepcopy(dict(obj))
+        full.setdefault("kind", info.kind)
+        full.setdefault("apiVersion", info.api_version)
+        row["object"] = full
+    else:
+        row["object"] = {
+            "kind": "PartialObjectMetadata",
+            "apiVersion": api_version,
+            "metadata": copy.deepcopy(_dict(obj.get("metadata"))),
+        }
+    return row
+
+
+def _check_include_object(include_object: str) -> str:
+    if include_object == "":
+        return "Metadata"
+    if include_object not in INCLUDE_OBJECT_VALUES:
+        raise bad_request(
+            "Unable to convert to Table as requested: includeObject: Invalid value: "
+            f"{json.dumps(include_object)}: must be 'Metadata', 'Object', 'None', or empty"
+        )
+    return include_object
+
+
+def render_table(
+    info: ResourceInfo,
+    items: Sequence[Mapping[str, Any]],
+    *,
+    resource_version: str,
+    continue_token: str = "",
+    remaining: int | None = None,
+    include_object: str = "Metadata",
+    include_headers: bool = True,
+    api_version: str = TABLE_API_VERSION,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """A Table of `items` (a list page, or one object for a get) with the list metadata given.
+
+    `include_object` is the `includeObject` query parameter (400 BadRequest if not one of the
+    allowed values); `include_headers=False` leaves columnDefinitions null, as watch events after
+    the first do; `api_version` is `meta.k8s.io/v1beta1` if the client asked for that.
+    """
+    mode = _check_include_object(include_object)
+    when = now or datetime.now(UTC)
+    meta: dict[str, Any] = {}
+    if resource_version:
+        meta["resourceVersion"] = resource_version
+    if continue_token:
+        meta["continue"] = continue_token
+    if remaining is not None:
+        meta["remainingItemCount"] = remaining
+    return {
+        "kind": "Table",
+        "apiVersion": api_version,
+        "metadata": meta,
+        "columnDefinitions": column_definitions(info) if include_headers else None,
+        "rows": [_row(info, obj, mode, api_version, when) for obj in items],
+    }
+
+
+def render_table_row_event(
+    info: ResourceInfo,
+    obj: Mapping[str, Any],
+    *,
+    include_headers: bool = True,
+    include_object: str = "Metadata",
+    api_version: str = TABLE_API_VERSION,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """The Table one watch event carries: one row, the object's resourceVersion as the Table's.
+
+    Upstream sends column definitions only with a watch's first event; pass `include_headers=False`
+    for the rest.
+    """
+    rv = _str(_g(obj, "metadata", "resourceVersion"))
+    return render_table(
+        info,
+        [obj],
+        resource_version=rv,
+        include_object=include_object,
+        include_headers=include_headers,
+        api_version=api_version,
+        now=now,
+    )

@@ -1,0 +1,237 @@
+"""Watch streams (items 19-28): initial events, history replay, selector transitions, bookmarks, timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from .errors import Cause, StatusError, invalid
+from .lists import TOO_LARGE_WAIT, parse_rv, selectors
+from .resources import ResourceInfo
+from .store import Store, WatchEvent, Watcher
+
+_encode = msgspec.json.encode
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+
+
+def _status_event(code: int, reason: str, message: str) -> bytes:
+    return (
+        _encode(
+            {
+                "type": "ERROR",
+                "object": {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "metadata": {},
+                    "status": "Failure",
+                    "message": message,
+                    "reason": reason,
+                    "code": code,
+                },
+            }
+        )
+        + b"\n"
+    )
+
+
+def validate_watch_params(params: Mapping[str, str]) -> None:
+    send_initial = params.get("sendInitialEvents")
+    rvm = params.get("resourceVersionMatch") or ""
+    if send_initial is not None and send_initial != "":
+        if rvm != "NotOlderThan":
+            raise invalid(
+                "ListOptions",
+                "meta.k8s.io",
+                "",
+                [
+                    Cause(
+                        "FieldValueForbidden",
+                        "Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+                        "sendInitialEvents",
+                    )
+                ],
+            )
+    elif rvm:
+        raise invalid(
+            "ListOptions",
+            "meta.k8s.io",
+            "",
+            [
+                Cause(
+                    "FieldValueForbidden",
+                    "Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+                    "resourceVersionMatch",
+                )
+            ],
+        )
+
+
+class WatchSettings:
+    def __init__(self, bookmark_interval: float = 60.0, default_timeout: float = 1800.0) -> None:
+        self.bookmark_interval = bookmark_interval
+        self.default_timeout = default_timeout
+
+
+async def serve_watch(
+    request: web.Request,
+    store: Store,
+    info: ResourceInfo,
+    namespace: str | None,
+    params: Mapping[str, str],
+    settings: WatchSettings,
+    *,
+    table_row: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    content_type: str = "application/json",
+    open_streams: set[web.StreamResponse] | None = None,
+) -> web.StreamResponse:
+    validate_watch_params(params)
+    label_sel, field_sel = selectors(info, params)
+    filtered = not (label_sel.empty and field_sel.empty)
+    bookmarks = params.get("allowWatchBookmarks") in ("true", "1")
+    send_initial = params.get("sendInitialEvents") in ("true", "1")
+    timeout_s = params.get("timeoutSeconds")
+    timeout = float(timeout_s) if timeout_s else settings.default_timeout * (1 + random.random())
+    rv_s = params.get("resourceVersion") or ""
+    ns = namespace if info.namespaced else None
+    gr = info.storage_key
+
+    start_rv: int | None = None
+    if rv_s not in ("", "0"):
+        start_rv = parse_rv(rv_s)
+        if start_rv > store.rv and not await store.wait_for_rv(start_rv, TOO_LARGE_WAIT):
+            raise StatusError(
+                504,
+                "Timeout",
+                f"Too large resource version: {start_rv}, current: {store.rv}",
+                causes=[Cause("ResourceVersionTooLarge", "Too large resource version")],
+                retry_after=1,
+            )
+
+    def matches(obj: dict[str, Any] | None) -> bool:
+        if obj is None:
+            return False
+        return label_sel.matches(obj["metadata"].get("labels")) and field_sel.matches(obj)
+
+    def frame(ev_type: str, obj: dict[str, Any], ev: WatchEvent | None = None) -> bytes:
+        if table_row is not None:
+            return _encode({"type": ev_type, "object": table_row(obj)}) + b"\n"
+        if ev is not None:
+            return ev.line(ev_type)
+        return _encode({"type": ev_type, "object": obj}) + b"\n"
+
+    def translate(ev: WatchEvent) -> bytes | None:
+        if not filtered:
+            return frame(ev.type, ev.new.obj, ev)
+        new_m = ev.type != "DELETED" and matches(ev.new.obj)
+        old_m = ev.prev is not None and matches(ev.prev.obj)
+        if ev.type == "ADDED":
+            return frame("ADDED", ev.new.obj, ev) if new_m else None
+        if ev.type == "DELETED":
+            return frame("DELETED", ev.new.obj, ev) if old_m else None
+        if new_m and old_m:
+            return frame("MODIFIED", ev.new.obj, ev)
+        if new_m:
+            return frame("ADDED", ev.new.obj, ev)
+        if old_m:
+            return frame("DELETED", ev.new.obj, ev)
+        return None
+
+    # Subscribe and take the backlog in one synchronous step: nothing can slip between the two.
+    watcher: Watcher = store.watch(gr, ns)
+    initial: list[bytes] = []
+    too_old = False
+    if start_rv is None or send_initial:
+        for s in store.iter(gr, ns):
+            if not filtered or matches(s.obj):
+                initial.append(frame("ADDED", s.obj))
+        if send_initial and bookmarks:
+            initial.append(_bookmark(info, store.rv, initial_end=True))
+    elif start_rv < store.compacted_rv:
+        too_old = True
+    else:
+        for ev in store.events_since(gr, start_rv, ns):
+            line = translate(ev)
+            if line is not None:
+                initial.append(line)
+
+    resp = web.StreamResponse(status=200, headers={"Content-Type": content_type, "Cache-Control": "no-cache"})
+    resp.enable_chunked_encoding()
+    try:
+        await resp.prepare(request)
+        if open_streams is not None:
+            open_streams.add(resp)
+        if too_old:
+            # Item 25: HTTP 200, then one ERROR event carrying a 410 Status.
+            await resp.write(
+                _status_event(
+                    410, "Expired", f"too old resource version: {start_rv} ({store.compacted_rv + 1})"
+                )
+            )
+            await resp.write_eof()
+            return resp
+        for i in range(0, len(initial), 512):
+            await resp.write(b"".join(initial[i : i + 512]))
+        deadline = time.monotonic() + timeout
+        last_bookmark = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                break
+            wait = deadline - now
+            if bookmarks:
+                wait = min(wait, max(0.0, last_bookmark + settings.bookmark_interval - now))
+            if not watcher.events and not watcher.closed:
+                watcher.wakeup.clear()
+                try:
+                    await asyncio.wait_for(watcher.wakeup.wait(), timeout=wait)
+                except TimeoutError:
+                    pass
+            if watcher.events:
+                out: list[bytes] = []
+                while watcher.events and len(out) < 1024:
+                    line = translate(watcher.events.popleft())
+                    if line is not None:
+                        out.append(line)
+                if out:
+                    await resp.write(b"".join(out))
+                continue
+            if watcher.closed:
+                if watcher.overflowed:
+                    break
+                # Dropped by fault injection: cut the connection the way a network failure would.
+                if request.transport is not None:
+                    request.transport.abort()
+                return resp
+            if bookmarks and time.monotonic() - last_bookmark >= settings.bookmark_interval:
+                # Buffer empty: every change up to store.rv has been delivered or filtered out.
+                await resp.write(_bookmark(info, store.rv))
+                last_bookmark = time.monotonic()
+        await resp.write_eof()
+    except (ConnectionResetError, asyncio.CancelledError):
+        raise
+    finally:
+        store.unwatch(watcher)
+        if open_streams is not None:
+            open_streams.discard(resp)
+    return resp
+
+
+def _bookmark(info: ResourceInfo, rv: int, initial_end: bool = False) -> bytes:
+    meta: dict[str, Any] = {"resourceVersion": str(rv)}
+    if initial_end:
+        meta["annotations"] = {INITIAL_EVENTS_END: "true"}
+    return (
+        _encode(
+            {
+                "type": "BOOKMARK",
+                "object": {"kind": info.kind, "apiVersion": info.api_version, "metadata": meta},
+            }
+        )
+        + b"\n"
+    )
