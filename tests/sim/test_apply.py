@@ -405,6 +405,41 @@ def test_item42_custom_resource_lists_are_atomic_unless_the_schema_says_otherwis
     assert out["spec"]["pools"] == [{"name": "a", "size": 1}, {"name": "b", "size": 2}]
 
 
+def test_item42_custom_resource_list_map_keys_take_schema_defaults() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "spec": {
+                "type": "object",
+                "properties": {
+                    "ports": {
+                        "type": "array",
+                        "x-kubernetes-list-type": "map",
+                        "x-kubernetes-list-map-keys": ["port", "protocol"],
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "port": {"type": "integer"},
+                                "protocol": {"type": "string", "default": "TCP"},
+                            },
+                        },
+                    }
+                },
+            }
+        },
+    }
+    cr = {
+        "apiVersion": "x.io/v1",
+        "kind": "Thing",
+        "metadata": {"name": "t"},
+        "spec": {"ports": [{"port": 1}]},
+    }
+    obj = apply(None, cr, "alice", list_keys=SchemaHints(schema))
+    assert fields(obj, "alice")["f:spec"]["f:ports"] == {
+        'k:{"port":1,"protocol":"TCP"}': {".": {}, "f:port": {}}
+    }
+
+
 def test_item42_status_subresource_apply_owns_only_status() -> None:
     pod = {
         "apiVersion": "v1",

@@ -86,7 +86,7 @@ class Lister:
             else:
                 break
 
-    async def list(self, info: ResourceInfo, namespace: str | None, params: Mapping[str, str]) -> Page:
+    async def page(self, info: ResourceInfo, namespace: str | None, params: Mapping[str, str]) -> Page:
         rv_s = params.get("resourceVersion")
         rvm = params.get("resourceVersionMatch") or ""
         limit_s = params.get("limit") or "0"

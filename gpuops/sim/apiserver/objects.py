@@ -19,7 +19,7 @@ import msgspec
 
 from . import builtin, crds, schema
 from .admission import AdmissionRequest, WebhookCaller
-from .apply import server_side_apply, update_managed_fields
+from .apply import SchemaHints, server_side_apply, update_managed_fields
 from .auth import UserInfo
 from .builtin_schemas import builtin_schema
 from .errors import Cause, StatusError, bad_request, conflict, invalid, not_found, unsupported_media_type
@@ -233,13 +233,31 @@ class ObjectAPI:
                 hook(stored.obj, False)
         return stored.obj
 
+    @staticmethod
+    def _list_keys(info: ResourceInfo) -> SchemaHints | None:
+        """List and map types for ownership tracking: CRD schema markers for CRs, built-in tables otherwise."""
+        return SchemaHints(info.schema) if info.is_custom else None
+
+    @staticmethod
+    def _reset_fields(info: ResourceInfo, subresource: str) -> list[tuple[str, ...]] | None:
+        """Fields an apply to this endpoint can never own (status on the main resource, when split off)."""
+        if not subresource and info.status_subresource:
+            return [("status",)]
+        return None
+
     def _manager(self, ctx: WriteContext, default: str = "unknown") -> str:
         return ctx.field_manager or default
 
     # ------------------------------------------------------------------------------------ create
 
     async def create(
-        self, info: ResourceInfo, namespace: str, body: Any, ctx: WriteContext
+        self,
+        info: ResourceInfo,
+        namespace: str,
+        body: Any,
+        ctx: WriteContext,
+        *,
+        applied_fields: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         obj = builtin.ensure_object(body)
         meta = obj["metadata"]
@@ -309,14 +327,18 @@ class ObjectAPI:
                 kind=info.resource,
             )
         obj["metadata"].pop("managedFields", None)
-        obj = update_managed_fields(
-            None,
-            obj,
-            manager=self._manager(ctx),
-            operation="Update",
-            api_version=info.api_version,
-            now=rfc3339(now),
-        )
+        if applied_fields is not None:
+            obj["metadata"]["managedFields"] = applied_fields  # created by server-side apply
+        else:
+            obj = update_managed_fields(
+                None,
+                obj,
+                manager=self._manager(ctx),
+                operation="Update",
+                api_version=info.api_version,
+                now=rfc3339(now),
+                list_keys=self._list_keys(info),
+            )
         return self._persist(info, obj, ctx)
 
     # ------------------------------------------------------------------------------------ update
@@ -433,6 +455,7 @@ class ObjectAPI:
                 api_version=info.api_version,
                 now=rfc3339(self.clock()),
                 subresource=subresource,
+                list_keys=self._list_keys(info),
             )
         return self._finish_update(info, old, new, ctx)
 
@@ -554,19 +577,16 @@ class ObjectAPI:
                 force=force,
                 api_version=info.api_version,
                 now=now,
+                list_keys=self._list_keys(info),
+                reset_fields=self._reset_fields(info, subresource),
             )
-            managed = obj["metadata"].get("managedFields")
             created = await self.create(
                 info,
                 namespace,
                 obj,
                 WriteContext(ctx.user, ctx.dry_run, ctx.field_manager, "Ignore", ctx.warnings),
+                applied_fields=obj["metadata"].get("managedFields"),
             )
-            if managed is not None and not ctx.dry_run:
-                # create() recorded an Update entry; the object was created by Apply.
-                fixed = dict(created)
-                fixed["metadata"] = dict(created["metadata"], managedFields=managed)
-                created = self.store.put(info.storage_key, fixed).obj
             return 201, created
         old = live.obj
         merged = server_side_apply(
@@ -577,6 +597,8 @@ class ObjectAPI:
             api_version=info.api_version,
             now=now,
             subresource=subresource,
+            list_keys=self._list_keys(info),
+            reset_fields=self._reset_fields(info, subresource),
         )
         rv = cmeta.get("resourceVersion")
         if rv and rv != old["metadata"]["resourceVersion"]:

@@ -222,4 +222,13 @@ def builtin_resources() -> list[ResourceInfo]:
             verbs=("create",),
             create_only=True,
         ),
+        _r(
+            "authorization.k8s.io",
+            "v1",
+            "selfsubjectaccessreviews",
+            "SelfSubjectAccessReview",
+            False,
+            verbs=("create",),
+            create_only=True,
+        ),
     ]

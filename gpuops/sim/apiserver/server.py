@@ -22,7 +22,7 @@ from . import auth, discovery, openapi, tables
 from .admission import WebhookCaller
 from .controllers import ControllerLoops
 from .crds import crd_resource_infos
-from .errors import StatusError, bad_request, internal, method_not_allowed, not_found
+from .errors import StatusError, bad_request, internal, method_not_allowed
 from .faults import Faults
 from .lists import Lister, Page
 from .objects import CRD_GR, ObjectAPI, WriteContext, decode_json
@@ -464,6 +464,15 @@ class APIServer:
                 return yaml.safe_load(raw.decode("utf-8")) if raw else None
             except (yaml.YAMLError, UnicodeDecodeError) as e:
                 raise bad_request(f"error converting YAML to JSON: {e}") from None
+        if ctype != "application/json" and not ctype.endswith("+json"):
+            # Protobuf/CBOR bodies (client-go typed clients) are not emulated: answer as the apiserver
+            # answers an unknown format, not with a JSON decode error.
+            raise StatusError(
+                415,
+                "UnsupportedMediaType",
+                "the body of the request was in an unknown format - accepted media types include: "
+                "application/json, application/yaml",
+            )
         if not raw:
             raise bad_request("the body of the request is empty")
         return decode_json(raw)
@@ -479,8 +488,8 @@ class APIServer:
             )
         manager = query.get("fieldManager", "")
         if (
-            not manager
-            and request.method != "PATCH"
+            (not manager
+            and request.method != "PATCH")
             or (request.method == "PATCH" and not manager and "apply-patch" not in request.content_type)
         ):
             ua = request.headers.get("User-Agent", "")
@@ -616,7 +625,7 @@ class APIServer:
         options: dict[str, Any],
         ctx: WriteContext,
     ) -> web.Response:
-        page = await self.lister.list(
+        page = await self.lister.page(
             info, ns, {k: v for k, v in query.items() if k in ("labelSelector", "fieldSelector")}
         )
         deleted = []
@@ -671,7 +680,7 @@ class APIServer:
         self, request: web.Request, info: ResourceInfo, ns: str | None, query: Mapping[str, str]
     ) -> web.Response:
         fmt = self._object_format(request)
-        page: Page = await self.lister.list(info, ns, query)
+        page: Page = await self.lister.page(info, ns, query)
         if fmt != "json":
             table = tables.render_table(
                 info,

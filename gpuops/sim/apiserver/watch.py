@@ -14,7 +14,7 @@ from aiohttp import web
 from .errors import Cause, StatusError, invalid
 from .lists import TOO_LARGE_WAIT, parse_rv, selectors
 from .resources import ResourceInfo
-from .store import Store, WatchEvent, Watcher
+from .store import Store, Watcher, WatchEvent
 
 _encode = msgspec.json.encode
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
@@ -213,8 +213,8 @@ async def serve_watch(
                 await resp.write(_bookmark(info, store.rv))
                 last_bookmark = time.monotonic()
         await resp.write_eof()
-    except (ConnectionResetError, asyncio.CancelledError):
-        raise
+    except ConnectionResetError:
+        return resp  # the client went away; nothing to tell it
     finally:
         store.unwatch(watcher)
         if open_streams is not None:
