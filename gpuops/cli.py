@@ -23,6 +23,8 @@ def _add_apiserver_args(p: argparse.ArgumentParser) -> None:
                    help="watch events kept for watch-from-resourceVersion; older ones answer 410 Gone")
     p.add_argument("--history-age", type=float, default=300.0, help="seconds a watch event is kept")
     p.add_argument("--bookmark-interval", type=float, default=60.0, help="seconds between watch bookmarks")
+    p.add_argument("--terminated-pod-gc-threshold", type=int, default=None, metavar="N",
+                   help="delete the oldest terminated pods beyond N (default: keep them all)")
     p.add_argument("--restore", metavar="FILE", help="start from a snapshot written by --save-on-exit")
     p.add_argument("--save-on-exit", metavar="FILE", help="write a snapshot of all objects on shutdown")
 
@@ -52,6 +54,7 @@ async def _run_apiserver(args: argparse.Namespace, demo: bool) -> int:
         history_size=args.history_size,
         history_age=args.history_age,
         bookmark_interval=args.bookmark_interval,
+        terminated_pod_gc_threshold=args.terminated_pod_gc_threshold,
     )
     if args.restore:
         server.restore(args.restore)

@@ -362,9 +362,9 @@ def prepare_create(group: str, kind: str, obj: dict[str, Any]) -> None:
         obj["status"] = {"loadBalancer": {}}
     elif (group, kind) in (("apps", "Deployment"), ("apps", "DaemonSet")):
         spec = obj.setdefault("spec", {})
-        if isinstance(spec, dict) and isinstance(spec.get("template"), dict):
-            if isinstance(spec["template"].get("spec"), dict):
-                default_pod_spec(spec["template"]["spec"])
+        template = spec.get("template") if isinstance(spec, dict) else None
+        if isinstance(template, dict) and isinstance(template.get("spec"), dict):
+            default_pod_spec(template["spec"])
         obj["status"] = {}
 
 
@@ -398,8 +398,7 @@ def validate(group: str, kind: str, obj: dict[str, Any], old: dict[str, Any] | N
                         "spec.template.spec.restartPolicy",
                     )
                 )
-        if old is not None:
-            if (old.get("spec") or {}).get("selector") != (obj.get("spec") or {}).get("selector"):
+        if old is not None and (old.get("spec") or {}).get("selector") != (obj.get("spec") or {}).get("selector"):
                 causes.append(
                     Cause("FieldValueInvalid", "Invalid value: field is immutable", "spec.selector")
                 )

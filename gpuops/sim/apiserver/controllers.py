@@ -95,9 +95,12 @@ def pdb_status(pdb: dict[str, Any], pods: list[dict[str, Any]], now: datetime) -
 
 
 class ControllerLoops:
-    def __init__(self, api: ObjectAPI) -> None:
+    def __init__(self, api: ObjectAPI, terminated_pod_gc_threshold: int | None = None) -> None:
         self.api = api
         self.store: Store = api.store
+        # PodGC (item 49): None keeps terminated pods forever, like a cluster below the 12,500 default.
+        self.terminated_pod_gc_threshold = terminated_pod_gc_threshold
+        self._terminated: set[Ref] = set()
         self._dependents: dict[str, set[Ref]] = {}
         self._gone_owners: set[str] = set()
         self._check: set[Ref] = set()
@@ -147,6 +150,11 @@ class ControllerLoops:
                 self._crds.add(ev.key[1])
         if ev.gr in (PODS_GR, PDB_GR) and self.store.count(PDB_GR):
             self._pdb_namespaces.add(ev.key[0])
+        if ev.gr == PODS_GR:
+            if ev.type != "DELETED" and (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                self._terminated.add(ref)
+            else:
+                self._terminated.discard(ref)
         self._wake.set()
 
     def _unregister_crd(self, crd: dict[str, Any]) -> None:
@@ -207,7 +215,20 @@ class ControllerLoops:
         await self._finalize_owners()
         await self._namespace_cleanup()
         await self._crd_cleanup()
+        await self._pod_gc()
         self._disruption()
+
+    # ---------------------------------------------------------------- pod GC
+
+    async def _pod_gc(self) -> None:
+        limit = self.terminated_pod_gc_threshold
+        if limit is None or len(self._terminated) <= limit:
+            return
+        pods = [(s.obj["metadata"].get("creationTimestamp", ""), ref)
+                for ref in self._terminated if (s := self.store.get(*ref)) is not None]
+        pods.sort()
+        for _, ref in pods[: len(pods) - limit]:
+            await self._delete(ref)
 
     # ---------------------------------------------------------------- garbage collector
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-import time
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -108,6 +107,7 @@ class APIServer:
         continue_ttl: float = 300.0,
         watcher_buffer: int = 200_000,
         seed_namespaces: Iterable[str] = ("default", "kube-system", "kube-public", "kube-node-lease"),
+        terminated_pod_gc_threshold: int | None = None,
     ) -> None:
         if authorization not in ("AlwaysAllow", "RBAC"):
             raise ValueError("authorization: must be 'AlwaysAllow' or 'RBAC'")
@@ -126,7 +126,7 @@ class APIServer:
         self.api.on_crd_change.append(self._crd_changed)
         self.lister = Lister(self.store, continue_ttl=continue_ttl)
         self.watch_settings = WatchSettings(bookmark_interval, watch_timeout)
-        self.controllers = ControllerLoops(self.api)
+        self.controllers = ControllerLoops(self.api, terminated_pod_gc_threshold)
         self.faults = Faults()
         self.requests_total = 0
         self._streams: set[web.StreamResponse] = set()
@@ -505,9 +505,11 @@ class APIServer:
         query: dict[str, str],
     ) -> web.StreamResponse:
         method = request.method
-        if info.namespaced and not route.namespaced_path and route.resource != "namespaces":
-            if route.name or method not in ("GET",):
-                raise not_found_path()
+        # Namespaced resources are reachable without /namespaces/{ns}/ only for lists and watches across all.
+        if info.namespaced and not route.namespaced_path and route.resource != "namespaces" and (
+            route.name or method != "GET"
+        ):
+            raise not_found_path()
         if not info.namespaced and route.namespaced_path:
             raise not_found_path()
         ns = route.namespace if info.namespaced else ""
@@ -736,15 +738,3 @@ def _table_ctype(fmt: str) -> str:
 
 def not_found_path() -> StatusError:
     return StatusError(404, "NotFound", "the server could not find the requested resource")
-
-
-async def serve_forever(server: APIServer, ready: asyncio.Event | None = None) -> None:
-    async with server:
-        if ready is not None:
-            ready.set()
-        while True:
-            await asyncio.sleep(3600)
-
-
-def monotonic() -> float:
-    return time.monotonic()

@@ -304,13 +304,13 @@ class Store:
         """Synchronous hook run after every change (the emulator's own controllers use it)."""
         self._listeners.append(listener)
 
-    async def wait_for_rv(self, rv: int, timeout: float) -> bool:
+    async def wait_for_rv(self, rv: int, wait_s: float) -> bool:
         if self.rv >= rv:
             return True
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._rv_waiters.append((rv, fut))
         try:
-            await asyncio.wait_for(fut, timeout)
+            await asyncio.wait_for(fut, wait_s)
             return True
         except TimeoutError:
             return False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -188,10 +189,8 @@ async def serve_watch(
                 wait = min(wait, max(0.0, last_bookmark + settings.bookmark_interval - now))
             if not watcher.events and not watcher.closed:
                 watcher.wakeup.clear()
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(watcher.wakeup.wait(), timeout=wait)
-                except TimeoutError:
-                    pass
             if watcher.events:
                 out: list[bytes] = []
                 while watcher.events and len(out) < 1024:
