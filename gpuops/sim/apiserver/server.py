@@ -134,6 +134,8 @@ class APIServer:
         self._site: web.TCPSite | None = None
         self._housekeeping: asyncio.Task[None] | None = None
         self._openapi_cache: dict[tuple[int, str], dict[str, Any]] = {}
+        self._answering = asyncio.Event()
+        self._answering.set()
         self._seed(seed_namespaces)
 
     # ------------------------------------------------------------------------------------ lifecycle
@@ -236,8 +238,23 @@ class APIServer:
     def compact(self) -> int:
         return self.store.compact()
 
-    async def outage(self, seconds: float) -> None:
-        """Stop answering (connections refused) for `seconds`, then listen again on the same port."""
+    async def outage(self, seconds: float, mode: str = "refuse") -> None:
+        """Stop answering for `seconds`, then carry on with the same state on the same port.
+
+        mode "refuse": the port is closed (a crashed or restarting apiserver: connections refused);
+        mode "hang": connections are accepted but nothing is answered until the end (a stalled apiserver,
+        e.g. waiting on etcd), so clients meet their own timeouts.
+        """
+        if mode not in ("refuse", "hang"):
+            raise ValueError("mode: must be 'refuse' or 'hang'")
+        if mode == "hang":
+            self._answering.clear()
+            self.drop_watches()
+            try:
+                await asyncio.sleep(seconds)
+            finally:
+                self._answering.set()
+            return
         await self._unlisten()
         await asyncio.sleep(seconds)
         await self._listen()
@@ -299,6 +316,8 @@ class APIServer:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         self.requests_total += 1
+        if not self._answering.is_set() and not request.path.startswith("/sim/"):
+            await self._answering.wait()
         try:
             return await self._dispatch(request)
         except StatusError as e:
@@ -435,11 +454,15 @@ class APIServer:
                 result["compactedResourceVersion"] = self.compact()
             elif action in ("outage", "restart"):
                 seconds = float(body.get("seconds", 0.0)) if action == "outage" else 0.0
+                mode = str(body.get("mode", "refuse"))
+                if mode not in ("refuse", "hang"):
+                    raise ValueError("mode: must be 'refuse' or 'hang'")
                 # Answer first, then go dark: the caller learns the outage started.
                 asyncio.get_running_loop().call_later(
-                    0.05, lambda: asyncio.ensure_future(self.outage(seconds))
+                    0.05, lambda: asyncio.ensure_future(self.outage(seconds, mode))
                 )
                 result["seconds"] = seconds
+                result["mode"] = mode
             elif action == "snapshot":
                 self.save(str(body["path"]))
             elif action == "restore":

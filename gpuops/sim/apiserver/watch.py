@@ -54,7 +54,7 @@ def validate_watch_params(params: Mapping[str, str]) -> None:
                     Cause(
                         "FieldValueForbidden",
                         "Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
-                        "sendInitialEvents",
+                        "resourceVersionMatch",  # upstream validation.go reports it on this field
                     )
                 ],
             )
