@@ -23,6 +23,8 @@ def _add_apiserver_args(p: argparse.ArgumentParser) -> None:
                    help="watch events kept for watch-from-resourceVersion; older ones answer 410 Gone")
     p.add_argument("--history-age", type=float, default=300.0, help="seconds a watch event is kept")
     p.add_argument("--bookmark-interval", type=float, default=60.0, help="seconds between watch bookmarks")
+    p.add_argument("--tls", action="store_true",
+                   help="serve HTTPS with a fresh CA (in the kubeconfig); kubectl sends tokens only over TLS")
     p.add_argument("--terminated-pod-gc-threshold", type=int, default=None, metavar="N",
                    help="delete the oldest terminated pods beyond N (default: keep them all)")
     p.add_argument("--restore", metavar="FILE", help="start from a snapshot written by --save-on-exit")
@@ -60,6 +62,7 @@ async def _run_apiserver(args: argparse.Namespace, demo: bool) -> int:
         history_age=args.history_age,
         bookmark_interval=args.bookmark_interval,
         terminated_pod_gc_threshold=args.terminated_pod_gc_threshold,
+        tls=args.tls,
     )
     if args.restore:
         server.restore(args.restore)

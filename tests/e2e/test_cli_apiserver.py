@@ -151,3 +151,26 @@ def test_help_lists_the_commands_that_exist() -> None:
     assert "sim" in out and "demo" in out
     sim = subprocess.run([GPUOPS, "sim", "--help"], capture_output=True, text=True, check=True).stdout
     assert "apiserver" in sim
+
+
+def test_tls_serving_lets_kubectl_authenticate_with_a_token(tmp_path: Path) -> None:
+    """kubectl sends bearer tokens only over TLS (client-go); --tls serves HTTPS with a CA in the kubeconfig."""
+    kc = tmp_path / "k.yaml"
+    proc = subprocess.Popen([GPUOPS, "sim", "apiserver", "--port", "0", "--tls", "--authorization", "RBAC",
+                             "--kubeconfig", str(kc)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 30
+        line = ""
+        while time.monotonic() < deadline and "listening on" not in line:
+            line = proc.stdout.readline()
+        assert "listening on https://127.0.0.1:" in line
+        assert "certificate-authority-data" in kc.read_text()
+        who = json.loads(kubectl(kc, "create", "--raw", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+                                 "-f", "-", stdin=json.dumps({
+                                     "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                                     "spec": {"resourceAttributes": {"verb": "delete", "resource": "nodes"}}})).stdout)
+        assert who["status"]["allowed"] is True  # the admin token reached the server: RBAC allowed it
+        assert "created" in kubectl(kc, "apply", "-f", "-", stdin=CRD).stdout
+    finally:
+        _stop(proc)

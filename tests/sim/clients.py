@@ -25,7 +25,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -203,7 +203,7 @@ class Admin:
             raise ApiError(code, out.get("reason", ""), out.get("message", ""), out)
         return dict(out)
 
-    def list(self, res: Res, ns: str | None = "default", query: str = "") -> dict[str, Any]:
+    def list_objects(self, res: Res, ns: str | None = "default", query: str = "") -> dict[str, Any]:
         return dict(self._ok("GET", res.path(ns) + (f"?{query}" if query else "")))
 
     def merge(self, res: Res, name: str, patch: dict[str, Any], ns: str | None = "default", sub: str = "") -> Any:
@@ -216,7 +216,7 @@ class Admin:
         return self._ok("DELETE", res.path(ns, name))
 
     def rv(self, res: Res, ns: str | None = "default") -> str:
-        return str(self.list(res, ns)["metadata"]["resourceVersion"])
+        return str(self.list_objects(res, ns)["metadata"]["resourceVersion"])
 
 
 # ------------------------------------------------------------------------------------------ watching
@@ -282,7 +282,7 @@ class Client(abc.ABC):
     def get(self, res: Res, name: str, ns: str | None = "default") -> dict[str, Any]: ...
 
     @abc.abstractmethod
-    def list(
+    def list_objects(
         self,
         res: Res,
         ns: str | None = "default",
@@ -315,6 +315,10 @@ class Client(abc.ABC):
         self, res: Res, name: str, ns: str | None = "default", *, propagation: str | None = None
     ) -> None: ...
 
+    def label(self, res: Res, name: str, labels: dict[str, str], ns: str | None = "default") -> None:
+        """Set labels the way this client's users do (Python: a merge patch of metadata.labels)."""
+        self.patch(res, name, {"metadata": {"labels": labels}}, ns, patch_type="merge")
+
     @abc.abstractmethod
     def apply(self, objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Declarative client-side apply: create, or patch (strategic for built-ins, merge for CRs)."""
@@ -333,6 +337,8 @@ class Client(abc.ABC):
         resource_version: str,
         max_events: int,
         timeout_seconds: int = 5,
+        label_selector: str = "",
+        bookmarks: bool = False,
     ) -> list[Event]:
         """Watch from a resourceVersion until `max_events` arrived or the server closed the stream."""
 
@@ -353,21 +359,17 @@ class Client(abc.ABC):
         pass
 
 
-def _kind_of(obj: dict[str, Any]) -> tuple[str, str]:
-    api_version = obj["apiVersion"]
-    group, _, version = api_version.rpartition("/")
-    return group, version
+WIDGETS = Res("conformance.gpuops.io", "v1", "widgets", "Widget")
+KNOWN: dict[tuple[str, str], Res] = {
+    (r.api_version, r.kind): r
+    for r in (CONFIGMAPS, PODS, SERVICES, SERVICEACCOUNTS, NAMESPACES, PDBS, CRDS, ROLES, ROLEBINDINGS, MUTATING)
+}
+KNOWN.update({(r.api_version, r.kind): r for r in (VALIDATING, WIDGETS)})
 
 
-def res_for(obj: dict[str, Any], plural: str | None = None) -> Res:
-    """The Res of a manifest (the suite's own kinds only; plural guessed by lower-casing + 's')."""
-    group, version = _kind_of(obj)
-    kind = obj["kind"]
-    for (g, p), _ in TYPED.items():
-        if g == group and p.lower().startswith(kind.lower()):
-            return Res(group, version, p, kind, p not in ("namespaces",) and not p.endswith("configurations")
-                       and p != "customresourcedefinitions")
-    return Res(group, version, plural or kind.lower() + "s", kind, "namespace" in obj.get("metadata", {}))
+def res_for(obj: dict[str, Any]) -> Res:
+    """The Res of one of the suite's manifests."""
+    return KNOWN[(obj["apiVersion"], obj["kind"])]
 
 
 # ------------------------------------------------------------------------------------------ python clients
@@ -412,7 +414,9 @@ class _PythonClient(Client):
         cverb = {"read": "get"}.get(verb, verb)
         return "CustomObjectsApi", f"{cverb}_{scope}_custom_object{suffix}", [res.group, res.version]
 
-    def _args(self, res: Res, verb: str, ns: str | None, name: str = "", sub: str = "") -> tuple[str, str, list[Any], dict[str, Any]]:
+    def _args(
+        self, res: Res, verb: str, ns: str | None, name: str = "", sub: str = ""
+    ) -> tuple[str, str, list[Any], dict[str, Any]]:
         cls, method, lead = self._target(res, verb, sub)
         kwargs: dict[str, Any] = {}
         if cls == "CustomObjectsApi":
@@ -439,7 +443,7 @@ class _PythonClient(Client):
         cls, m, a, kw = self._args(res, "read", ns, name)
         return dict(self._call(cls, m, *a, **kw))
 
-    def list(
+    def list_objects(
         self,
         res: Res,
         ns: str | None = "default",
@@ -528,6 +532,15 @@ class _PythonClient(Client):
         return dict(self._call("CoreV1Api", "create_namespaced_pod_eviction", name, ns, body=body) or {})
 
 
+def _watch_kwargs(label_selector: str, bookmarks: bool) -> dict[str, Any]:
+    kw: dict[str, Any] = {}
+    if label_selector:
+        kw["label_selector"] = label_selector
+    if bookmarks:
+        kw["allow_watch_bookmarks"] = True
+    return kw
+
+
 def _rows_from_table(table: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     headers = [c["name"].upper() for c in table["columnDefinitions"] if c.get("priority", 0) == 0]
     keep = [i for i, c in enumerate(table["columnDefinitions"]) if c.get("priority", 0) == 0]
@@ -541,12 +554,13 @@ class OfficialClient(_PythonClient):
     name = "official"
 
     def __init__(self, kubeconfig: Path, workdir: Path) -> None:
-        from kubernetes import client, config
+        import kubernetes
 
-        self.module = client
-        cfg = client.Configuration()
-        config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
-        self.api_client = client.ApiClient(cfg)
+        k8s: Any = kubernetes  # the official client ships without type hints
+        self.module = k8s.client
+        cfg = k8s.client.Configuration()
+        k8s.config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
+        self.api_client: Any = k8s.client.ApiClient(cfg)
         self.workdir = workdir
         self._dynamic: Any = None
 
@@ -566,10 +580,11 @@ class OfficialClient(_PythonClient):
         return self.api_client.sanitize_for_serialization(out)
 
     def dynamic(self) -> Any:
-        from kubernetes.dynamic import DynamicClient
+        from kubernetes import dynamic
 
         if self._dynamic is None:
-            self._dynamic = DynamicClient(self.api_client, cache_file=str(self.workdir / "official-discovery.json"))
+            cache = str(self.workdir / "official-discovery.json")
+            self._dynamic = cast(Any, dynamic).DynamicClient(self.api_client, cache_file=cache)
         return self._dynamic
 
     def version(self) -> dict[str, Any]:
@@ -624,11 +639,14 @@ class OfficialClient(_PythonClient):
         resource_version: str,
         max_events: int,
         timeout_seconds: int = 5,
+        label_selector: str = "",
+        bookmarks: bool = False,
     ) -> list[Event]:
         from kubernetes import watch
 
         fn, a, kw = self._list_fn(res, ns)
-        w = watch.Watch()
+        kw.update(_watch_kwargs(label_selector, bookmarks))
+        w: Any = watch.Watch()  # type: ignore[no-untyped-call]
         events: list[Event] = []
         try:
             for ev in w.stream(fn, *a, resource_version=resource_version, timeout_seconds=timeout_seconds, **kw):
@@ -646,7 +664,7 @@ class OfficialClient(_PythonClient):
         from kubernetes import watch
 
         fn, a, kw = self._list_fn(res, ns)
-        w = watch.Watch()
+        w: Any = watch.Watch()  # type: ignore[no-untyped-call]
         watching = Watching()
         stopped = threading.Event()
 
@@ -720,17 +738,19 @@ class AsyncioClient(_PythonClient):
     def api_resources(self) -> set[str]:
         from kubernetes_asyncio.dynamic import DynamicClient
 
-        async def go(api: Any) -> set[str]:
+        async def go(api: Any) -> list[str]:
             cache = str(self.workdir / "asyncio-discovery.json")
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(cache)
             async with DynamicClient(api, cache_file=cache) as dyn:
-                out = set()
+                out: set[str] = set()
                 for r in await dyn.resources.search():
-                    if r.kind.endswith("List") or "/" in r.name:
+                    if (r.kind or "").endswith("List"):  # ResourceList wrappers resolve names lazily
                         continue
-                    out.add(f"{r.name}.{r.group}" if r.group else r.name)
-                return out
+                    name = r.name or ""
+                    if name and "/" not in name:
+                        out.add(f"{name}.{r.group}" if r.group else name)
+                return sorted(out)
 
         return set(self._run(go))
 
@@ -744,7 +764,12 @@ class AsyncioClient(_PythonClient):
         kw.update(field_manager=field_manager, _content_type="application/apply-patch+yaml")
         if force:
             kw["force"] = True
-        return dict(self._call(cls, m, *a, body=obj, **kw))
+        out = self._call(cls, m, *a, body=obj, **kw)
+        if out is None:
+            # CustomObjectsApi maps only 200 for PATCH: an apply that created (201, item 38) deserializes
+            # to None, so its users read the object back.
+            out = self.get(res, obj["metadata"]["name"], ns)
+        return dict(out)
 
     def watch(
         self,
@@ -754,10 +779,13 @@ class AsyncioClient(_PythonClient):
         resource_version: str,
         max_events: int,
         timeout_seconds: int = 5,
+        label_selector: str = "",
+        bookmarks: bool = False,
     ) -> list[Event]:
         from kubernetes_asyncio import watch
 
         cls, m, a, kw = self._args(res, "list", ns)
+        kw.update(_watch_kwargs(label_selector, bookmarks))
 
         async def go(api: Any) -> list[Event]:
             fn = getattr(getattr(self.module, cls)(api), m)
@@ -834,6 +862,8 @@ class AsyncioClient(_PythonClient):
 # ------------------------------------------------------------------------------------------ kubectl
 
 _ERROR_RE = re.compile(r"Error from server \((\w+)\): (.*)", re.S)
+# kubectl rewrites 422 Invalid errors as `The <Kind> "<name>" is invalid: <causes>`.
+_INVALID_RE = re.compile(r"The (\S+) \"([^\"]*)\" is invalid: (.*)", re.S)
 
 
 @dataclass
@@ -867,6 +897,12 @@ class KubectlClient(Client):
         if m:
             reason, message = m.group(1), m.group(2).strip()
             return ApiError(REASON_CODES.get(reason, 0), reason, message)
+        m = _INVALID_RE.search(text)
+        if m:
+            return ApiError(422, "Invalid", m.group(0).strip())
+        if "Apply failed with" in text:
+            # kubectl renders a 409 whose causes are FieldManagerConflicts as its own apply error.
+            return ApiError(409, "Conflict", text.strip())
         return ApiError(0, "ClientError", text.strip())
 
     def json(self, *args: str, stdin: str | None = None) -> Any:
@@ -886,12 +922,14 @@ class KubectlClient(Client):
         return set(self.run("api-resources", "-o", "name").split())
 
     def create(self, res: Res, obj: dict[str, Any], ns: str | None = "default") -> dict[str, Any]:
-        return dict(self.json("create", *self._ns(res, ns), "-o", "json", "-f", "-", stdin=json.dumps(obj)))
+        out = self.json("create", *self._ns(res, ns), "-o", "json", "--show-managed-fields", "-f", "-",
+                        stdin=json.dumps(obj))
+        return dict(out)
 
     def get(self, res: Res, name: str, ns: str | None = "default") -> dict[str, Any]:
-        return dict(self.json("get", res.kubectl_name, name, *self._ns(res, ns), "-o", "json"))
+        return dict(self.json("get", res.kubectl_name, name, *self._ns(res, ns), "-o", "json", "--show-managed-fields"))
 
-    def list(
+    def list_objects(
         self,
         res: Res,
         ns: str | None = "default",
@@ -911,7 +949,7 @@ class KubectlClient(Client):
             if field_selector:
                 q["fieldSelector"] = field_selector
             return dict(self.json("get", "--raw", res.path(ns) + "?" + urllib.parse.urlencode(q)))
-        args = ["get", res.kubectl_name, *self._ns(res, ns), "-o", "json"]
+        args = ["get", res.kubectl_name, *self._ns(res, ns), "-o", "json", "--show-managed-fields"]
         if label_selector:
             args += ["-l", label_selector]
         if field_selector:
@@ -921,7 +959,12 @@ class KubectlClient(Client):
     def replace(
         self, res: Res, obj: dict[str, Any], ns: str | None = "default", *, subresource: str = ""
     ) -> dict[str, Any]:
-        args = ["replace", *self._ns(res, ns), "-o", "json", "-f", "-"]
+        if not subresource and not obj["metadata"].get("resourceVersion"):
+            # `kubectl replace` reads the live resourceVersion into an object that has none; only
+            # `replace --raw` PUTs the body as given.
+            return dict(self.json("replace", "--raw", res.path(ns, obj["metadata"]["name"]), "-f", "-",
+                                  stdin=json.dumps(obj)))
+        args = ["replace", *self._ns(res, ns), "-o", "json", "--show-managed-fields", "-f", "-"]
         if subresource:
             args += ["--subresource", subresource]
         return dict(self.json(*args, stdin=json.dumps(obj)))
@@ -939,7 +982,7 @@ class KubectlClient(Client):
         args = ["patch", res.kubectl_name, name, *self._ns(res, ns), "--type", patch_type, "-p", json.dumps(body)]
         if subresource:
             args += ["--subresource", subresource]
-        return dict(self.json(*args, "-o", "json"))
+        return dict(self.json(*args, "-o", "json", "--show-managed-fields"))
 
     def delete(
         self, res: Res, name: str, ns: str | None = "default", *, propagation: str | None = None
@@ -948,6 +991,10 @@ class KubectlClient(Client):
         if propagation:
             args.append(f"--cascade={propagation.lower()}")
         self.run(*args)
+
+    def label(self, res: Res, name: str, labels: dict[str, str], ns: str | None = "default") -> None:
+        self.run("label", "--overwrite", res.kubectl_name, name, *self._ns(res, ns),
+                 *(f"{k}={v}" for k, v in labels.items()))
 
     def _manifest_file(self, objs: list[dict[str, Any]]) -> str:
         path = self.workdir / f"manifest-{len(self.calls)}.yaml"
@@ -960,12 +1007,12 @@ class KubectlClient(Client):
 
     def apply(self, objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         # Default --validate=strict: exercises the /openapi/v3 path of item 6.
-        return self._items(self.json("apply", "-f", self._manifest_file(objs), "-o", "json"))
+        return self._items(self.json("apply", "-f", self._manifest_file(objs), "-o", "json", "--show-managed-fields"))
 
     def apply_server_side(
         self, res: Res, obj: dict[str, Any], *, field_manager: str, force: bool = False
     ) -> dict[str, Any]:
-        args = ["apply", "--server-side", f"--field-manager={field_manager}", "-o", "json"]
+        args = ["apply", "--server-side", f"--field-manager={field_manager}", "-o", "json", "--show-managed-fields"]
         if force:
             args.append("--force-conflicts")
         return self._items(self.json(*args, "-f", self._manifest_file([obj])))[0]
@@ -988,11 +1035,16 @@ class KubectlClient(Client):
         resource_version: str,
         max_events: int,
         timeout_seconds: int = 5,
+        label_selector: str = "",
+        bookmarks: bool = False,
     ) -> list[Event]:
         # kubectl has no flag to start a watch at a resourceVersion; `get --raw` streams the watch as is.
-        q = urllib.parse.urlencode(
-            {"watch": "1", "resourceVersion": resource_version, "timeoutSeconds": str(timeout_seconds)}
-        )
+        params = {"watch": "1", "resourceVersion": resource_version, "timeoutSeconds": str(timeout_seconds)}
+        if label_selector:
+            params["labelSelector"] = label_selector
+        if bookmarks:
+            params["allowWatchBookmarks"] = "true"
+        q = urllib.parse.urlencode(params)
         proc = self._popen("get", "--raw", f"{res.path(ns)}?{q}")
         events: list[Event] = []
         try:
@@ -1009,13 +1061,19 @@ class KubectlClient(Client):
                     break
         finally:
             proc.kill()
-            _, err = proc.communicate()
+            proc.wait(5)
+            err = ""
+            if proc.stderr is not None:
+                err = proc.stderr.read()
+                proc.stderr.close()
         if not events and err and "Error from server" in err:
             raise self.error(err)
         return events
 
     def start_watch(self, res: Res, ns: str | None = "default") -> Watching:
-        proc = self._popen("get", res.kubectl_name, *self._ns(res, ns), "-w", "--output-watch-events", "-o", "json")
+        proc = self._popen(
+            "get", res.kubectl_name, *self._ns(res, ns), "-w", "--output-watch-events", "-o", "json"
+        )
         watching = Watching()
 
         def run() -> None:
@@ -1039,9 +1097,26 @@ class KubectlClient(Client):
         t.start()
 
         def stop() -> None:
-            proc.kill()
-            proc.communicate()
-            t.join(5)
+            _stop_child(proc, t)
+
+        watching._stop = stop
+        return watching
+
+    def start_text_watch(self, res: Res, ns: str | None = "default") -> Watching:
+        """`kubectl get -w` in its default (server-side Table) output: one ("LINE", {"text": ...}) per line."""
+        proc = self._popen("get", res.kubectl_name, *self._ns(res, ns), "-w")
+        watching = Watching()
+
+        def run() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                watching.put(("LINE", {"text": line.rstrip("\n")}))
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+
+        def stop() -> None:
+            _stop_child(proc, t)
 
         watching._stop = stop
         return watching
@@ -1054,8 +1129,11 @@ class KubectlClient(Client):
 
     def table(self, res: Res, ns: str | None = "default") -> tuple[list[str], list[list[str]]]:
         lines = [ln for ln in self.run("get", res.kubectl_name, *self._ns(res, ns)).splitlines() if ln.strip()]
-        split = [re.split(r"\s{2,}", ln.strip()) for ln in lines]
-        return split[0], split[1:]
+        # Columns are tab-aligned: cut every row at the header's column starts (empty cells stay empty).
+        starts = [m.start() for m in re.finditer(r"\S+", lines[0])]
+        bounds = list(zip(starts, [*starts[1:], None], strict=True))
+        headers = [lines[0][a:b].strip() for a, b in bounds]
+        return headers, [[ln[a:b].strip() for a, b in bounds] for ln in lines[1:]]
 
     def can_i(self, verb: str, res: Res, ns: str = "default") -> bool:
         # `kubectl auth can-i` posts its SelfSubjectAccessReview as protobuf, which the emulator does not
@@ -1072,14 +1150,25 @@ class KubectlClient(Client):
         return bool(json.loads(out)["status"]["allowed"])
 
 
+def _stop_child(proc: subprocess.Popen[str], reader: threading.Thread) -> None:
+    """Kill a streaming kubectl and let its reader thread drain the pipes before they are closed."""
+    proc.kill()
+    reader.join(5)
+    proc.wait(5)
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
 def _lines_until(proc: subprocess.Popen[str], timeout: float) -> Iterator[str]:
     """Lines of a child's stdout, giving up at a deadline (the child is killed by the caller)."""
     q: queue.Queue[str | None] = queue.Queue()
 
     def pump() -> None:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            q.put(line)
+        with proc.stdout:  # sole reader of stdout: closes it at EOF (the caller kills the child)
+            for line in proc.stdout:
+                q.put(line)
         q.put(None)
 
     threading.Thread(target=pump, daemon=True).start()
@@ -1095,6 +1184,79 @@ def _lines_until(proc: subprocess.Popen[str], timeout: float) -> Iterator[str]:
         if line is None:
             return
         yield line
+
+
+class TLSFrontend:
+    """HTTPS in front of the emulator's plain-HTTP port.
+
+    client-go (so kubectl) puts a kubeconfig's bearer token only on TLS connections (kubernetes/kubectl#744):
+    over http:// kubectl is anonymous. Tests that need kubectl to be a particular user go through this.
+    """
+
+    def __init__(self, backend: str) -> None:
+        import trustme
+
+        parsed = urllib.parse.urlsplit(backend)
+        self.backend = (parsed.hostname or "127.0.0.1", int(parsed.port or 80))
+        self.ca = trustme.CA()
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        import ssl
+
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.ca.issue_cert("127.0.0.1").configure_cert(ctx)
+        self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0, ssl=ctx)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            b_reader, b_writer = await asyncio.open_connection(*self.backend)
+        except OSError:
+            writer.close()
+            return
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                with contextlib.suppress(Exception):
+                    dst.close()
+
+        await asyncio.gather(pipe(reader, b_writer), pipe(b_reader, writer))
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+
+    def kubeconfig(self, token: str) -> str:
+        import base64
+
+        ca = base64.b64encode(self.ca.cert_pem.bytes()).decode()
+        return yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "sim-tls",
+                        "cluster": {"server": f"https://127.0.0.1:{self.port}", "certificate-authority-data": ca},
+                    }
+                ],
+                "users": [{"name": "user", "user": {"token": token}}],
+                "contexts": [
+                    {"name": "sim-tls", "context": {"cluster": "sim-tls", "user": "user", "namespace": "default"}}
+                ],
+                "current-context": "sim-tls",
+            }
+        )
 
 
 def connect(kind: str, kubeconfig: Path, workdir: Path) -> Client:

@@ -158,6 +158,11 @@ class ObjectAPI:
             return out
         bschema = builtin_schema(info)
         if bschema is not None:
+            decode_err = builtin_decode_error(bschema, info.kind, obj)
+            if decode_err:
+                raise bad_request(
+                    f'{info.kind} in version "{info.version}" cannot be handled as a {info.kind}: {decode_err}'
+                )
             if check_unknown:
                 unknown = schema.unknown_fields(bschema, obj)
                 ctx.warnings.extend(schema.check_field_validation(unknown, ctx.field_validation))
@@ -436,7 +441,9 @@ class ObjectAPI:
                         Cause(
                             "FieldValueForbidden",
                             "Forbidden: no new finalizers can be added if the object is being "
-                            "deleted, found new finalizers " + str(sorted(added)),
+                            "deleted, found new finalizers []string{"  # Go's %#v of the sorted names
+                            + ", ".join(f'"{f}"' for f in sorted(added))
+                            + "}",
                             "metadata.finalizers",
                         )
                     ],
@@ -530,6 +537,18 @@ class ObjectAPI:
         patched.setdefault("metadata", {})
         if not isinstance(patched["metadata"], dict):
             raise StatusError(422, "Invalid", "metadata must be an object")
+        if patched["metadata"].get("name") != name:
+            # Upstream's checkName on the patched object: a patch cannot rename (or unname) it.
+            raise bad_request(
+                f"the name of the object ({patched['metadata'].get('name') or ''}) does not match the name on "
+                f"the URL ({name})"
+            )
+        bschema = builtin_schema(info)
+        decode_err = builtin_decode_error(bschema, info.kind, patched) if bschema is not None else None
+        if decode_err:
+            raise invalid(
+                info.kind, info.group, name, [Cause("FieldValueInvalid", f"Invalid value: {decode_err}", "patch")]
+            )
         obj = await self.update(info, namespace, name, patched, ctx, subresource, require_rv=False)
         return 200, obj
 
@@ -872,3 +891,78 @@ def decode_json(raw: bytes) -> Any:
         return msgspec.json.decode(raw)
     except msgspec.DecodeError as e:
         raise bad_request(f"the body of the request could not be decoded as JSON: {e}") from None
+
+
+def scrub_surrogates(value: Any) -> Any:
+    """Lone UTF-16 surrogates (YAML `"\\ud800"`) become U+FFFD as in Go's decoder; they cannot be re-encoded.
+    (msgspec already refuses them in JSON.)"""
+    if isinstance(value, str):
+        if any("\ud800" <= c <= "\udfff" for c in value):
+            return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in value)
+        return value
+    if isinstance(value, list):
+        return [scrub_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {scrub_surrogates(k): scrub_surrogates(v) for k, v in value.items()}
+    return value
+
+
+_GO_JSON = {str: "string", bool: "bool", int: "number", float: "number", list: "array", dict: "object"}
+
+
+def go_decode_error(s: dict[str, Any], x: Any, path: str) -> str | None:
+    """The error Go's json decoder would raise decoding `x` into the built-in type described by schema `s`
+    (null is always accepted; unknown fields are pruning's business), or None. Built-ins have typed fields
+    where CRs have a schema: `data: {"k": 1}` is a 400 there, not a stored value."""
+    if x is None or not isinstance(s, dict):
+        return None
+    jt = _GO_JSON.get(type(x), "value")
+    t = s.get("type")
+    if s.get("x-kubernetes-int-or-string"):
+        ok = isinstance(x, str) or (isinstance(x, int) and not isinstance(x, bool))
+        go_type = "intstr.IntOrString"
+    elif "oneOf" in s or "anyOf" in s or t is None:
+        return None  # quantities, preserve-unknown-fields and other free-form values
+    elif t == "object":
+        if not isinstance(x, dict):
+            return f"json: cannot unmarshal {jt} into Go struct field {path} of type object"
+        props = s.get("properties") or {}
+        extra = s.get("additionalProperties")
+        for k, v in x.items():
+            sub = props.get(k) if k in props else (extra if isinstance(extra, dict) else None)
+            err = go_decode_error(sub, v, f"{path}.{k}") if sub is not None else None
+            if err:
+                return err
+        return None
+    elif t == "array":
+        if not isinstance(x, list):
+            return f"json: cannot unmarshal {jt} into Go struct field {path} of type array"
+        for v in x:
+            err = go_decode_error(s.get("items") or {}, v, path)
+            if err:
+                return err
+        return None
+    elif t == "string":
+        ok, go_type = isinstance(x, str), "string"
+    elif t == "boolean":
+        ok, go_type = isinstance(x, bool), "bool"
+    elif t == "integer":
+        ok, go_type = isinstance(x, int) and not isinstance(x, bool), str(s.get("format") or "int64")
+    elif t == "number":
+        ok, go_type = isinstance(x, int | float) and not isinstance(x, bool), "float64"
+    else:
+        return None
+    if ok:
+        return None
+    return f"json: cannot unmarshal {jt} into Go struct field {path} of type {go_type}"
+
+
+def builtin_decode_error(bschema: dict[str, Any], kind: str, obj: dict[str, Any]) -> str | None:
+    """go_decode_error for a whole object, skipping apiVersion/kind/metadata (validated elsewhere)."""
+    props = bschema.get("properties") or {}
+    for k, v in obj.items():
+        if k not in ("apiVersion", "kind", "metadata") and k in props:
+            err = go_decode_error(props[k], v, f"{kind}.{k}")
+            if err:
+                return err
+    return None

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import secrets
 from collections.abc import Iterable, Mapping
@@ -24,11 +25,12 @@ from .crds import crd_resource_infos
 from .errors import StatusError, bad_request, internal, method_not_allowed
 from .faults import Faults
 from .lists import Lister, Page
-from .objects import CRD_GR, ObjectAPI, WriteContext, decode_json
+from .objects import CRD_GR, ObjectAPI, WriteContext, decode_json, scrub_surrogates
 from .registry import Registry
 from .resources import ResourceInfo
 from .routing import Route, parse_path
 from .store import Store
+from .tls import make_serving_cert
 from .watch import WatchSettings, serve_watch
 
 log = structlog.get_logger("gpuops.sim.apiserver")
@@ -108,11 +110,14 @@ class APIServer:
         watcher_buffer: int = 200_000,
         seed_namespaces: Iterable[str] = ("default", "kube-system", "kube-public", "kube-node-lease"),
         terminated_pod_gc_threshold: int | None = None,
+        tls: bool = False,
     ) -> None:
         if authorization not in ("AlwaysAllow", "RBAC"):
             raise ValueError("authorization: must be 'AlwaysAllow' or 'RBAC'")
         self.host = host
         self.port = port
+        # kubectl sends bearer tokens only over TLS: serve HTTPS with a CA of our own when asked.
+        self.serving_cert = make_serving_cert([host, "localhost", "127.0.0.1"]) if tls else None
         self.authorization = authorization
         self.admin_token = admin_token or secrets.token_urlsafe(24)
         self.store = Store(history_size=history_size, history_age=history_age, watcher_buffer=watcher_buffer)
@@ -172,7 +177,8 @@ class APIServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        scheme = "https" if self.serving_cert else "http"
+        return f"{scheme}://{self.host}:{self.port}"
 
     async def start(self) -> None:
         app = web.Application(client_max_size=MAX_BODY + 1024)
@@ -185,7 +191,8 @@ class APIServer:
 
     async def _listen(self) -> None:
         assert self._runner is not None
-        self._site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+        ssl_context = self.serving_cert.server_context() if self.serving_cert else None
+        self._site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True, ssl_context=ssl_context)
         await self._site.start()
         if self.port == 0:
             server = self._site._server
@@ -298,9 +305,12 @@ class APIServer:
         return self.authn.service_account_token(namespace, name)
 
     def kubeconfig(self, token: str | None = None, user: str = "admin") -> str:
+        ca = ""
+        if self.serving_cert is not None:
+            ca = f"    certificate-authority-data: {base64.b64encode(self.serving_cert.ca_pem).decode()}\n"
         return (
             "apiVersion: v1\nkind: Config\n"
-            f"clusters:\n- name: gpuops-sim\n  cluster:\n    server: {self.url}\n"
+            f"clusters:\n- name: gpuops-sim\n  cluster:\n    server: {self.url}\n{ca}"
             f"users:\n- name: {user}\n  user:\n    token: {token or self.admin_token}\n"
             f"contexts:\n- name: gpuops-sim\n  context:\n    cluster: gpuops-sim\n    user: {user}\n"
             "    namespace: default\n"
@@ -366,6 +376,8 @@ class APIServer:
     async def _non_resource(self, request: web.Request, path: str) -> web.StreamResponse:
         if request.method not in ("GET", "HEAD"):
             raise method_not_allowed()
+        # The generated Python clients ask for /api/, /apis/, /apis/{group}/ and /version/.
+        path = path.rstrip("/") or path
         if path in ("/healthz", "/livez", "/readyz"):
             return web.Response(text="ok", content_type="text/plain")
         if path == "/version":
@@ -480,12 +492,16 @@ class APIServer:
         if len(raw) > MAX_BODY:
             raise StatusError(413, "RequestEntityTooLarge", f"Request entity too large: limit is {MAX_BODY}")
         ctype = (request.headers.get("Content-Type") or "application/json").split(";")[0].strip().lower()
+        if request.method == "PATCH" and not ctype.endswith(("patch+json", "patch+yaml")):
+            return None  # ObjectAPI.patch answers 415 listing the patch types this resource accepts
         if ctype.endswith("yaml"):
             import yaml
 
             try:
-                return yaml.safe_load(raw.decode("utf-8")) if raw else None
-            except (yaml.YAMLError, UnicodeDecodeError) as e:
+                loaded = yaml.safe_load(raw.decode("utf-8")) if raw else None
+                # Round trip through JSON: YAML-only values (dates, binary, non-string keys) become JSON ones.
+                return decode_json(_encode(scrub_surrogates(loaded)))
+            except (yaml.YAMLError, UnicodeDecodeError, TypeError, ValueError, msgspec.EncodeError) as e:
                 raise bad_request(f"error converting YAML to JSON: {e}") from None
         if ctype != "application/json" and not ctype.endswith("+json"):
             # Protobuf/CBOR bodies (client-go typed clients) are not emulated: answer as the apiserver
@@ -546,7 +562,8 @@ class APIServer:
                 raise method_not_allowed()
             return await self._review(request, info, user)
         name = route.name
-        watch = route.legacy_watch or query.get("watch") in ("1", "true")
+        # Query booleans as upstream decodes them: anything but "0"/"false" is true (Python clients send "True").
+        watch = route.legacy_watch or query.get("watch", "0").lower() not in ("0", "false")
         if method == "GET":
             if watch:
                 q = dict(query)
@@ -558,6 +575,7 @@ class APIServer:
                     request, info, ns if route.namespaced_path or not info.namespaced else None, q
                 )
             if name:
+                await self._wait_fresh(query.get("resourceVersion"))
                 return self._get(request, info, ns, name)
             return await self._list(request, info, ns if route.namespaced_path else None, query)
         ctx = self._context(request, user, query)
@@ -583,7 +601,7 @@ class APIServer:
             if not name:
                 raise method_not_allowed()
             body = await self._read_body(request)
-            force = query.get("force") in ("true", "1")
+            force = query.get("force", "0").lower() not in ("0", "false")
             code, obj = await self.api.patch(
                 info, ns, name, request.headers.get("Content-Type", ""), body, ctx, sub, force
             )
@@ -682,6 +700,17 @@ class APIServer:
 
     def _object_format(self, request: web.Request) -> str:
         return discovery.negotiate_object(request.headers.get("Accept"))
+
+    async def _wait_fresh(self, rv_s: str | None) -> None:
+        """A get "not older than" a future RV waits for it, then 504s like the watch cache (item 15)."""
+        if rv_s in (None, "", "0"):
+            return
+        from . import lists
+
+        assert rv_s is not None
+        n = lists.parse_rv(rv_s)
+        if n > self.store.rv and not await self.store.wait_for_rv(n, lists.TOO_LARGE_WAIT):
+            raise lists.too_large(n, self.store.rv)
 
     def _get(self, request: web.Request, info: ResourceInfo, ns: str, name: str) -> web.Response:
         fmt = self._object_format(request)

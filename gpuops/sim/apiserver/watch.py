@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from .errors import Cause, StatusError, invalid
+from .errors import Cause, StatusError, bad_request, invalid
 from .lists import TOO_LARGE_WAIT, parse_rv, selectors
 from .resources import ResourceInfo
 from .store import Store, Watcher, WatchEvent
@@ -94,10 +94,17 @@ async def serve_watch(
     validate_watch_params(params)
     label_sel, field_sel = selectors(info, params)
     filtered = not (label_sel.empty and field_sel.empty)
-    bookmarks = params.get("allowWatchBookmarks") in ("true", "1")
-    send_initial = params.get("sendInitialEvents") in ("true", "1")
+    # Query booleans decode like upstream's parameter codec (Python clients send "True").
+    bookmarks = params.get("allowWatchBookmarks", "0").lower() not in ("0", "false")
+    send_initial = params.get("sendInitialEvents", "0").lower() not in ("0", "false")
     timeout_s = params.get("timeoutSeconds")
-    timeout = float(timeout_s) if timeout_s else settings.default_timeout * (1 + random.random())
+    try:
+        timeout = float(timeout_s) if timeout_s else settings.default_timeout * (1 + random.random())
+        if timeout != timeout or timeout == float("inf"):
+            raise ValueError
+    except ValueError:
+        raise bad_request(f'timeoutSeconds: Invalid value: "{timeout_s}": must be an integer') from None
+    timeout = max(0.0, timeout)
     rv_s = params.get("resourceVersion") or ""
     ns = namespace if info.namespaced else None
     gr = info.storage_key
