@@ -85,3 +85,17 @@ async def test_item49_pod_gc_keeps_at_most_threshold_terminated_pods() -> None:
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_numeric_quantities_are_stored_as_strings_like_the_apiserver() -> None:
+    async with APIServer() as s:
+        pods = s.registry.lookup("", "v1", "pods")
+        assert pods is not None
+        ctx = WriteContext(UserInfo("t", groups=("system:masters",)), field_manager="t")
+        created = await s.api.create(pods, "default", {"metadata": {"name": "q"}, "spec": {"containers": [
+            {"name": "c", "image": "i", "resources": {"limits": {"cpu": 0.5, "nvidia.com/gpu": 2, "memory": "1Gi"}}}
+        ]}}, ctx)
+        res = created["spec"]["containers"][0]["resources"]
+        assert res["limits"] == {"cpu": "500m", "nvidia.com/gpu": "2", "memory": "1Gi"}
+        assert res["requests"] == res["limits"]  # requests default to limits

@@ -368,13 +368,54 @@ def prepare_create(group: str, kind: str, obj: dict[str, Any]) -> None:
         obj["status"] = {}
 
 
+def _quantity_text(value: Any) -> Any:
+    """JSON numbers in quantity fields come back as strings, as the apiserver's Quantity type serialises them."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return value
+    if isinstance(value, int) or value.is_integer():
+        return str(int(value))
+    milli = value * 1000
+    if milli.is_integer():
+        return f"{int(milli)}m"
+    return repr(value)
+
+
+def _quantities(mapping: Any) -> None:
+    if isinstance(mapping, dict):
+        for k, v in mapping.items():
+            mapping[k] = _quantity_text(v)
+
+
+def _pod_spec_quantities(spec: Any) -> None:
+    if not isinstance(spec, dict):
+        return
+    _quantities(spec.get("overhead"))
+    for kind in ("containers", "initContainers", "ephemeralContainers"):
+        for c in spec.get(kind) or []:
+            res = c.get("resources") if isinstance(c, dict) else None
+            if isinstance(res, dict):
+                _quantities(res.get("requests"))
+                _quantities(res.get("limits"))
+
+
 def normalize(group: str, kind: str, obj: dict[str, Any]) -> None:
-    """Conversions every write goes through (Secret stringData is write-only)."""
+    """Conversions every write goes through (Secret stringData is write-only; quantities become strings)."""
     if (group, kind) == ("", "Secret") and "stringData" in obj:
         data = obj.setdefault("data", {}) or {}
         for k, v in (obj.pop("stringData") or {}).items():
             data[k] = base64.b64encode(str(v).encode()).decode()
         obj["data"] = data
+    elif (group, kind) == ("", "Pod"):
+        _pod_spec_quantities(obj.get("spec"))
+    elif (group, kind) in (("batch", "Job"), ("apps", "Deployment"), ("apps", "DaemonSet")):
+        template = (obj.get("spec") or {}).get("template")
+        if isinstance(template, dict):
+            _pod_spec_quantities(template.get("spec"))
+    elif (group, kind) == ("", "Node"):
+        status = obj.get("status")
+        if isinstance(status, dict):
+            _quantities(status.get("capacity"))
+            _quantities(status.get("allocatable"))
 
 
 def validate(group: str, kind: str, obj: dict[str, Any], old: dict[str, Any] | None) -> list[Cause]:
@@ -438,4 +479,75 @@ def ensure_object(body: Any) -> dict[str, Any]:
         body["metadata"] = {}
     elif not isinstance(meta, dict):
         raise StatusError(400, "BadRequest", "metadata must be an object")
+    else:
+        from .builtin_schemas import meta_schema
+
+        kind = body.get("kind") if isinstance(body.get("kind"), str) else "Object"
+        err = go_decode_error(meta_schema("ObjectMeta"), meta, f"{kind}.metadata")
+        if err:  # decoding into the Go type fails before any validation (400, not 422)
+            version = body.get("apiVersion") if isinstance(body.get("apiVersion"), str) else ""
+            raise StatusError(
+                400, "BadRequest", f'{kind} in version "{version}" cannot be handled as a {kind}: {err}'
+            )
     return body
+
+
+_GO_JSON = {str: "string", bool: "bool", int: "number", float: "number", list: "array", dict: "object"}
+
+
+def go_decode_error(s: dict[str, Any], x: Any, path: str) -> str | None:
+    """The error Go's json decoder would raise decoding `x` into the built-in type described by schema `s`
+    (null is always accepted; unknown fields are pruning's business), or None. Built-ins have typed fields
+    where CRs have a schema: `data: {"k": 1}` is a 400 there, not a stored value."""
+    if x is None or not isinstance(s, dict):
+        return None
+    jt = _GO_JSON.get(type(x), "value")
+    t = s.get("type")
+    if s.get("x-kubernetes-int-or-string"):
+        ok = isinstance(x, str) or (isinstance(x, int) and not isinstance(x, bool))
+        go_type = "intstr.IntOrString"
+    elif "oneOf" in s or "anyOf" in s or t is None:
+        return None  # quantities, preserve-unknown-fields and other free-form values
+    elif t == "object":
+        if not isinstance(x, dict):
+            return f"json: cannot unmarshal {jt} into Go struct field {path} of type object"
+        props = s.get("properties") or {}
+        extra = s.get("additionalProperties")
+        for k, v in x.items():
+            sub = props.get(k) if k in props else (extra if isinstance(extra, dict) else None)
+            err = go_decode_error(sub, v, f"{path}.{k}") if sub is not None else None
+            if err:
+                return err
+        return None
+    elif t == "array":
+        if not isinstance(x, list):
+            return f"json: cannot unmarshal {jt} into Go struct field {path} of type array"
+        for v in x:
+            err = go_decode_error(s.get("items") or {}, v, path)
+            if err:
+                return err
+        return None
+    elif t == "string":
+        ok, go_type = isinstance(x, str), "string"
+    elif t == "boolean":
+        ok, go_type = isinstance(x, bool), "bool"
+    elif t == "integer":
+        ok, go_type = isinstance(x, int) and not isinstance(x, bool), str(s.get("format") or "int64")
+    elif t == "number":
+        ok, go_type = isinstance(x, int | float) and not isinstance(x, bool), "float64"
+    else:
+        return None
+    if ok:
+        return None
+    return f"json: cannot unmarshal {jt} into Go struct field {path} of type {go_type}"
+
+
+def builtin_decode_error(bschema: dict[str, Any], kind: str, obj: dict[str, Any]) -> str | None:
+    """go_decode_error for a whole object, skipping apiVersion/kind/metadata (validated elsewhere)."""
+    props = bschema.get("properties") or {}
+    for k, v in obj.items():
+        if k not in ("apiVersion", "kind", "metadata") and k in props:
+            err = go_decode_error(props[k], v, f"{kind}.{k}")
+            if err:
+                return err
+    return None

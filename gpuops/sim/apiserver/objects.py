@@ -158,7 +158,7 @@ class ObjectAPI:
             return out
         bschema = builtin_schema(info)
         if bschema is not None:
-            decode_err = builtin_decode_error(bschema, info.kind, obj)
+            decode_err = builtin.builtin_decode_error(bschema, info.kind, obj)
             if decode_err:
                 raise bad_request(
                     f'{info.kind} in version "{info.version}" cannot be handled as a {info.kind}: {decode_err}'
@@ -502,6 +502,13 @@ class ObjectAPI:
             return await self._apply(info, namespace, name, body, ctx, subresource, force)
         if force:
             raise bad_request("force: Invalid value: true: may not be specified for non-apply patch")
+        supported = (JSON_PATCH, MERGE_PATCH) if info.is_custom else (JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH)
+        if ctype not in supported:
+            # Upstream negotiates the patch type before it looks the object up: 415 even when it is missing.
+            accepted = ", ".join([*supported, APPLY_PATCH])
+            raise unsupported_media_type(
+                f"the body of the request was in an unknown format - accepted media types include: {accepted}"
+            )
         self._check_namespace(info, namespace, creating=False)
         current = self.get(info, namespace, name)
         old = current.obj
@@ -544,7 +551,7 @@ class ObjectAPI:
                 f"the URL ({name})"
             )
         bschema = builtin_schema(info)
-        decode_err = builtin_decode_error(bschema, info.kind, patched) if bschema is not None else None
+        decode_err = builtin.builtin_decode_error(bschema, info.kind, patched) if bschema is not None else None
         if decode_err:
             raise invalid(
                 info.kind, info.group, name, [Cause("FieldValueInvalid", f"Invalid value: {decode_err}", "patch")]
@@ -906,63 +913,3 @@ def scrub_surrogates(value: Any) -> Any:
         return {scrub_surrogates(k): scrub_surrogates(v) for k, v in value.items()}
     return value
 
-
-_GO_JSON = {str: "string", bool: "bool", int: "number", float: "number", list: "array", dict: "object"}
-
-
-def go_decode_error(s: dict[str, Any], x: Any, path: str) -> str | None:
-    """The error Go's json decoder would raise decoding `x` into the built-in type described by schema `s`
-    (null is always accepted; unknown fields are pruning's business), or None. Built-ins have typed fields
-    where CRs have a schema: `data: {"k": 1}` is a 400 there, not a stored value."""
-    if x is None or not isinstance(s, dict):
-        return None
-    jt = _GO_JSON.get(type(x), "value")
-    t = s.get("type")
-    if s.get("x-kubernetes-int-or-string"):
-        ok = isinstance(x, str) or (isinstance(x, int) and not isinstance(x, bool))
-        go_type = "intstr.IntOrString"
-    elif "oneOf" in s or "anyOf" in s or t is None:
-        return None  # quantities, preserve-unknown-fields and other free-form values
-    elif t == "object":
-        if not isinstance(x, dict):
-            return f"json: cannot unmarshal {jt} into Go struct field {path} of type object"
-        props = s.get("properties") or {}
-        extra = s.get("additionalProperties")
-        for k, v in x.items():
-            sub = props.get(k) if k in props else (extra if isinstance(extra, dict) else None)
-            err = go_decode_error(sub, v, f"{path}.{k}") if sub is not None else None
-            if err:
-                return err
-        return None
-    elif t == "array":
-        if not isinstance(x, list):
-            return f"json: cannot unmarshal {jt} into Go struct field {path} of type array"
-        for v in x:
-            err = go_decode_error(s.get("items") or {}, v, path)
-            if err:
-                return err
-        return None
-    elif t == "string":
-        ok, go_type = isinstance(x, str), "string"
-    elif t == "boolean":
-        ok, go_type = isinstance(x, bool), "bool"
-    elif t == "integer":
-        ok, go_type = isinstance(x, int) and not isinstance(x, bool), str(s.get("format") or "int64")
-    elif t == "number":
-        ok, go_type = isinstance(x, int | float) and not isinstance(x, bool), "float64"
-    else:
-        return None
-    if ok:
-        return None
-    return f"json: cannot unmarshal {jt} into Go struct field {path} of type {go_type}"
-
-
-def builtin_decode_error(bschema: dict[str, Any], kind: str, obj: dict[str, Any]) -> str | None:
-    """go_decode_error for a whole object, skipping apiVersion/kind/metadata (validated elsewhere)."""
-    props = bschema.get("properties") or {}
-    for k, v in obj.items():
-        if k not in ("apiVersion", "kind", "metadata") and k in props:
-            err = go_decode_error(props[k], v, f"{kind}.{k}")
-            if err:
-                return err
-    return None
