@@ -10,6 +10,12 @@ import sys
 from collections.abc import Sequence
 
 from . import __version__, logs
+from .kube.manager import ControllerRegistry, UnknownControllers
+
+CONTROLLERS = ControllerRegistry()
+"""The controllers `gpuops run` knows, by name. Each controller registers its setup here, lazily, e.g.
+`CONTROLLERS.register("budget", "gpuops.budget.controller:setup")`, where `setup(manager)` creates its
+informers (`manager.informer(...)`) and controllers and `manager.add(...)`s them."""
 
 
 def _add_apiserver_args(p: argparse.ArgumentParser) -> None:
@@ -42,7 +48,109 @@ def build_parser() -> argparse.ArgumentParser:
     _add_apiserver_args(api)
     demo = sub.add_parser("demo", help="start the emulated API server with sample objects and show how to use it")
     _add_apiserver_args(demo)
+    run = sub.add_parser("run", help="run the controllers against a cluster (the operator's entrypoint)")
+    _add_run_args(run)
     return parser
+
+
+def _controllers_arg(value: str) -> list[str]:
+    try:
+        return CONTROLLERS.select(value)
+    except UnknownControllers as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _bind_address_arg(value: str) -> str:
+    from .kube.health import parse_bind_address
+
+    try:
+        parse_bind_address(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    known = ", ".join(CONTROLLERS.names()) or "none registered yet"
+    p.add_argument("--kubeconfig", metavar="PATH",
+                   help="kubeconfig file (default: $KUBECONFIG, then in-cluster config, then ~/.kube/config)")
+    p.add_argument("--context", help="kubeconfig context (default: the current context)")
+    p.add_argument("--namespace", metavar="NS", help="watch only this namespace (default: all namespaces)")
+    p.add_argument("--controllers", type=_controllers_arg, metavar="LIST",
+                   help=f"comma-separated controllers to run; '*' means all, '-NAME' leaves one out "
+                        f"(default: all; known: {known})")
+    p.add_argument("--leader-elect", action="store_true",
+                   help="run the controllers only while holding a coordination.k8s.io Lease (for several replicas)")
+    p.add_argument("--leader-elect-lease-name", default="gpuops-controller-manager", metavar="NAME",
+                   help="name of the Lease (default: %(default)s)")
+    p.add_argument("--leader-elect-namespace", metavar="NS",
+                   help="namespace of the Lease (default: the pod's namespace, or the kubeconfig context's)")
+    p.add_argument("--leader-elect-lease-duration", type=float, default=15.0, metavar="SECONDS",
+                   help="how long standbys wait before taking over an unrenewed Lease (default: %(default)s)")
+    p.add_argument("--leader-elect-renew-deadline", type=float, default=10.0, metavar="SECONDS",
+                   help="the leader steps down if it cannot renew within this (default: %(default)s)")
+    p.add_argument("--leader-elect-retry-period", type=float, default=2.0, metavar="SECONDS",
+                   help="interval between acquire/renew attempts (default: %(default)s)")
+    p.add_argument("--metrics-bind-address", type=_bind_address_arg, default=":8080", metavar="ADDR",
+                   help='serve /metrics here; "0" disables (default: %(default)s)')
+    p.add_argument("--health-probe-bind-address", type=_bind_address_arg, default=":8081", metavar="ADDR",
+                   help='serve /healthz and /readyz here; "0" disables (default: %(default)s)')
+    p.add_argument("--graceful-shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="how long in-flight reconciles get after SIGTERM (default: %(default)s)")
+    p.add_argument("--log-format", choices=["json", "console"],
+                   help="log format (default: json unless stderr is a terminal)")
+    p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO",
+                   help="(default: %(default)s)")
+
+
+async def _run_manager(args: argparse.Namespace) -> int:
+    import structlog
+
+    from .kube.client import Client
+    from .kube.leaderelection import LeaderElectionLost
+    from .kube.manager import Manager
+
+    log = structlog.get_logger("gpuops")
+    names: list[str] = args.controllers if args.controllers is not None else CONTROLLERS.select(None)
+    try:
+        client = await Client.auto(args.kubeconfig, args.context)
+    except Exception as e:
+        print(f"gpuops run: cannot load the cluster configuration: {e}", file=sys.stderr)
+        return 1
+    try:
+        try:
+            manager = Manager(
+                client,
+                namespace=args.namespace,
+                leader_election=args.leader_elect,
+                leader_election_id=args.leader_elect_lease_name,
+                leader_election_namespace=args.leader_elect_namespace,
+                lease_duration=args.leader_elect_lease_duration,
+                renew_deadline=args.leader_elect_renew_deadline,
+                retry_period=args.leader_elect_retry_period,
+                metrics_bind_address=args.metrics_bind_address,
+                health_probe_bind_address=args.health_probe_bind_address,
+                graceful_shutdown_timeout=args.graceful_shutdown_timeout,
+            )
+        except ValueError as e:
+            print(f"gpuops run: {e}", file=sys.stderr)
+            return 2
+        await CONTROLLERS.setup(manager, names)
+        if not names:
+            log.warning("no controllers selected; serving metrics and probes only", known=CONTROLLERS.names())
+        log.info("starting manager", controllers=names, namespace=args.namespace or "(all)",
+                 leader_elect=args.leader_elect)
+        manager.handle_signals()
+        await manager.run()
+    except LeaderElectionLost as e:
+        log.error("leader election lost, exiting", error=str(e))
+        return 1
+    except Exception as e:
+        log.exception("manager failed", error=str(e))
+        return 1
+    finally:
+        await client.close()
+    return 0
 
 
 async def _run_apiserver(args: argparse.Namespace, demo: bool) -> int:
@@ -89,11 +197,15 @@ async def _run_apiserver(args: argparse.Namespace, demo: bool) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logs.configure(json=args.log_json)
+    log_format = getattr(args, "log_format", None)
+    logs.configure(json=args.log_json if log_format is None else log_format == "json",
+                   level=getattr(args, "log_level", "INFO"))
     if args.command == "sim" and args.sim_command == "apiserver":
         return asyncio.run(_run_apiserver(args, demo=False))
     if args.command == "demo":
         return asyncio.run(_run_apiserver(args, demo=True))
+    if args.command == "run":
+        return asyncio.run(_run_manager(args))
     if args.command == "sim":
         parser.parse_args(["sim", "--help"])
     parser.print_help()

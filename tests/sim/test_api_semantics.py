@@ -73,29 +73,29 @@ class Stream:
     def __init__(self, resp: aiohttp.ClientResponse) -> None:
         self.resp = resp
 
-    async def next(self, timeout: float = 3.0) -> dict[str, Any] | None:
+    async def next(self, wait: float = 3.0) -> dict[str, Any] | None:
         """The next frame, or None at end of stream."""
-        line = await asyncio.wait_for(self.resp.content.readline(), timeout)
+        line = await asyncio.wait_for(self.resp.content.readline(), wait)
         if not line:
             return None
         ev: dict[str, Any] = json.loads(line)
         return ev
 
-    async def take(self, n: int, timeout: float = 3.0, skip_bookmarks: bool = True) -> list[dict[str, Any]]:
+    async def take(self, n: int, wait: float = 3.0, skip_bookmarks: bool = True) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         while len(out) < n:
-            ev = await self.next(timeout)
+            ev = await self.next(wait)
             assert ev is not None, f"stream ended after {out}"
             if skip_bookmarks and ev["type"] == "BOOKMARK":
                 continue
             out.append(ev)
         return out
 
-    async def rest(self, timeout: float = 5.0) -> list[dict[str, Any]]:
+    async def rest(self, wait: float = 5.0) -> list[dict[str, Any]]:
         """Every frame until the server ends the stream."""
         out: list[dict[str, Any]] = []
         while True:
-            ev = await self.next(timeout)
+            ev = await self.next(wait)
             if ev is None:
                 return out
             out.append(ev)
@@ -180,8 +180,8 @@ async def api() -> AsyncIterator[Api]:
         yield a
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
+async def eventually(check: Callable[[], Awaitable[bool]], within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
     while not await check():
         assert time.monotonic() < deadline, "condition not reached in time"
         await asyncio.sleep(0.02)
@@ -380,7 +380,7 @@ async def test_item9_table_list_get_and_watch(api: Api) -> None:
     t = r.body
     assert t["kind"] == "Table" and t["apiVersion"] == "meta.k8s.io/v1"
     assert int(t["metadata"]["resourceVersion"]) == api.s.store.rv
-    assert [c["name"] for c in t["columnDefinitions"]][0] == "Name"
+    assert t["columnDefinitions"][0]["name"] == "Name"
     for c in t["columnDefinitions"]:
         assert {"name", "type", "format", "description", "priority"} <= set(c)
     (row,) = t["rows"]
@@ -548,14 +548,16 @@ async def test_item15_exact_compacted_rv_expired(api: Api) -> None:
 async def test_item15_too_large_rv_waits_then_504(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(lists, "TOO_LARGE_WAIT", 0.3)
     monkeypatch.setattr(watch, "TOO_LARGE_WAIT", 0.3)
+    await api.ok("POST", CMS, cm("a"))
     future = str(api.s.store.rv + 100)
-    for params in (
-        {"resourceVersion": future},
-        {"resourceVersion": future, "resourceVersionMatch": "NotOlderThan"},
-        {"resourceVersion": future, "watch": "true"},
+    for path, params in (
+        (CMS, {"resourceVersion": future}),
+        (CMS, {"resourceVersion": future, "resourceVersionMatch": "NotOlderThan"}),
+        (CMS, {"resourceVersion": future, "watch": "true"}),
+        (f"{CMS}/a", {"resourceVersion": future}),
     ):
         t0 = time.monotonic()
-        r = await api.get(CMS, params=params)
+        r = await api.get(path, params=params)
         assert time.monotonic() - t0 >= 0.3, "answered before waiting for the resourceVersion"
         b = assert_status(r, 504, "Timeout")
         assert b["message"].startswith("Too large resource version")
@@ -571,7 +573,7 @@ async def test_item15_too_large_rv_waits_then_504(api: Api, monkeypatch: pytest.
     task = asyncio.create_task(later())
     r = await api.get(CMS, params={"resourceVersion": target})
     await task
-    assert r.status == 200 and [i["metadata"]["name"] for i in r.body["items"]] == ["late"]
+    assert r.status == 200 and [i["metadata"]["name"] for i in r.body["items"]] == ["a", "late"]
 
 
 async def test_item16_pagination_snapshot(api: Api) -> None:
@@ -800,7 +802,7 @@ async def test_item22_selector_transitions(api: Api) -> None:
 async def test_item23_bookmarks(api: Api) -> None:
     await api.ok("POST", CMS, cm("a"))
     async with api.watch(CMS, {"allowWatchBookmarks": "true", "resourceVersion": str(api.s.store.rv)}) as w:
-        ev = await w.next(timeout=3.0)
+        ev = await w.next(wait=3.0)
         assert ev is not None and ev["type"] == "BOOKMARK"
         assert ev["object"] == {
             "kind": "ConfigMap",
@@ -889,7 +891,7 @@ async def test_item27_timeout_seconds_ends_cleanly(api: Api) -> None:
     await api.ok("POST", CMS, cm("a"))
     t0 = time.monotonic()
     async with api.watch(CMS, {"timeoutSeconds": "1", "allowWatchBookmarks": "true"}) as w:
-        evs = await w.rest(timeout=4.0)
+        evs = await w.rest(wait=4.0)
     elapsed = time.monotonic() - t0
     assert 0.9 <= elapsed < 3.0
     assert evs[0]["type"] == "ADDED" and all(e["type"] in ("ADDED", "BOOKMARK") for e in evs)
@@ -1047,11 +1049,11 @@ async def test_item33_resource_version_in_patch_body_is_a_precondition(api: Api)
 
 async def test_item34_generation_rules(api: Api) -> None:
     await install_crds(api)
-    w = await api.ok("POST", WIDGETS, widget("w", meta=None) if False else widget("w"))
+    w = await api.ok("POST", WIDGETS, widget("w"))
     assert w["metadata"]["generation"] == 1
     w = await api.ok("PATCH", f"{WIDGETS}/w", {"spec": {"size": 5}}, ctype="application/merge-patch+json")
     assert w["metadata"]["generation"] == 2
-    w = await api.ok("PATCH", f"{WIDGETS}/w", {"metadata": {"labels": {"a": "b"}}}, ctype="application/merge-patch+json")
+    w = await api.ok("PATCH", f"{WIDGETS}/w", {"metadata": {"labels": {"a": "b"}}})
     assert w["metadata"]["generation"] == 2
     w = await api.ok(
         "PATCH", f"{WIDGETS}/w/status", {"status": {"ready": True}}, ctype="application/merge-patch+json"
@@ -1097,7 +1099,7 @@ async def test_item35_status_subresource_split(api: Api) -> None:
     p2 = dict(p, status={"phase": "Running"})
     p = await api.ok("PUT", f"{PODS}/p", p2)
     assert p["status"]["phase"] == "Pending"
-    p = await api.ok("PATCH", f"{PODS}/p/status", {"status": {"phase": "Running"}}, ctype="application/merge-patch+json")
+    p = await api.ok("PATCH", f"{PODS}/p/status", {"status": {"phase": "Running"}})
     assert p["status"]["phase"] == "Running"
 
 
@@ -1109,7 +1111,10 @@ async def test_item36_pod_spec_immutability_and_scheduling_gates(api: Api) -> No
     # Image, labels, annotations may change.
     r = await api.patch(
         f"{PODS}/p",
-        {"metadata": {"labels": {"x": "y"}, "annotations": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": "busybox:2"}]}},
+        {
+            "metadata": {"labels": {"x": "y"}, "annotations": {"a": "b"}},
+            "spec": {"containers": [{"name": "c", "image": "busybox:2"}]},
+        },
         ctype="application/strategic-merge-patch+json",
     )
     assert r.status == 200 and r.body["spec"]["containers"][0]["image"] == "busybox:2"
@@ -1191,26 +1196,46 @@ async def test_item40_merge_patch(api: Api) -> None:
 
 async def test_item41_strategic_merge_patch(api: Api) -> None:
     await install_crds(api)
-    p = pod("p")
-    p["spec"]["containers"] = [
+    smp = "application/strategic-merge-patch+json"
+    containers = [
         {"name": "a", "image": "img", "env": [{"name": "E1", "value": "1"}, {"name": "E2", "value": "2"}]},
         {"name": "b", "image": "img"},
     ]
+    # Pods: containers merged by name (only the image may change on a pod).
+    p = pod("p")
+    p["spec"]["containers"] = containers
     await api.ok("POST", PODS, p)
-    smp = "application/strategic-merge-patch+json"
-    r = await api.patch(
-        f"{PODS}/p",
-        {"spec": {"containers": [{"name": "a", "image": "img2", "env": [{"name": "E2", "value": "two"}]}]}},
-        ctype=smp,
-    )
+    r = await api.patch(f"{PODS}/p", {"spec": {"containers": [{"name": "b", "image": "img2"}]}}, ctype=smp)
     assert r.status == 200, r.body
-    cs = {c["name"]: c for c in r.body["spec"]["containers"]}
-    assert set(cs) == {"a", "b"} and cs["a"]["image"] == "img2"
-    assert cs["a"]["env"] == [{"name": "E1", "value": "1"}, {"name": "E2", "value": "two"}]
-    r = await api.patch(
-        f"{PODS}/p", {"spec": {"containers": [{"name": "a", "env": [{"name": "E1", "$patch": "delete"}]}]}}, ctype=smp
-    )
-    assert r.status == 200 and [e["name"] for e in r.body["spec"]["containers"][0]["env"]] == ["E2"]
+    assert [(c["name"], c["image"]) for c in r.body["spec"]["containers"]] == [("a", "img"), ("b", "img2")]
+    # A pod template: env merged by name, $patch: delete.
+    deploy = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "d"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "d"}},
+            "template": {"metadata": {"labels": {"app": "d"}}, "spec": {"containers": containers}},
+        },
+    }
+    dpath = f"/apis/apps/v1/namespaces/{NS}/deployments/d"
+    await api.ok("POST", f"/apis/apps/v1/namespaces/{NS}/deployments", deploy)
+    tmpl_patch = {"containers": [{"name": "a", "env": [{"name": "E2", "value": "two"}, {"name": "E3", "value": "3"}]}]}
+    r = await api.patch(dpath, {"spec": {"template": {"spec": tmpl_patch}}}, ctype=smp)
+    assert r.status == 200, r.body
+    cs = {c["name"]: c for c in r.body["spec"]["template"]["spec"]["containers"]}
+    assert set(cs) == {"a", "b"}
+    assert cs["a"]["env"] == [
+        {"name": "E1", "value": "1"},
+        {"name": "E2", "value": "two"},
+        {"name": "E3", "value": "3"},
+    ]
+    assert r.body["metadata"]["generation"] == 2
+    tmpl_patch = {"containers": [{"name": "a", "env": [{"name": "E1", "$patch": "delete"}]}]}
+    r = await api.patch(dpath, {"spec": {"template": {"spec": tmpl_patch}}}, ctype=smp)
+    assert r.status == 200
+    assert [e["name"] for e in r.body["spec"]["template"]["spec"]["containers"][0]["env"]] == ["E2", "E3"]
+    # Custom resources: 415.
     await api.ok("POST", WIDGETS, widget("w"))
     r = await api.patch(f"{WIDGETS}/w", {"spec": {"size": 2}}, ctype=smp)
     assert_status(
@@ -1364,7 +1389,9 @@ async def test_item47_gc_background(api: Api) -> None:
 async def test_item47_gc_foreground(api: Api) -> None:
     owner = await api.ok("POST", CMS, cm("owner"))
     await api.ok(
-        "POST", CMS, cm("dep", meta={"ownerReferences": [owner_ref(owner, block=True)], "finalizers": ["example.com/hold"]})
+        "POST",
+        CMS,
+        cm("dep", meta={"ownerReferences": [owner_ref(owner, block=True)], "finalizers": ["example.com/hold"]}),
     )
     r = await api.delete(f"{CMS}/owner", {"propagationPolicy": "Foreground"})
     assert r.status == 200
@@ -1446,10 +1473,19 @@ async def test_item50_eviction(api: Api) -> None:
     await eventually(observed)
     st = await pdb_status()
     assert (st["currentHealthy"], st["desiredHealthy"], st["disruptionsAllowed"], st["expectedPods"]) == (3, 2, 1, 4)
+    # Freeze the disruption controller to see what the eviction itself recorded.
+    await api.s.controllers.stop()
     r = await api.post(f"{PODS}/p0/eviction", eviction("p0"))
     assert r.status == 201 and r.body["kind"] == "Status" and r.body["status"] == "Success"
     st = await pdb_status()
-    assert "p0" in st["disruptedPods"]
+    assert "p0" in st["disruptedPods"] and st["disruptionsAllowed"] == 0
+    api.s.controllers.start()
+    await api.s.controllers.step()
+    # Upstream's controller drops pods that are already being deleted from disruptedPods and no longer counts
+    # them as healthy.
+    st = await pdb_status()
+    assert "p0" not in (st.get("disruptedPods") or {})
+    assert (st["currentHealthy"], st["disruptionsAllowed"]) == (2, 0)
     r = await api.post(f"{PODS}/p1/eviction", eviction("p1"))
     b = assert_status(r, 429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.")
     (cause,) = causes(r)
@@ -1482,7 +1518,8 @@ async def test_item50_pdb_not_yet_observed_is_429() -> None:
     async with serve() as api:
         await api.s.controllers.stop()  # nobody computes PDB status
         await ready_pod(api, "p", {"app": "x"})
-        await api.ok("POST", PDBS, {"metadata": {"name": "pdb"}, "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "x"}}}})
+        spec = {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "x"}}}
+        await api.ok("POST", PDBS, {"metadata": {"name": "pdb"}, "spec": spec})
         r = await api.post(f"{PODS}/p/eviction", eviction("p"))
         assert_status(r, 429, "TooManyRequests")
         await api.s.controllers.step()
@@ -1490,9 +1527,40 @@ async def test_item50_pdb_not_yet_observed_is_429() -> None:
         assert r.status == 201
 
 
+@pytest.mark.parametrize("policy", ["IfHealthyBudget", "AlwaysAllow"])
+async def test_item50_unhealthy_pod_eviction_policy(api: Api, policy: str) -> None:
+    """Unready pods may go under AlwaysAllow even with no disruptions left; under IfHealthyBudget only while the
+    budget is healthy (currentHealthy >= desiredHealthy)."""
+    await ready_pod(api, "ok", {"app": "x"})
+    await ready_pod(api, "sick1", {"app": "x"}, ready=False)
+    await ready_pod(api, "sick2", {"app": "x"}, ready=False)
+    spec = {"minAvailable": 2, "selector": {"matchLabels": {"app": "x"}}, "unhealthyPodEvictionPolicy": policy}
+    await api.ok("POST", PDBS, {"metadata": {"name": "pdb"}, "spec": spec})
+
+    async def observed() -> bool:
+        st = (await api.ok("GET", f"{PDBS}/pdb")).get("status") or {}
+        return st.get("observedGeneration") == 1 and st.get("expectedPods") == 3
+
+    await eventually(observed)
+    st = (await api.ok("GET", f"{PDBS}/pdb"))["status"]
+    assert (st["currentHealthy"], st["desiredHealthy"], st["disruptionsAllowed"]) == (1, 2, 0)
+    r = await api.post(f"{PODS}/sick1/eviction", eviction("sick1"))
+    if policy == "AlwaysAllow":
+        assert r.status == 201
+    else:
+        assert_status(r, 429, "TooManyRequests")
+    # The ready pod is protected either way.
+    assert_status(await api.post(f"{PODS}/ok/eviction", eviction("ok")), 429, "TooManyRequests")
+
+
 async def test_item51_binding(api: Api) -> None:
     await api.ok("POST", PODS, pod("p"))
-    binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p"}, "target": {"kind": "Node", "name": "n1"}}
+    binding = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": "p"},
+        "target": {"kind": "Node", "name": "n1"},
+    }
     r = await api.post(f"{PODS}/p/binding", binding)
     assert r.status == 201
     p = await api.ok("GET", f"{PODS}/p")
@@ -1587,10 +1655,10 @@ async def test_faults_latency(api: Api) -> None:
 async def test_faults_drop_watches(api: Api) -> None:
     await api.ok("POST", CMS, cm("a"))
     async with api.watch(CMS) as w:
-        (ev,) = await w.take(1)
+        await w.take(1)
         assert api.s.drop_watches() == 1
         with pytest.raises((aiohttp.ClientError, ConnectionError)):
-            while (await w.next(timeout=2.0)) is not None:
+            while (await w.next(wait=2.0)) is not None:
                 pass
             raise aiohttp.ClientPayloadError("ended")  # a clean end is fine too
 
@@ -1624,7 +1692,7 @@ async def test_faults_outage_and_restart_keep_state(api: Api) -> None:
     await asyncio.sleep(0.2)
     with pytest.raises(aiohttp.ClientConnectionError):
         await api.get(CMS)
-    await eventually(lambda: _up(api), timeout=3.0)
+    await eventually(lambda: _up(api), within=3.0)
     assert (await api.get(f"{CMS}/a")).status == 200
 
 
@@ -1693,7 +1761,10 @@ async def test_rbac_forbidden_message_and_reviews() -> None:
         await api.ok(
             "POST",
             f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/roles",
-            {"metadata": {"name": "pod-reader"}, "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]},
+            {
+                "metadata": {"name": "pod-reader"},
+                "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}],
+            },
         )
         await api.ok(
             "POST",
@@ -1710,7 +1781,8 @@ async def test_rbac_forbidden_message_and_reviews() -> None:
         r = await api.get(PODS, headers={"Authorization": "Bearer nope"})
         assert_status(r, 401, "Unauthorized")
         # TokenReview.
-        r = await api.post("/apis/authentication.k8s.io/v1/tokenreviews", {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}})
+        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
+        r = await api.post("/apis/authentication.k8s.io/v1/tokenreviews", review)
         assert r.status == 201
         assert r.body["status"]["authenticated"] is True
         assert r.body["status"]["user"]["username"] == "system:serviceaccount:default:bot"

@@ -557,6 +557,12 @@ class APIServer:
         sub = route.subresource
         if sub and sub not in info.subresources and not (info.resource == "namespaces" and sub == "finalize"):
             raise not_found_path()
+        if sub in info.subresources:
+            # Each subresource serves only its own verbs (eviction/binding: create; status: get/update/patch);
+            # anything else must not fall through to the main resource's handler.
+            verb = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+            if verb.get(method) not in info.subresources[sub][1] or (method == "GET" and "watch" in query):
+                raise method_not_allowed()
         if info.create_only:
             if method != "POST" or route.name:
                 raise method_not_allowed()
@@ -611,6 +617,8 @@ class APIServer:
             if options.get("dryRun"):
                 ctx.dry_run = True
             if not name:
+                if "deletecollection" not in info.verbs or info.storage_key == ("", "namespaces"):
+                    raise method_not_allowed()  # upstream's namespace storage has no DeleteCollection
                 return await self._delete_collection(
                     request, info, ns if route.namespaced_path else None, query, options, ctx
                 )
@@ -692,11 +700,15 @@ class APIServer:
         body = await self._read_body(request)
         if not isinstance(body, dict):
             raise bad_request("the body of a review must be an object")
-        if info.kind == "TokenReview":
-            return _json(auth.token_review(body, self.authn), 201)
-        if info.kind == "SelfSubjectAccessReview":
-            return _json(auth.self_subject_access_review(body, user, self.rbac), 201)
-        return _json(auth.subject_access_review(body, self.rbac), 201)
+        try:
+            if info.kind == "TokenReview":
+                return _json(auth.token_review(body, self.authn), 201)
+            if info.kind == "SelfSubjectAccessReview":
+                return _json(auth.self_subject_access_review(body, user, self.rbac), 201)
+            return _json(auth.subject_access_review(body, self.rbac), 201)
+        except (AttributeError, TypeError, ValueError) as e:
+            # A field of the wrong JSON type: upstream fails decoding the review (400), never a 500.
+            raise bad_request(f"{info.kind} in version \"{info.group_version}\" cannot be handled: {e}") from None
 
     def _object_format(self, request: web.Request) -> str:
         return discovery.negotiate_object(request.headers.get("Accept"))

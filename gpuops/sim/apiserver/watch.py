@@ -157,7 +157,9 @@ async def serve_watch(
     if start_rv is None or send_initial:
         for s in store.iter(gr, ns):
             if not filtered or matches(s.obj):
-                initial.append(frame("ADDED", s.obj))
+                # Reuse the object's cached encoding: a streaming list of 100k pods must not re-encode them.
+                initial.append(frame("ADDED", s.obj) if table_row is not None
+                               else b'{"type":"ADDED","object":' + s.raw + b"}\n")
         if send_initial and bookmarks:
             initial.append(_bookmark(info, store.rv, initial_end=True))
     elif start_rv < store.compacted_rv:
@@ -219,7 +221,7 @@ async def serve_watch(
                 await resp.write(_bookmark(info, store.rv))
                 last_bookmark = time.monotonic()
         await resp.write_eof()
-    except ConnectionResetError:
+    except ConnectionError:
         return resp  # the client went away; nothing to tell it
     finally:
         store.unwatch(watcher)

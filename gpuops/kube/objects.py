@@ -1,0 +1,651 @@
+"""Compact msgspec models of the API objects controllers read.
+
+Why not the generated kubernetes models: they cost two JSON passes and a Python object per field on every
+watch event, and a cache of them takes many kilobytes per pod (framework.md c.2). These Structs keep only
+what our controllers read; unknown fields (managedFields, volumes, env, ...) are skipped while decoding, so
+they never reach memory. Every field has a default, so a missing field never fails a decode; timestamps
+(RFC 3339 / MicroTime) and quantities stay as the strings the server sent; parsing is the reader's job.
+
+Conventions that keep a cached pod small (tests/kube/test_objects.py measures it: about 1.5 KiB for a
+Deployment replica, 1.9 KiB for a GPU Job pod with six labels, against 6 KiB without the last two points):
+* `gc=False`: decoded API objects never form reference cycles, so the GC header and its scans are waste;
+* absent maps and lists decode to None rather than to empty containers (an empty dict costs 64 bytes), and
+  lists decode to tuples (smaller, and a cached object should not be changed in place anyway);
+* strings with few distinct values (namespace, phase, condition types, node names, label values, second-
+  precision timestamps, ...) are interned in `__post_init__`, so pods share one copy of "Running";
+* values that replicas of a workload have in common (containers with their resources, tolerations, owner
+  references, finalizers) are frozen and shared: decoding the 1000th pod of a Job reuses the first one's.
+  Their maps are typed `Mapping`: read-only, since changing one in place would change it for every pod.
+
+`apiVersion` and `kind` are not kept: list items often lack them, and `Client` fills them in from the
+`ResourceType` on writes. Models a controller needs beyond these can be declared the same way and passed to
+`ResourceType.typed(...)`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Hashable, Mapping
+from functools import lru_cache
+from typing import Any, TypeVar, cast
+
+import msgspec
+
+__all__ = [
+    "Condition",
+    "ConfigMap",
+    "Container",
+    "ContainerState",
+    "ContainerStateRunning",
+    "ContainerStateTerminated",
+    "ContainerStateWaiting",
+    "ContainerStatus",
+    "Event",
+    "EventSeries",
+    "EventSource",
+    "Job",
+    "JobCondition",
+    "JobSpec",
+    "JobStatus",
+    "LabelSelector",
+    "LabelSelectorRequirement",
+    "Lease",
+    "LeaseSpec",
+    "ListMeta",
+    "Namespace",
+    "NamespaceSpec",
+    "NamespaceStatus",
+    "Node",
+    "NodeAddress",
+    "NodeCondition",
+    "NodeSpec",
+    "NodeStatus",
+    "ObjectList",
+    "ObjectMeta",
+    "ObjectReference",
+    "OwnerReference",
+    "PartialObjectMetadata",
+    "Pod",
+    "PodCondition",
+    "PodDisruptionBudget",
+    "PodDisruptionBudgetSpec",
+    "PodDisruptionBudgetStatus",
+    "PodSchedulingGate",
+    "PodSpec",
+    "PodStatus",
+    "PodTemplateSpec",
+    "Quantity",
+    "ResourceRequirements",
+    "Taint",
+    "Toleration",
+    "decode",
+    "decoder",
+    "encode",
+    "to_builtins",
+]
+
+S = TypeVar("S")
+
+# The apiserver always sends quantities as strings; numbers are accepted too (what users may write and what
+# a lenient server may echo back) so a decode never fails on them.
+Quantity = str | int | float
+
+# sys.intern keeps strings mortal: a value is shared while some object uses it and freed afterwards, so
+# interning node names or label values does not leak as pods come and go.
+_intern = sys.intern
+
+# msgspec already shares dict keys of up to this many characters between decodes.
+_KEY_CACHE_LEN = 32
+# Longer map values (last-applied-configuration, JSON blobs in annotations) are rarely shared: hashing them
+# would cost more than it saves. Label values and quantities are at most 63 characters.
+_VALUE_INTERN_LEN = 64
+
+
+# Immutable values that repeat across many objects (the default tolerations of every pod, the owner reference
+# and finalizers of a Job's pods) are kept once. The table is bounded: when full it is simply dropped, which
+# costs some sharing but never correctness.
+_SHARED_MAX = 8192
+_shared: dict[Any, Any] = {}
+
+H = TypeVar("H")
+
+
+def _share(value: H) -> H:
+    if len(_shared) >= _SHARED_MAX:
+        _shared.clear()
+    shared: H = _shared.setdefault(value, value)
+    return shared
+
+
+def _share_containers(containers: tuple[Container, ...]) -> tuple[Container, ...]:
+    """Containers hold dicts, so they are shared under a key built from their contents."""
+    key: list[Any] = [_share_containers]
+    for c in containers:
+        r = c.resources
+        key.append(c.name)
+        key.append(c.restart_policy)
+        if r is None:
+            key.append(None)
+        else:
+            key.append(tuple(r.requests.items()) if r.requests else None)
+            key.append(tuple(r.limits.items()) if r.limits else None)
+    if len(_shared) >= _SHARED_MAX:
+        _shared.clear()
+    shared: tuple[Container, ...] = _shared.setdefault(tuple(key), containers)
+    return shared
+
+
+def _i_map(d: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Intern short string values in place; rebuild the dict only if a key is too long for msgspec's cache."""
+    if not d:
+        return d
+    rebuild = False
+    for k, v in d.items():
+        if type(v) is str and len(v) <= _VALUE_INTERN_LEN:
+            d[k] = _intern(v)
+        if len(k) > _KEY_CACHE_LEN:
+            rebuild = True
+    if rebuild:
+        return {_intern(k): v for k, v in d.items()}
+    return d
+
+
+class _Model(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True, gc=False):
+    """Base of all models (config is inherited)."""
+
+
+class _Frozen(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True, gc=False, frozen=True):
+    """Base of values shared between objects: they must never change in place."""
+
+
+# ---------------------------------------------------------------------------------------------- meta
+
+
+class OwnerReference(_Frozen, frozen=True):
+    """Frozen: the references of all pods of one Job or ReplicaSet are a single shared tuple."""
+
+    api_version: str = ""
+    kind: str = ""
+    name: str = ""
+    uid: str = ""
+    controller: bool | None = None
+    block_owner_deletion: bool | None = None
+
+
+class ObjectMeta(_Model):
+    name: str = ""
+    generate_name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    resource_version: str = ""
+    generation: int = 0
+    creation_timestamp: str | None = None
+    deletion_timestamp: str | None = None
+    deletion_grace_period_seconds: int | None = None
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+    owner_references: tuple[OwnerReference, ...] | None = None
+    finalizers: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        self.namespace = _intern(self.namespace)
+        self.generate_name = _intern(self.generate_name)
+        if self.creation_timestamp:
+            self.creation_timestamp = _intern(self.creation_timestamp)
+        self.labels = _i_map(self.labels)
+        self.annotations = _i_map(self.annotations)
+        if self.owner_references:
+            self.owner_references = _share(self.owner_references)
+        if self.finalizers:
+            self.finalizers = _share(self.finalizers)
+
+
+class ListMeta(_Model):
+    resource_version: str = ""
+    continue_: str = msgspec.field(default="", name="continue")
+    remaining_item_count: int | None = None
+
+
+class Condition(_Model):
+    """metav1.Condition, the shape of conditions on PDBs and custom resources."""
+
+    type: str = ""
+    status: str = ""
+    observed_generation: int = 0
+    last_transition_time: str | None = None
+    reason: str = ""
+    message: str = ""
+
+    def __post_init__(self) -> None:
+        self.type = _intern(self.type)
+        self.status = _intern(self.status)
+        self.reason = _intern(self.reason)
+
+
+class LabelSelectorRequirement(_Model):
+    key: str = ""
+    operator: str = ""
+    values: tuple[str, ...] | None = None
+
+
+class LabelSelector(_Model):
+    match_labels: dict[str, str] | None = None
+    match_expressions: tuple[LabelSelectorRequirement, ...] | None = None
+
+
+class ObjectReference(_Model):
+    api_version: str = ""
+    kind: str = ""
+    namespace: str = ""
+    name: str = ""
+    uid: str = ""
+    resource_version: str = ""
+    field_path: str = ""
+
+
+class PartialObjectMetadata(_Model):
+    """Metadata only: enough for caches that key, select and own but never read a spec."""
+
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+
+
+class ObjectList(_Model):
+    """A list response with undecoded items (decode each with the type the caller needs)."""
+
+    metadata: ListMeta = msgspec.field(default_factory=ListMeta)
+    items: list[msgspec.Raw] | None = None
+
+
+# ---------------------------------------------------------------------------------------------- pods
+
+
+class ResourceRequirements(_Frozen, frozen=True):
+    """Read-only (frozen, Mapping): the containers of a workload's pods are one shared value, see PodSpec."""
+
+    requests: Mapping[str, Quantity] | None = None
+    limits: Mapping[str, Quantity] | None = None
+
+
+class Container(_Frozen, frozen=True):
+    """Only name, resources and restartPolicy (init containers with Always are sidecars)."""
+
+    name: str = ""
+    resources: ResourceRequirements | None = None
+    restart_policy: str = ""
+
+
+class Toleration(_Frozen, frozen=True):
+    """Frozen: nearly every pod carries the same tolerations, so the tuple of them is shared."""
+
+    key: str = ""
+    operator: str = ""
+    value: str = ""
+    effect: str = ""
+    toleration_seconds: int | None = None
+
+
+class PodSchedulingGate(_Frozen, frozen=True):
+    name: str = ""
+
+
+class PodSpec(_Model):
+    containers: tuple[Container, ...] | None = None
+    init_containers: tuple[Container, ...] | None = None
+    overhead: dict[str, Quantity] | None = None
+    node_name: str = ""
+    node_selector: dict[str, str] | None = None
+    tolerations: tuple[Toleration, ...] | None = None
+    scheduling_gates: tuple[PodSchedulingGate, ...] | None = None
+    priority: int | None = None
+    priority_class_name: str = ""
+    scheduler_name: str = ""
+    restart_policy: str = ""
+
+    def __post_init__(self) -> None:
+        # Replicas of a workload have equal containers: keep one tuple of them, however many pods there are.
+        if self.containers:
+            self.containers = _share_containers(self.containers)
+        if self.init_containers:
+            self.init_containers = _share_containers(self.init_containers)
+        self.overhead = _i_map(self.overhead)
+        self.node_name = _intern(self.node_name)
+        if self.tolerations:
+            self.tolerations = _share(self.tolerations)
+        if self.scheduling_gates:
+            self.scheduling_gates = _share(self.scheduling_gates)
+        self.node_selector = _i_map(self.node_selector)
+        self.priority_class_name = _intern(self.priority_class_name)
+        self.scheduler_name = _intern(self.scheduler_name)
+        self.restart_policy = _intern(self.restart_policy)
+
+
+class PodCondition(_Model):
+    type: str = ""
+    status: str = ""
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str | None = None
+
+    def __post_init__(self) -> None:
+        self.type = _intern(self.type)
+        self.status = _intern(self.status)
+        self.reason = _intern(self.reason)
+        # Timestamps are second-precision and a pod's conditions often flip in the same second.
+        if self.last_transition_time:
+            self.last_transition_time = _intern(self.last_transition_time)
+
+
+class ContainerStateRunning(_Model):
+    started_at: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.started_at:
+            self.started_at = _intern(self.started_at)
+
+
+class ContainerStateTerminated(_Model):
+    exit_code: int = 0
+    signal: int = 0
+    reason: str = ""
+    message: str = ""
+    started_at: str | None = None
+    finished_at: str | None = None
+
+    def __post_init__(self) -> None:
+        self.reason = _intern(self.reason)
+
+
+class ContainerStateWaiting(_Model):
+    reason: str = ""
+    message: str = ""
+
+    def __post_init__(self) -> None:
+        self.reason = _intern(self.reason)
+
+
+class ContainerState(_Model):
+    running: ContainerStateRunning | None = None
+    terminated: ContainerStateTerminated | None = None
+    waiting: ContainerStateWaiting | None = None
+
+
+class ContainerStatus(_Model):
+    name: str = ""
+    ready: bool = False
+    started: bool | None = None
+    restart_count: int = 0
+    state: ContainerState | None = None
+    last_state: ContainerState | None = None
+
+    def __post_init__(self) -> None:
+        self.name = _intern(self.name)
+        ls = self.last_state
+        if ls is not None and ls.running is None and ls.terminated is None and ls.waiting is None:
+            self.last_state = None  # the API sends "lastState": {} for containers that never restarted
+
+
+class PodStatus(_Model):
+    phase: str = ""
+    reason: str = ""
+    message: str = ""
+    nominated_node_name: str = ""
+    conditions: tuple[PodCondition, ...] | None = None
+    container_statuses: tuple[ContainerStatus, ...] | None = None
+    init_container_statuses: tuple[ContainerStatus, ...] | None = None
+    start_time: str | None = None
+
+    def __post_init__(self) -> None:
+        self.phase = _intern(self.phase)
+        self.reason = _intern(self.reason)
+        self.nominated_node_name = _intern(self.nominated_node_name)
+        if self.start_time:
+            self.start_time = _intern(self.start_time)
+
+
+class Pod(_Model):
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: PodSpec = msgspec.field(default_factory=PodSpec)
+    status: PodStatus = msgspec.field(default_factory=PodStatus)
+
+
+class PodTemplateSpec(_Model):
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: PodSpec = msgspec.field(default_factory=PodSpec)
+
+
+# ---------------------------------------------------------------------------------------------- nodes
+
+
+class Taint(_Model):
+    key: str = ""
+    value: str = ""
+    effect: str = ""
+    time_added: str | None = None
+
+    def __post_init__(self) -> None:
+        self.key = _intern(self.key)
+        self.value = _intern(self.value)
+        self.effect = _intern(self.effect)
+
+
+class NodeSpec(_Model):
+    unschedulable: bool = False
+    taints: tuple[Taint, ...] | None = None
+    provider_id: str = msgspec.field(default="", name="providerID")
+    pod_cidr: str = msgspec.field(default="", name="podCIDR")
+
+
+class NodeCondition(_Model):
+    type: str = ""
+    status: str = ""
+    reason: str = ""
+    message: str = ""
+    last_heartbeat_time: str | None = None
+    last_transition_time: str | None = None
+
+    def __post_init__(self) -> None:
+        self.type = _intern(self.type)
+        self.status = _intern(self.status)
+        self.reason = _intern(self.reason)
+        self.message = _intern(self.message)
+
+
+class NodeAddress(_Model):
+    type: str = ""
+    address: str = ""
+
+    def __post_init__(self) -> None:
+        self.type = _intern(self.type)
+
+
+class NodeStatus(_Model):
+    capacity: dict[str, Quantity] | None = None
+    allocatable: dict[str, Quantity] | None = None
+    conditions: tuple[NodeCondition, ...] | None = None
+    addresses: tuple[NodeAddress, ...] | None = None
+
+    def __post_init__(self) -> None:
+        self.capacity = _i_map(self.capacity)
+        self.allocatable = _i_map(self.allocatable)
+
+
+class Node(_Model):
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: NodeSpec = msgspec.field(default_factory=NodeSpec)
+    status: NodeStatus = msgspec.field(default_factory=NodeStatus)
+
+
+# ---------------------------------------------------------------------------------------------- events
+
+
+class EventSource(_Model):
+    component: str = ""
+    host: str = ""
+
+
+class EventSeries(_Model):
+    count: int = 0
+    last_observed_time: str | None = None  # MicroTime
+
+
+class Event(_Model):
+    """core/v1 Event, all fields (the shape client-go's recorder writes and kubectl describe reads)."""
+
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    involved_object: ObjectReference = msgspec.field(default_factory=ObjectReference)
+    reason: str = ""
+    message: str = ""
+    source: EventSource | None = None
+    first_timestamp: str | None = None
+    last_timestamp: str | None = None
+    count: int = 0
+    type: str = ""
+    event_time: str | None = None  # MicroTime
+    series: EventSeries | None = None
+    action: str = ""
+    related: ObjectReference | None = None
+    reporting_component: str = ""
+    reporting_instance: str = ""
+
+
+# ---------------------------------------------------------------------------------------------- leases
+
+
+class LeaseSpec(_Model):
+    """Optional fields stay None when absent, so an explicit "" holder or 0 transitions is still written."""
+
+    holder_identity: str | None = None
+    lease_duration_seconds: int | None = None
+    acquire_time: str | None = None  # MicroTime
+    renew_time: str | None = None  # MicroTime
+    lease_transitions: int | None = None
+    strategy: str | None = None
+    preferred_holder: str | None = None
+
+
+class Lease(_Model):
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: LeaseSpec = msgspec.field(default_factory=LeaseSpec)
+
+
+# ---------------------------------------------------------------------------------------------- policy, batch
+
+
+class PodDisruptionBudgetSpec(_Model):
+    min_available: int | str | None = None
+    max_unavailable: int | str | None = None
+    selector: LabelSelector | None = None
+    unhealthy_pod_eviction_policy: str = ""
+
+
+class PodDisruptionBudgetStatus(_Model):
+    observed_generation: int = 0
+    disruptions_allowed: int = 0
+    current_healthy: int = 0
+    desired_healthy: int = 0
+    expected_pods: int = 0
+    disrupted_pods: dict[str, str] | None = None
+    conditions: tuple[Condition, ...] | None = None
+
+
+class PodDisruptionBudget(_Model):
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: PodDisruptionBudgetSpec = msgspec.field(default_factory=PodDisruptionBudgetSpec)
+    status: PodDisruptionBudgetStatus = msgspec.field(default_factory=PodDisruptionBudgetStatus)
+
+
+class JobSpec(_Model):
+    parallelism: int | None = None
+    completions: int | None = None
+    completion_mode: str = ""
+    active_deadline_seconds: int | None = None
+    backoff_limit: int | None = None
+    suspend: bool | None = None
+    selector: LabelSelector | None = None
+    template: PodTemplateSpec | None = None
+    ttl_seconds_after_finished: int | None = None
+
+
+class JobCondition(_Model):
+    type: str = ""
+    status: str = ""
+    reason: str = ""
+    message: str = ""
+    last_probe_time: str | None = None
+    last_transition_time: str | None = None
+
+    def __post_init__(self) -> None:
+        self.type = _intern(self.type)
+        self.status = _intern(self.status)
+        self.reason = _intern(self.reason)
+
+
+class JobStatus(_Model):
+    conditions: tuple[JobCondition, ...] | None = None
+    start_time: str | None = None
+    completion_time: str | None = None
+    active: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    ready: int | None = None
+    terminating: int | None = None
+
+
+class Job(_Model):
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: JobSpec = msgspec.field(default_factory=JobSpec)
+    status: JobStatus = msgspec.field(default_factory=JobStatus)
+
+
+# ---------------------------------------------------------------------------------------------- core misc
+
+
+class NamespaceSpec(_Model):
+    finalizers: tuple[str, ...] | None = None
+
+
+class NamespaceStatus(_Model):
+    phase: str = ""
+    conditions: tuple[Condition, ...] | None = None
+
+    def __post_init__(self) -> None:
+        self.phase = _intern(self.phase)
+
+
+class Namespace(_Model):
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: NamespaceSpec = msgspec.field(default_factory=NamespaceSpec)
+    status: NamespaceStatus = msgspec.field(default_factory=NamespaceStatus)
+
+
+class ConfigMap(_Model):
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    data: dict[str, str] | None = None
+    binary_data: dict[str, str] | None = None
+    immutable: bool | None = None
+
+
+# ---------------------------------------------------------------------------------------------- codec helpers
+
+_encoder = msgspec.json.Encoder()
+
+
+@lru_cache(maxsize=256)
+def decoder(type_: Any) -> msgspec.json.Decoder[Any]:
+    """A cached JSON decoder for `type_` (building one per call costs more than decoding a small object)."""
+    return msgspec.json.Decoder(type_)
+
+
+def decode(data: bytes, type_: type[S]) -> S:
+    result: S = decoder(cast(Hashable, type_)).decode(data)
+    return result
+
+
+def to_builtins(obj: Any) -> Any:
+    """JSON-shaped Python values (dicts, lists, str, ...) of a model, with defaults left out."""
+    return msgspec.to_builtins(obj)
+
+
+def encode(obj: Any) -> bytes:
+    """JSON bytes of a model or of plain JSON-shaped values."""
+    return _encoder.encode(obj)
