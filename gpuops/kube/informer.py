@@ -386,7 +386,7 @@ class Handler(Generic[T]):
                 await self._call(ADD, None, obj, True)
             elif self.buffer:
                 kind, old, new = self.buffer.popleft()
-                if len(self.buffer) == self.capacity - 1:
+                if len(self.buffer) < self.capacity:
                     self._room.set()
                 await self._call(kind, old, new, False)
             else:

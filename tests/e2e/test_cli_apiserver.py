@@ -86,7 +86,9 @@ def _stop(proc: subprocess.Popen[str]) -> None:
         raise
 
 
-def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+def kubectl(
+    kubeconfig: Path, *args: str, stdin: str | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, KUBECONFIG=str(kubeconfig))
     out = subprocess.run([KUBECTL, *args], input=stdin, capture_output=True, text=True, env=env, timeout=60)
     if check and out.returncode != 0:

@@ -15,10 +15,10 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-async def _get(session: aiohttp.ClientSession, s: APIServer, timeout: float) -> int:
+async def _get(session: aiohttp.ClientSession, s: APIServer, limit_s: float) -> int:
     async with session.get(f"{s.url}/api/v1/namespaces/default",
                            headers={"Authorization": f"Bearer {s.admin_token}"},
-                           timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+                           timeout=aiohttp.ClientTimeout(total=limit_s)) as r:
         return r.status
 
 
@@ -29,8 +29,8 @@ async def test_hang_mode_accepts_but_answers_nothing_until_the_end() -> None:
         outage = asyncio.ensure_future(s.outage(1.0, mode="hang"))
         await asyncio.sleep(0)
         with pytest.raises(TimeoutError):
-            await _get(session, s, timeout=0.3)
-        late = asyncio.ensure_future(_get(session, s, timeout=5))
+            await _get(session, s, limit_s=0.3)
+        late = asyncio.ensure_future(_get(session, s, limit_s=5))
         await outage
         assert await late == 200  # the request held during the stall is answered afterwards
         assert s.store.rv == rv
@@ -43,10 +43,10 @@ async def test_refuse_mode_closes_the_port_then_listens_again_on_it() -> None:
         outage = asyncio.ensure_future(s.outage(1.0))
         await asyncio.sleep(0.1)
         with pytest.raises(aiohttp.ClientConnectionError):
-            await _get(session, s, timeout=0.5)
+            await _get(session, s, limit_s=0.5)
         await outage
         assert s.port == port
-        assert await _get(session, s, timeout=5) == 200
+        assert await _get(session, s, limit_s=5) == 200
 
 
 @pytest.mark.anyio

@@ -97,7 +97,9 @@ def builtin_resources() -> list[ResourceInfo]:
     """The built-in resources of a kube-apiserver that gpuops and its tests use."""
     return [
         _r(
-            "", "v1", "namespaces", "Namespace", False, short=("ns",), sub={"status": ("Namespace", _STD_SUB)}
+            "", "v1", "namespaces", "Namespace", False, short=("ns",), sub={"status": ("Namespace", _STD_SUB)},
+            # Upstream's namespace storage has no deletecollection.
+            verbs=tuple(v for v in ALL_VERBS if v != "deletecollection"),
         ),
         _r(
             "",
