@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import LoopThread, write_results
 
 from gpuops.sim.apiserver import APIServer
+from gpuops.sim.apiserver.gctune import tune_for_large_heaps
 
 PODS = ("", "pods")
 
@@ -228,6 +229,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small run for CI (< 1 minute)")
     args = parser.parse_args()
+    tune_for_large_heaps()  # as `gpuops sim apiserver` does: the emulator shares this process
     events = 20_000 if args.quick else 200_000
     pods = 10_000 if args.quick else 100_000
 
@@ -266,6 +268,7 @@ def main() -> int:
 
 Server: `gpuops.sim.apiserver` in-process on one event loop; readers: separate processes over HTTP on
 loopback, decoding each event's metadata and checking resourceVersion order. Pods are ~1.5 KiB each.
+The benchmark process raises CPython's GC thresholds as `gpuops sim apiserver` does (see gctune.py).
 
 | figure | value |
 |---|---|

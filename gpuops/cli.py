@@ -172,8 +172,12 @@ async def _run_apiserver(args: argparse.Namespace, demo: bool) -> int:
         terminated_pod_gc_threshold=args.terminated_pod_gc_threshold,
         tls=args.tls,
     )
+    from .sim.apiserver.gctune import freeze_current_heap, tune_for_large_heaps
+
+    tune_for_large_heaps()
     if args.restore:
         server.restore(args.restore)
+        freeze_current_heap()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
