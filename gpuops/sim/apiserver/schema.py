@@ -23,6 +23,7 @@ import re2  # type: ignore[import-untyped]
 
 from . import cel
 from .errors import Cause, bad_request, invalid
+from .gostrings import go_quote
 from .resources import ResourceInfo
 
 __all__ = [
@@ -129,30 +130,6 @@ OMIT: Any = _Omit()
 """A bad value that the message must not show (field.OmitValueType)."""
 
 
-def go_quote(s: str) -> str:
-    """Go's strconv.Quote / %q, which upstream messages use for strings."""
-    out = ['"']
-    for ch in s:
-        o = ord(ch)
-        if ch == '"':
-            out.append('\\"')
-        elif ch == "\\":
-            out.append("\\\\")
-        elif ch in _GO_ESCAPES:
-            out.append(_GO_ESCAPES[ch])
-        elif o < 0x20 or o == 0x7F:
-            out.append(f"\\x{o:02x}")
-        elif o < 0x80 or ch.isprintable():
-            out.append(ch)
-        elif o <= 0xFFFF:
-            out.append(f"\\u{o:04x}")
-        else:
-            out.append(f"\\U{o:08x}")
-    out.append('"')
-    return "".join(out)
-
-
-_GO_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}
 
 
 def _digits(f: float) -> tuple[str, int]:

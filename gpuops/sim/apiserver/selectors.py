@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import bad_request
+from .gostrings import go_quote
 from .resources import ResourceInfo
 
 __all__ = [
@@ -42,30 +43,6 @@ __all__ = [
 # Go-style formatting used inside upstream error messages
 
 
-def go_quote(s: str) -> str:
-    """`strconv.Quote`/`%q`: what upstream messages show for a bad value."""
-    out = ['"']
-    for ch in s:
-        code = ord(ch)
-        if ch == '"':
-            out.append('\\"')
-        elif ch == "\\":
-            out.append("\\\\")
-        elif ch in _GO_ESCAPES:
-            out.append(_GO_ESCAPES[ch])
-        elif ch.isprintable() and not 0xD800 <= code <= 0xDFFF:
-            out.append(ch)
-        elif code < 0x80:
-            out.append(f"\\x{code:02x}")
-        elif code < 0x10000:
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(f"\\U{code:08x}")
-    out.append('"')
-    return "".join(out)
-
-
-_GO_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}
 
 
 def _go_string_slice(values: Sequence[str]) -> str:
