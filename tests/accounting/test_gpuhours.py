@@ -1,0 +1,452 @@
+"""GPU-hours in a rolling window: seed regressions, the live/ledger rule, compaction bound, next-change exactness."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from gpuops.accounting.errors import AccountingError, IntervalError, NegativeValueError
+from gpuops.accounting.gpuhours import (
+    MICROS_PER_HOUR,
+    Interval,
+    Ledger,
+    LedgerBucket,
+    LedgerEntry,
+    compact_ledger,
+    compaction_error_bound,
+    counted_intervals,
+    format_gpu_hours,
+    gpu_hours,
+    record,
+    window_usage,
+)
+from gpuops.accounting.quantity import parse_quantity
+
+F = Fraction
+H = MICROS_PER_HOUR
+S = 1_000_000  # one second in microseconds
+
+
+def iv(uid: str, start: int, end: int | None, gpus: int | Fraction = 1) -> Interval:
+    return Interval(uid=uid, start=start, end=end, gpus=F(gpus))
+
+
+def le(uid: str, start: int, end: int, gpus: int | Fraction = 1) -> LedgerEntry:
+    return LedgerEntry(uid=uid, start=start, end=end, gpus=F(gpus))
+
+
+# ------------------------------------------------------------------------------------------ fixed regression cases
+
+
+def bench_pods(runtime_s: int) -> list[Interval]:
+    """The seed's bench: 50 pods, 10 pods/s, 100m "GPU" each (cpu-as-GPU), `runtime_s` seconds each."""
+    gpus = parse_quantity("100m")
+    return [iv(f"pod-{i}", i * S // 10, i * S // 10 + runtime_s * S, gpus) for i in range(50)]
+
+
+def test_seed_bench_value_is_exact_and_six_decimals_cost_under_1e4() -> None:
+    usage = window_usage(bench_pods(30), now=45 * S, window=1 * H, quota=1)
+    assert usage.consumed == F(50 * 30, 10 * 3600)  # 0.041666... GPU-hours
+    text = format_gpu_hours(usage.consumed)
+    assert text == "0.041667"
+    assert abs(F(text) - usage.consumed) / usage.consumed < F(1, 10**4)
+    assert F(1, 1000) / usage.consumed > F(2, 100)  # the seed's milli-GPU-hour quantum is 2.4 % of the value
+    assert usage.pods_in_window == 50 and usage.burn_rate == 0
+
+
+def test_seed_chaos_value() -> None:
+    usage = window_usage(bench_pods(60), now=120 * S, window=1 * H, quota=1)
+    assert format_gpu_hours(usage.consumed) == "0.083333"
+
+
+def test_deleted_pods_keep_counting_through_the_ledger() -> None:
+    """The seed's Evict erased its own evidence: the evicted pod vanished and the budget fell back under quota."""
+    live = [iv("a", 0, None, 2), iv("b", 0, None, 2)]
+    before = window_usage(live, now=2 * H, window=24 * H, quota=8)
+    assert before.over_quota and before.consumed == 8
+    # b is evicted at 2h: it leaves the API, the controller records it
+    ledger = record(Ledger(), le("b", 0, 2 * H, 2))
+    after = window_usage([iv("a", 0, None, 2)], ledger, now=2 * H, window=24 * H, quota=8)
+    assert after.consumed == 8 and after.over_quota
+    later = window_usage([iv("a", 0, None, 2)], ledger, now=3 * H, window=24 * H, quota=8)
+    assert later.consumed == 10
+
+
+def test_half_open_window_edges() -> None:
+    w, now = 10 * H, 20 * H
+    assert gpu_hours([iv("x", 0, now - w)], now=now, window=w) == 0  # ends exactly at the window start
+    assert gpu_hours([iv("x", now, None)], now=now, window=w) == 0  # starts at now
+    assert gpu_hours([iv("x", now - 1, None)], now=now, window=w) == F(1, H)
+    assert gpu_hours([iv("x", 0, None, 3)], now=now, window=w) == 30
+    assert gpu_hours([iv("x", now - w - 5, now - w + 5, F(1, 2))], now=now, window=w) == F(5, 2 * H)
+    assert gpu_hours([iv("x", 5, 5, 4)], now=now, window=w) == 0
+    assert gpu_hours([iv("x", now + H, None, 4)], now=now, window=w) == 0
+
+
+def test_over_quota_at_equality_and_remaining_clamped() -> None:
+    at = window_usage([iv("x", 0, None, 1)], now=5 * H, window=24 * H, quota=5)
+    assert at.over_quota and at.remaining == 0 and at.exhausted_at is None
+    past = window_usage([iv("x", 0, None, 1)], now=7 * H, window=24 * H, quota=5)
+    assert past.over_quota and past.remaining == 0
+    zero = window_usage([], now=0, window=H, quota=0)
+    assert zero.over_quota and zero.consumed == 0
+
+
+def test_exhaustion_and_next_change_under_quota() -> None:
+    usage = window_usage([iv("x", 0, None, 2)], now=1 * H, window=10 * H, quota=4)
+    assert usage.consumed == 2 and usage.burn_rate == 2 and usage.remaining == 2
+    assert usage.exhausted_at == 2 * H
+    assert usage.next_change == 2 * H
+
+
+def test_plateau_below_quota_never_exhausts() -> None:
+    # 1 GPU forever in a 1h window plateaus at 1 GPU-hour; remaining/burn would predict exhaustion at 2h
+    usage = window_usage([iv("x", 0, None, 1)], now=H // 2, window=H, quota=2)
+    assert usage.exhausted_at is None
+    assert usage.next_change == H  # the trailing edge reaches the start: the value stops growing
+
+
+def test_recovery_instant_when_usage_slides_out() -> None:
+    # 1 GPU on [0, 10h), window 8h, quota 5: at t >= 10h consumed = 18h - t; equals 5 at 13h (still over)
+    usage = window_usage([], Ledger(entries=(le("x", 0, 10 * H),)), now=10 * H, window=8 * H, quota=5)
+    assert usage.over_quota and usage.consumed == 8
+    assert usage.next_change == 13 * H + 1
+    assert window_usage([], Ledger(entries=(le("x", 0, 10 * H),)), now=13 * H, window=8 * H, quota=5).over_quota
+    after = window_usage([], Ledger(entries=(le("x", 0, 10 * H),)), now=13 * H + 1, window=8 * H, quota=5)
+    assert not after.over_quota
+
+
+def test_next_change_is_none_when_nothing_can_change() -> None:
+    assert window_usage([], now=10 * H, window=H, quota=1).next_change is None
+    gone = window_usage([iv("x", 0, H)], now=10 * H, window=H, quota=1)
+    assert gone.consumed == 0 and gone.next_change is None and gone.exhausted_at is None
+
+
+def test_dedup_rule() -> None:
+    # live open beats a closed ledger entry (pod still terminating): it keeps accruing
+    rec = counted_intervals([iv("p", 10, None)], [le("p", 0, 50)])
+    assert rec == (iv("p", 10, None),)
+    # a finished live pod that ends at/after the ledger's end wins; ties go to the live one
+    assert counted_intervals([iv("p", 10, 50)], [le("p", 0, 50)]) == (iv("p", 10, 50),)
+    assert counted_intervals([iv("p", 10, 60)], [le("p", 0, 50)]) == (iv("p", 10, 60),)
+    # the ledger wins only with a strictly later end (e.g. recorded from a deletion timestamp)
+    assert counted_intervals([iv("p", 10, 40)], [le("p", 0, 50)]) == (iv("p", 0, 50),)
+    # within the ledger the same rule keeps one entry per UID
+    ledger = record(record(Ledger(), le("p", 0, 50)), le("p", 5, 40))
+    assert ledger.entries == (le("p", 0, 50),)
+    assert record(ledger, le("p", 5, 70)).entries == (le("p", 5, 70),)
+
+
+def test_compaction_fixed_case() -> None:
+    # two 1-GPU entries in [0, 100) and [50, 150); grid width 100; window 1000; compact at 200
+    ledger = Ledger(entries=(le("a", 0, 100), le("b", 50, 150), le("c", 180, 190, 3)))
+    small = compact_ledger(ledger, now=200, window=1000, max_entries=1, bucket_width=100)
+    assert small.entries == (le("c", 180, 190, 3),)
+    assert small.buckets == (
+        LedgerBucket(start=0, end=100, gpu_micros=F(150), peak_gpus=F(2)),
+        LedgerBucket(start=100, end=200, gpu_micros=F(50), peak_gpus=F(1)),
+    )
+    # at t = 1050 the trailing edge (50) is inside bucket [0, 100): it still counts whole
+    exact = window_usage([], ledger, now=1050, window=1000, quota=1).consumed
+    approx = window_usage([], small, now=1050, window=1000, quota=1)
+    assert exact == F(50 + 100 + 30, H) and approx.consumed == F(150 + 50 + 30, H)
+    assert approx.error_bound == F(min(150, 2 * 50), H) == compaction_error_bound(small, now=1050, window=1000)
+    # once the edge passes a bucket's end it stops counting; entries past the window are dropped
+    assert window_usage([], small, now=1100, window=1000, quota=1).consumed == F(50 + 30, H)
+    assert compact_ledger(small, now=1150, window=1000, max_entries=1, bucket_width=100) == Ledger(
+        entries=(le("c", 180, 190, 3),), buckets=(LedgerBucket(start=100, end=200, gpu_micros=F(50), peak_gpus=F(1)),)
+    )
+    assert compact_ledger(small, now=1200, window=1000, max_entries=1, bucket_width=100) == Ledger()
+
+
+def test_compaction_never_merges_live_uids_or_running_entries() -> None:
+    ledger = Ledger(entries=(le("a", 0, 100), le("b", 0, 100), le("future", 0, 500)))
+    out = compact_ledger(ledger, now=200, window=1000, max_entries=0, bucket_width=100, live_uids={"a"})
+    assert {e.uid for e in out.entries} == {"a", "future"}
+    assert sum(b.gpu_micros for b in out.buckets) == 100
+
+
+def test_format_gpu_hours() -> None:
+    assert format_gpu_hours(F(12345678901, 10**9)) == "12.345679"
+    assert format_gpu_hours(F(1, 2 * 10**6)) == "0.000000"  # half to even
+    assert format_gpu_hours(F(3, 2 * 10**6)) == "0.000002"
+    assert format_gpu_hours(F(-1, 10**9)) == "0.000000"
+    assert format_gpu_hours(F(-3, 2)) == "-1.500000"
+    assert format_gpu_hours(7) == "7.000000"
+    assert format_gpu_hours(F(5, 2), places=0) == "2"
+    assert format_gpu_hours(F(1, 3), places=9) == "0.333333333"
+    assert parse_quantity(format_gpu_hours(F(1, 3))) == F(333333, 10**6)  # the text is a valid quantity
+    with pytest.raises(AccountingError):
+        format_gpu_hours(0.5)  # type: ignore[arg-type]
+    with pytest.raises(AccountingError):
+        format_gpu_hours(F(1), places=-1)
+
+
+def test_bad_input() -> None:
+    with pytest.raises(IntervalError, match="ends"):
+        iv("x", 10, 5)
+    with pytest.raises(NegativeValueError):
+        iv("x", 0, 5, -1)
+    with pytest.raises(AccountingError):
+        Interval(uid="x", start=0, end=None, gpus=0.5)  # type: ignore[arg-type]
+    with pytest.raises(AccountingError):
+        Interval(uid="", start=0, end=None, gpus=F(1))
+    with pytest.raises(IntervalError):
+        gpu_hours([], now=0, window=0)
+    with pytest.raises(NegativeValueError):
+        window_usage([], now=0, window=H, quota=-1)
+    with pytest.raises(AccountingError):
+        LedgerBucket(start=0, end=10, gpu_micros=F(30), peak_gpus=F(2))  # more than peak x width
+    with pytest.raises(IntervalError):
+        compact_ledger(Ledger(), now=0, window=H, max_entries=1, bucket_width=0)
+    with pytest.raises(IntervalError, match="bucket_width >= 36000"):
+        compact_ledger(Ledger(), now=0, window=H, max_entries=1, bucket_width=1)
+    with pytest.raises(AccountingError):
+        window_usage([le("x", 0, 1)], now=0, window=H, quota=1)  # type: ignore[list-item]
+
+
+# ---------------------------------------------------------------------------------------------------- properties
+
+T_MAX = 5_000
+INSTANTS = st.integers(0, T_MAX)
+GPUS = st.sampled_from([F(0), F(1, 10), F(1, 2), F(1), F(2), F(7, 3)])
+WINDOWS = st.integers(1, 3_000)
+
+
+@st.composite
+def spans(draw: st.DrawFn, uid: str, *, open_ok: bool = True) -> tuple[int, int | None, Fraction]:
+    start = draw(INSTANTS)
+    end = None if open_ok and draw(st.booleans()) else start + draw(st.integers(0, 2_000))
+    return start, end, draw(GPUS)
+
+
+@st.composite
+def live_lists(draw: st.DrawFn, prefix: str = "l", max_size: int = 6, open_ok: bool = True) -> list[Interval]:
+    n = draw(st.integers(0, max_size))
+    return [iv(f"{prefix}{i}", *draw(spans(f"{prefix}{i}", open_ok=open_ok))) for i in range(n)]
+
+
+@st.composite
+def ledgers(draw: st.DrawFn, prefix: str = "d", max_size: int = 6, min_size: int = 0) -> list[LedgerEntry]:
+    n = draw(st.integers(min_size, max_size))
+    out = []
+    for i in range(n):
+        start, end, gpus = draw(spans(f"{prefix}{i}", open_ok=False))
+        assert end is not None
+        out.append(le(f"{prefix}{i}", start, end, gpus))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=live_lists("a"), b=live_lists("b"), now=INSTANTS, window=WINDOWS)
+def test_additive_over_disjoint_sets(a: list[Interval], b: list[Interval], now: int, window: int) -> None:
+    both = gpu_hours(a + b, now=now, window=window)
+    assert both == gpu_hours(a, now=now, window=window) + gpu_hours(b, now=now, window=window)
+
+
+@settings(max_examples=200, deadline=None)
+@given(span=spans("x"), cut=st.integers(0, 2_000), now=INSTANTS, window=WINDOWS)
+def test_additive_when_an_interval_is_split(
+    span: tuple[int, int | None, Fraction], cut: int, now: int, window: int
+) -> None:
+    start, end, gpus = span
+    middle = start + cut if end is None else min(start + cut, end)
+    whole = gpu_hours([iv("x", start, end, gpus)], now=now, window=window)
+    parts = [iv("x1", start, middle, gpus), iv("x2", middle, end, gpus)]
+    assert whole == gpu_hours(parts, now=now, window=window)
+
+
+@settings(max_examples=200, deadline=None)
+@given(live=live_lists(), now=INSTANTS, w1=WINDOWS, w2=WINDOWS)
+def test_monotone_in_window(live: list[Interval], now: int, w1: int, w2: int) -> None:
+    small, large = sorted((w1, w2))
+    assert gpu_hours(live, now=now, window=small) <= gpu_hours(live, now=now, window=large)
+
+
+@settings(max_examples=200, deadline=None)
+@given(live=live_lists(), t1=INSTANTS, t2=INSTANTS)
+def test_monotone_in_time_while_nothing_leaves_the_window(live: list[Interval], t1: int, t2: int) -> None:
+    early, late = sorted((t1, t2))
+    window = late + 1  # the trailing edge stays before every start
+    assert gpu_hours(live, now=early, window=window) <= gpu_hours(live, now=late, window=window)
+
+
+@settings(max_examples=200, deadline=None)
+@given(closed=live_lists(open_ok=False), window=WINDOWS)
+def test_tiling_windows_sum_to_the_total_and_then_zero(closed: list[Interval], window: int) -> None:
+    total = sum((i.gpus * (i.end - i.start) for i in closed if i.end is not None), F(0)) / H
+    last_end = max((i.end for i in closed if i.end is not None), default=0)
+    tiles = range(1, last_end // window + 2)  # windows [(k-1)W, kW) cover [0, last_end)
+    assert sum((gpu_hours(closed, now=k * window, window=window) for k in tiles), F(0)) == total
+    assert gpu_hours(closed, now=last_end + window, window=window) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(live=live_lists(), now=INSTANTS, window=WINDOWS)
+def test_zero_for_future_empty_or_gpu_less(live: list[Interval], now: int, window: int) -> None:
+    futures = [iv(i.uid, now + i.start, None if i.end is None else now + i.end, i.gpus) for i in live]
+    empties = [iv(i.uid, i.start, i.start, i.gpus) for i in live]
+    gpu_less = [iv(i.uid, i.start, i.end, 0) for i in live]
+    for case in (futures, empties, gpu_less):
+        assert gpu_hours(case, now=now, window=window) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    pods=live_lists("p", max_size=8),
+    where=st.lists(st.sampled_from(["live", "ledger", "both", "both-open"]), min_size=8, max_size=8),
+    now=INSTANTS,
+    window=WINDOWS,
+)
+def test_live_and_ledger_never_double_count(pods: list[Interval], where: list[str], now: int, window: int) -> None:
+    live: list[Interval] = []
+    ledger: list[LedgerEntry] = []
+    expected = F(0)
+    for pod, place in zip(pods, where, strict=False):
+        end = pod.end if pod.end is not None else pod.start + 100
+        closed = iv(pod.uid, pod.start, end, pod.gpus)
+        if place in ("live", "both"):
+            live.append(closed)
+        if place in ("ledger", "both", "both-open"):
+            ledger.append(le(pod.uid, pod.start, end, pod.gpus))
+        if place == "both-open":  # still terminating in the API while already recorded
+            live.append(iv(pod.uid, pod.start, None, pod.gpus))
+            expected += gpu_hours([iv(pod.uid, pod.start, None, pod.gpus)], now=now, window=window)
+        else:
+            expected += gpu_hours([closed], now=now, window=window)
+    usage = window_usage(live, Ledger(entries=tuple(ledger)), now=now, window=window, quota=1)
+    assert usage.consumed == expected
+    assert len(counted_intervals(live, ledger)) == len({p.uid for p in live} | {e.uid for e in ledger})
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    entries=ledgers(max_size=12),
+    window=WINDOWS,
+    width=st.integers(1, 800),
+    keep=st.integers(0, 4),
+    later=st.lists(st.integers(0, 6_000), min_size=1, max_size=6),
+    live_uids=st.sets(st.sampled_from([f"d{i}" for i in range(12)]), max_size=3),
+)
+def test_compaction_error_bound_holds(
+    entries: list[LedgerEntry], window: int, width: int, keep: int, later: list[int], live_uids: set[str]
+) -> None:
+    now = max((e.end for e in entries), default=0) + 10  # everything finished: all eligible
+    ledger = Ledger(entries=tuple(entries))
+    small = compact_ledger(ledger, now=now, window=window, max_entries=keep, bucket_width=width, live_uids=live_uids)
+    assert len(small.entries) <= max(keep, len([e for e in entries if e.uid in live_uids]))
+    assert len(small.buckets) <= -(-window // width) + 1
+    peak = max((b.peak_gpus for b in small.buckets), default=F(0))
+    for dt in [0, *later]:
+        t = now + dt
+        exact = window_usage([], ledger, now=t, window=window, quota=1).consumed
+        approx = window_usage([], small, now=t, window=window, quota=1)
+        assert exact <= approx.consumed <= exact + approx.error_bound
+        assert approx.error_bound <= peak * width / H
+    # compacting again is stable under the same parameters
+    again = compact_ledger(small, now=now, window=window, max_entries=keep, bucket_width=width, live_uids=live_uids)
+    assert again == small
+
+
+def phases(records: tuple[Interval, ...], buckets: tuple[LedgerBucket, ...], t: int, w: int) -> tuple[bool, ...]:
+    """Where the window edges are relative to every record's boundaries (what "window membership" means)."""
+    out: list[bool] = []
+    for r in records:
+        if r.gpus == 0 or r.end == r.start:
+            continue
+        out += [t >= r.start, t >= r.start + w]
+        if r.end is not None:
+            out += [t >= r.end, t >= r.end + w]
+    for b in buckets:
+        if b.gpu_micros:
+            out += [t > b.start, t >= b.end + w]
+    return tuple(out)
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[list[Interval], Ledger, int, int, Fraction]:
+    live = draw(live_lists("l", max_size=5))
+    entries = draw(ledgers("d", max_size=5, min_size=draw(st.integers(0, 2))))
+    window = draw(WINDOWS)
+    ledger = Ledger(entries=tuple(entries))
+    if draw(st.integers(0, 2)) and entries:
+        cut = max(e.end for e in entries)
+        ledger = compact_ledger(ledger, now=cut, window=window, max_entries=1, bucket_width=draw(st.integers(1, 500)))
+        now = cut + draw(st.integers(0, 3_000))
+    else:
+        now = draw(INSTANTS)
+    if draw(st.booleans()):  # near the current value, so that over-quota flips soon in either direction
+        current = window_usage(live, ledger, now=now, window=window, quota=0).consumed
+        quota = max(F(0), current + F(draw(st.integers(-300, 300)), H) * draw(st.sampled_from([F(1), F(1, 3)])))
+    else:
+        quota = F(draw(st.integers(0, 6_000)), H) * draw(st.sampled_from([F(1), F(1, 3), F(5, 2)]))
+    return live, ledger, now, window, quota
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenario=scenarios(), probes=st.lists(st.floats(0, 1, exclude_max=True), max_size=8))
+def test_next_change_is_exact(scenario: tuple[list[Interval], Ledger, int, int, Fraction], probes: list[float]) -> None:
+    live, ledger, now, window, quota = scenario
+    usage = window_usage(live, ledger, now=now, window=window, quota=quota)
+    records = counted_intervals(live, ledger)
+
+    def at(t: int) -> tuple[bool, tuple[bool, ...], Fraction]:
+        u = window_usage(live, ledger, now=t, window=window, quota=quota)
+        return u.over_quota, phases(records, ledger.buckets, t, window), u.consumed
+
+    over0, phase0, value0 = at(now)
+    end = usage.next_change
+    horizon = end if end is not None else now + 4 * T_MAX + 2 * window
+    step = at(now + 1)[2] - value0 if horizon > now + 1 else F(0)
+    for t in {now, now + 1, horizon - 1, *(now + int(p * (horizon - now)) for p in probes)}:
+        if now <= t < horizon:
+            over, phase, value = at(t)
+            assert (over, phase) == (over0, phase0)  # nothing changes strictly before next_change
+            assert value == value0 + step * (t - now)  # only the affine accrual of the value itself
+    if end is not None:
+        assert end > now
+        over, phase, _ = at(end)
+        assert over != over0 or phase != phase0  # and something does change at it
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenario=scenarios(), probes=st.lists(st.floats(0, 1, exclude_max=True), max_size=6))
+def test_exhaustion_instant_is_the_first_over_quota_microsecond(
+    scenario: tuple[list[Interval], Ledger, int, int, Fraction], probes: list[float]
+) -> None:
+    live, ledger, now, window, quota = scenario
+    usage = window_usage(live, ledger, now=now, window=window, quota=quota)
+
+    def over(t: int) -> bool:
+        return window_usage(live, ledger, now=t, window=window, quota=quota).over_quota
+
+    if usage.over_quota:
+        assert usage.exhausted_at is None
+        return
+    if usage.exhausted_at is not None:
+        hit = usage.exhausted_at
+        assert hit > now and over(hit) and not over(hit - 1)
+        assert usage.next_change is not None and usage.next_change <= hit
+        assert not any(over(now + int(p * (hit - now))) for p in probes)
+    else:
+        far = now + 4 * T_MAX + 2 * window  # past every breakpoint: the value is constant from there on
+        assert not any(over(now + int(p * (far - now))) for p in [*probes, 0.999999])
+        assert not over(far)
+
+
+@settings(max_examples=100, deadline=None)
+@given(scenario=scenarios())
+def test_burn_rate_and_consistency(scenario: tuple[list[Interval], Ledger, int, int, Fraction]) -> None:
+    live, ledger, now, window, quota = scenario
+    usage = window_usage(live, ledger, now=now, window=window, quota=quota)
+    records = counted_intervals(live, ledger)
+    running = sum((r.gpus for r in records if r.start <= now and (r.end is None or now < r.end)), F(0))
+    assert usage.burn_rate == running
+    assert usage.remaining == max(F(0), quota - usage.consumed)
+    assert usage.over_quota == (usage.consumed >= quota)
+    assert usage.consumed >= 0 and usage.error_bound >= 0
+    assume(not ledger.buckets)
+    assert usage.consumed == gpu_hours(records, now=now, window=window)
