@@ -50,6 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_apiserver_args(demo)
     run = sub.add_parser("run", help="run the controllers against a cluster (the operator's entrypoint)")
     _add_run_args(run)
+    mig = sub.add_parser("mig", help="MIG planning tools (no GPU needed)")
+    mig_sub = mig.add_subparsers(dest="mig_command", metavar="MIG_COMMAND")
+    # `plan` parses its own arguments (gpuops.accounting.migplan): prefix_chars="+" keeps this parser from
+    # claiming --gpu/--existing/--help, so everything after `plan` reaches migplan.main unchanged.
+    plan = mig_sub.add_parser("plan", add_help=False, prefix_chars="+",
+                              help="where MIG slices would go on one GPU, as JSON (see: gpuops mig plan --help)")
+    plan.add_argument("plan_argv", nargs="*")
     return parser
 
 
@@ -210,8 +217,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(_run_apiserver(args, demo=True))
     if args.command == "run":
         return asyncio.run(_run_manager(args))
+    if args.command == "mig" and args.mig_command == "plan":
+        from . import migplan
+
+        return migplan.main(args.plan_argv)
     if args.command == "sim":
         parser.parse_args(["sim", "--help"])
+    if args.command == "mig":
+        parser.parse_args(["mig", "--help"])
     parser.print_help()
     return 0 if args.command is None else 2
 
