@@ -130,8 +130,7 @@ def brute_ok_with(model: str, layout: set[tuple[str, int]], item: tuple[str, int
     return item not in layout and frozenset(layout | {item}) in set(brute_layouts(model))
 
 
-def assert_sound(model: str, existing: Sequence[Placement], placed: Sequence[Placement],
-                 batch: Sequence[str]) -> None:
+def assert_sound(model: str, existing: Sequence[Placement], placed: Sequence[Placement], batch: Sequence[str]) -> None:
     geom = mig.geometry(model)
     for pl, want in zip(placed, batch, strict=True):
         p = geom.profile(want)
@@ -167,9 +166,14 @@ def test_a30_table_matches_mig_md_and_has_4_slices() -> None:
     assert mig.place(geom, [], ["4g.24gb"]) == (Placement("4g.24gb", 0, 4),)
 
 
-@pytest.mark.parametrize(("model", "counts"), [
-    ("A100-40GB", (2318, 239, 127, 64)), ("H200-141GB", (2318, 239, 127, 64)), ("A30-24GB", (75, 17, 19, None)),
-])
+@pytest.mark.parametrize(
+    ("model", "counts"),
+    [
+        ("A100-40GB", (2318, 239, 127, 64)),
+        ("H200-141GB", (2318, 239, 127, 64)),
+        ("A30-24GB", (75, 17, 19, None)),
+    ],
+)
 def test_brute_force_counts_from_mig_md(model: str, counts: tuple[int, int, int, int | None]) -> None:
     layouts = set(brute_layouts(model)) - {frozenset()}
     geom = mig.geometry(model)
@@ -195,11 +199,14 @@ def test_free_capacity_is_lgip_free_semantics() -> None:
 # ------------------------------------------------------------------------------------------ fixed regressions
 
 
-@pytest.mark.parametrize("batch", [
-    ["2g.10gb", "4g.20gb"],
-    ["1g.5gb", "4g.20gb"],
-    ["1g.10gb", *["1g.5gb"] * 6],
-])
+@pytest.mark.parametrize(
+    "batch",
+    [
+        ["2g.10gb", "4g.20gb"],
+        ["1g.5gb", "4g.20gb"],
+        ["1g.10gb", *["1g.5gb"] * 6],
+    ],
+)
 def test_das_first_fit_failures_fit_in_every_order(batch: list[str]) -> None:
     geom = mig.geometry("NVIDIA A100-PCIE-40GB")
     assert not first_fit("A100-40GB", frozenset(), batch)  # DAS's lowest-free-slot fails in this order
@@ -217,8 +224,16 @@ def test_regression_layouts_are_the_ones_mig_md_gives() -> None:
     assert sorted(p.start for p in placed[1:]) == [0, 1, 2, 3, 4, 5]
 
 
-@pytest.mark.parametrize("batch", [["4g.20gb", "3g.20gb", "1g.5gb"], ["3g.20gb", "3g.20gb", "1g.5gb"],
-                                   ["1g.5gb+me", "1g.5gb+me"], ["7g.40gb", "1g.5gb"], ["1g.5gb"] * 8])
+@pytest.mark.parametrize(
+    "batch",
+    [
+        ["4g.20gb", "3g.20gb", "1g.5gb"],
+        ["3g.20gb", "3g.20gb", "1g.5gb"],
+        ["1g.5gb+me", "1g.5gb+me"],
+        ["7g.40gb", "1g.5gb"],
+        ["1g.5gb"] * 8,
+    ],
+)
 def test_infeasible_batches_are_rejected(batch: list[str]) -> None:
     assert mig.place(mig.geometry("A100-40GB"), [], batch) is None
 
@@ -234,7 +249,9 @@ def test_a30_media_extension_profiles_exclude_each_other() -> None:
 def test_4g_plus_3g_only_as_4g_at_0_and_3g_at_4() -> None:
     geom = mig.geometry("H100-80GB")
     assert set(mig.place(geom, [], ["3g.40gb", "4g.40gb"]) or ()) == {
-        Placement("3g.40gb", 4, 4), Placement("4g.40gb", 0, 4)}
+        Placement("3g.40gb", 4, 4),
+        Placement("4g.40gb", 0, 4),
+    }
     assert mig.place(geom, [mig.slice_at(geom, "3g.40gb", 0)], ["4g.40gb"]) is None
 
 
@@ -310,8 +327,9 @@ def test_place_is_order_invariant(case: tuple[str, Layout, tuple[str, ...]], rnd
 
 @settings(max_examples=200, deadline=None)
 @given(gpu_cases(), st.randoms(use_true_random=False))
-def test_release_is_the_exact_inverse_of_allocate(case: tuple[str, Layout, tuple[str, ...]],
-                                                  rnd: random.Random) -> None:
+def test_release_is_the_exact_inverse_of_allocate(
+    case: tuple[str, Layout, tuple[str, ...]], rnd: random.Random
+) -> None:
     model, existing, batch = case
     geom = mig.geometry(model)
     have = mig.check_layout(geom, to_placements(model, existing))
@@ -368,16 +386,26 @@ def test_check_layout_rejects_what_a_gpu_would_reject() -> None:
     with pytest.raises(ProfileError):
         mig.check_layout(geom, [Placement("1g.6gb", 0, 1)])
     assert mig.check_layout(geom, [Placement("nvidia.com/mig-2g.10gb", 4, 2), Placement("1g.5gb", 0, 1)]) == (
-        Placement("1g.5gb", 0, 1), Placement("2g.10gb", 4, 2))
+        Placement("1g.5gb", 0, 1),
+        Placement("2g.10gb", 4, 2),
+    )
     with pytest.raises(PlacementError, match="overlaps"):
         mig.place(geom, [Placement("7g.40gb", 0, 8), Placement("1g.5gb", 3, 1)], ["1g.5gb"])
 
 
-@pytest.mark.parametrize(("spelling", "want"), [
-    ("1g.10gb", "1g.10gb"), ("1g.10gb+me", "1g.10gb+me"), ("MIG 1g.10gb", "1g.10gb"),
-    ("nvidia.com/mig-1g.10gb", "1g.10gb"), ("nvidia.com/mig-1g.10gb.me", "1g.10gb+me"),
-    ("gpuops.io/mig-7g.80gb", "7g.80gb"), (" 1G.20GB ", "1g.20gb"), ("7g.80gb", "7g.80gb"),
-])
+@pytest.mark.parametrize(
+    ("spelling", "want"),
+    [
+        ("1g.10gb", "1g.10gb"),
+        ("1g.10gb+me", "1g.10gb+me"),
+        ("MIG 1g.10gb", "1g.10gb"),
+        ("nvidia.com/mig-1g.10gb", "1g.10gb"),
+        ("nvidia.com/mig-1g.10gb.me", "1g.10gb+me"),
+        ("gpuops.io/mig-7g.80gb", "7g.80gb"),
+        (" 1G.20GB ", "1g.20gb"),
+        ("7g.80gb", "7g.80gb"),
+    ],
+)
 def test_profile_names_as_nvidia_writes_them(spelling: str, want: str) -> None:
     geom = mig.geometry("H100-80GB")
     assert geom.profile(spelling).name == want
@@ -395,10 +423,18 @@ def test_malformed_profile_is_a_profile_error(bad: str) -> None:
         mig.parse_profile(mig.geometry("A100-40GB"), bad)
 
 
-@pytest.mark.parametrize(("model", "name"), [
-    ("A100-40GB", "1g.6gb"), ("A100-80GB", "1g.5gb"), ("A100-40GB", "2g.10gb+me"), ("B200-180GB", "1g.23gb-me"),
-    ("H100-80GB", "1g.10gb+gfx"), ("A30-24GB", "3g.24gb"), ("A30-24GB", "7g.24gb"),
-])
+@pytest.mark.parametrize(
+    ("model", "name"),
+    [
+        ("A100-40GB", "1g.6gb"),
+        ("A100-80GB", "1g.5gb"),
+        ("A100-40GB", "2g.10gb+me"),
+        ("B200-180GB", "1g.23gb-me"),
+        ("H100-80GB", "1g.10gb+gfx"),
+        ("A30-24GB", "3g.24gb"),
+        ("A30-24GB", "7g.24gb"),
+    ],
+)
 def test_profile_not_offered_is_a_profile_error_listing_offers(model: str, name: str) -> None:
     geom = mig.geometry(model)
     with pytest.raises(ProfileError, match="not offered") as info:
@@ -407,22 +443,39 @@ def test_profile_not_offered_is_a_profile_error_listing_offers(model: str, name:
     assert issubclass(ProfileError, AccountingError) and issubclass(AccountingError, ValueError)
 
 
-@pytest.mark.parametrize(("name", "want"), [
-    ("NVIDIA-A100-SXM4-40GB", "A100-40GB"), ("A100-40GB", "A100-40GB"), ("NVIDIA A100-PCIE-40GB", "A100-40GB"),
-    ("NVIDIA A100-SXM4-80GB", "A100-80GB"), ("NVIDIA A100 80GB PCIe", "A100-80GB"), ("a100-80gb", "A100-80GB"),
-    ("NVIDIA-A100-80GB-PCIe-MIG-1g.10gb", "A100-80GB"), ("NVIDIA H100 80GB HBM3", "H100-80GB"),
-    ("NVIDIA H100 PCIe", "H100-80GB"), ("NVIDIA-H100-80GB-HBM3-MIG-1g.10gb", "H100-80GB"),
-    ("NVIDIA H100 NVL", "H100-94GB"), ("H100-94GB", "H100-94GB"), ("NVIDIA GH200 480GB", "H100-96GB"),
-    ("H100-96GB", "H100-96GB"), ("NVIDIA H200", "H200-141GB"), ("NVIDIA H200 NVL", "H200-141GB"),
-    ("NVIDIA B200", "B200-180GB"), ("NVIDIA A30", "A30-24GB"), ("NVIDIA-A30", "A30-24GB"),
-])
+@pytest.mark.parametrize(
+    ("name", "want"),
+    [
+        ("NVIDIA-A100-SXM4-40GB", "A100-40GB"),
+        ("A100-40GB", "A100-40GB"),
+        ("NVIDIA A100-PCIE-40GB", "A100-40GB"),
+        ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
+        ("NVIDIA A100 80GB PCIe", "A100-80GB"),
+        ("a100-80gb", "A100-80GB"),
+        ("NVIDIA-A100-80GB-PCIe-MIG-1g.10gb", "A100-80GB"),
+        ("NVIDIA H100 80GB HBM3", "H100-80GB"),
+        ("NVIDIA H100 PCIe", "H100-80GB"),
+        ("NVIDIA-H100-80GB-HBM3-MIG-1g.10gb", "H100-80GB"),
+        ("NVIDIA H100 NVL", "H100-94GB"),
+        ("H100-94GB", "H100-94GB"),
+        ("NVIDIA GH200 480GB", "H100-96GB"),
+        ("H100-96GB", "H100-96GB"),
+        ("NVIDIA H200", "H200-141GB"),
+        ("NVIDIA H200 NVL", "H200-141GB"),
+        ("NVIDIA B200", "B200-180GB"),
+        ("NVIDIA A30", "A30-24GB"),
+        ("NVIDIA-A30", "A30-24GB"),
+    ],
+)
 def test_model_names_are_normalised(name: str, want: str) -> None:
     assert mig.normalize_model(name) == want
     assert mig.geometry(name).model == want
 
 
-@pytest.mark.parametrize("bad", ["A100", "X100", "NVIDIA A100 24GB", "NVIDIA A100X", "", "GH200 144GB",
-                                 "NVIDIA A100-SXM4-40GB-FOO", "Tesla T4"])
+@pytest.mark.parametrize(
+    "bad",
+    ["A100", "X100", "NVIDIA A100 24GB", "NVIDIA A100X", "", "GH200 144GB", "NVIDIA A100-SXM4-40GB-FOO", "Tesla T4"],
+)
 def test_unknown_model_names_the_known_ones(bad: str) -> None:
     with pytest.raises(UnknownGPUModelError) as info:
         mig.geometry(bad)
@@ -496,8 +549,9 @@ def brute_node_fits(models: list[str], layouts: list[Layout], batch: tuple[str, 
 @given(node_cases())
 def test_node_placement_is_sound_and_complete(case: tuple[list[str], list[Layout], tuple[str, ...]]) -> None:
     models, layouts, batch = case
-    gpus = [GPU(f"g{i}", m, tuple(to_placements(m, lay))) for i, (m, lay) in enumerate(zip(models, layouts,
-                                                                                           strict=True))]
+    gpus = [
+        GPU(f"g{i}", m, tuple(to_placements(m, lay))) for i, (m, lay) in enumerate(zip(models, layouts, strict=True))
+    ]
     got = mig.place_on_node(gpus, batch)
     assert (got is not None) == brute_node_fits(models, layouts, batch)
     if got is None:
