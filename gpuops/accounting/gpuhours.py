@@ -46,6 +46,7 @@ below the quota never exhausts it (None); with a window longer than the horizon 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterable
 from fractions import Fraction
 from typing import TypeVar
@@ -205,8 +206,12 @@ def _winner_key(item: Interval | LedgerEntry) -> tuple[bool, int, bool, int, Fra
 
 
 def _dedupe(items: Iterable[Interval | LedgerEntry]) -> dict[str, Interval | LedgerEntry]:
-    best: dict[str, Interval | LedgerEntry] = {}
-    for item in items:
+    records = list(items)
+    best: dict[str, Interval | LedgerEntry] = {item.uid: item for item in records}
+    if len(best) == len(records):  # every UID once (the usual case): nothing to arbitrate
+        return best
+    best = {}
+    for item in records:
         current = best.get(item.uid)
         if current is None or _winner_key(item) > _winner_key(current):
             best[item.uid] = item
@@ -221,28 +226,46 @@ def _checked(items: Iterable[_T], kind: type[_T], what: str) -> list[_T]:
     return out
 
 
-def counted_intervals(live: Iterable[Interval], ledger: Ledger | Iterable[LedgerEntry] = ()) -> tuple[Interval, ...]:
-    """The records that count, one per UID, by the rule in the module docstring (sorted by UID)."""
+def _winners(live: Iterable[Interval], ledger: Ledger | Iterable[LedgerEntry]) -> dict[str, Interval | LedgerEntry]:
     live_items = _checked(live, Interval, "live intervals")
     entries = ledger.entries if isinstance(ledger, Ledger) else _checked(ledger, LedgerEntry, "ledger entries")
-    best = _dedupe([*entries, *live_items])
+    return _dedupe([*entries, *live_items])
+
+
+def counted_intervals(live: Iterable[Interval], ledger: Ledger | Iterable[LedgerEntry] = ()) -> tuple[Interval, ...]:
+    """The records that count, one per UID, by the rule in the module docstring (sorted by UID)."""
+    best = _winners(live, ledger)
     return tuple(
         item if isinstance(item, Interval) else Interval(uid=item.uid, start=item.start, end=item.end, gpus=item.gpus)
         for _, item in sorted(best.items())
     )
 
 
-def _micros(item: Interval, now: int, window: int) -> Fraction:
-    end = now if item.end is None else min(item.end, now)
-    overlap = end - max(item.start, now - window)
-    return item.gpus * overlap if overlap > 0 else Fraction(0)
-
-
 def gpu_hours(intervals: Iterable[Interval], *, now: int, window: int) -> Fraction:
     """GPU-hours of the given intervals inside `[now - window, now)`, summed as given (no UID dedup)."""
     now = _instant(now, "now")
     window = _window(window)
-    total = sum((_micros(i, now, window) for i in _checked(intervals, Interval, "intervals")), Fraction(0))
+    # Exact without a Fraction per interval: sum(g * overlap) is regrouped by the denominator of g, so the hot
+    # loop multiplies and adds ints only and the few per-denominator sums become Fractions once at the end.
+    whole = 0
+    by_den: dict[int, int] = {}
+    back = now - window
+    for item in list(intervals):
+        if not isinstance(item, Interval):
+            raise AccountingError(f"intervals must hold Interval values, got {item!r}")
+        end = item.end
+        if end is None or end > now:
+            end = now
+        start = item.start
+        if start < back:
+            start = back
+        if end > start:
+            num, den = item.gpus.as_integer_ratio()
+            if den == 1:
+                whole += num * (end - start)
+            else:
+                by_den[den] = by_den.get(den, 0) + num * (end - start)
+    total = Fraction(whole) + sum((Fraction(used, den) for den, used in by_den.items()), Fraction(0))
     return total / MICROS_PER_HOUR
 
 
@@ -255,92 +278,48 @@ def record(ledger: Ledger, entry: LedgerEntry) -> Ledger:
     return Ledger(entries=entries, buckets=ledger.buckets)
 
 
-class _Model:
-    """Consumption as a function of t for fixed records: affine pieces plus bucket steps (GPU-microseconds)."""
-
-    def __init__(self, spans: Iterable[Interval], buckets: Iterable[LedgerBucket], window: int) -> None:
-        self.window = window
-        # zero-GPU and zero-length records never contribute: they are not members of any window
-        self.spans = [s for s in spans if s.gpus > 0 and (s.end is None or s.end > s.start)]
-        self.buckets = [b for b in buckets if b.gpu_micros > 0]
-
-    def value(self, t: int) -> Fraction:
-        total = sum((_micros(s, t, self.window) for s in self.spans), Fraction(0))
-        for b in self.buckets:
-            if b.start < t and t - self.window < b.end:
-                total += b.gpu_micros
-        return total
-
-    def burn_rate(self, t: int) -> Fraction:
-        return sum((s.gpus for s in self.spans if s.start <= t and (s.end is None or t < s.end)), Fraction(0))
-
-    def slope(self, t: int) -> Fraction:
-        """Right derivative at t: GPUs entering at the leading edge minus GPUs leaving at the trailing edge."""
-        back = t - self.window
-        leaving = sum((s.gpus for s in self.spans if s.start <= back and (s.end is None or back < s.end)), Fraction(0))
-        return self.burn_rate(t) - leaving
-
-    def events_after(self, now: int) -> list[tuple[int, Fraction, Fraction]]:
-        """(instant, slope change, value jump) for every breakpoint after `now`, in time order, merged."""
-        changes: dict[int, list[Fraction]] = {}
-
-        def add(t: int, dslope: Fraction, jump: Fraction) -> None:
-            if t > now:
-                slot = changes.setdefault(t, [Fraction(0), Fraction(0)])
-                slot[0] += dslope
-                slot[1] += jump
-
-        w = self.window
-        for s in self.spans:
-            add(s.start, s.gpus, Fraction(0))
-            add(s.start + w, -s.gpus, Fraction(0))
-            if s.end is not None:
-                add(s.end, -s.gpus, Fraction(0))
-                add(s.end + w, s.gpus, Fraction(0))
-        for b in self.buckets:
-            add(b.start + 1, Fraction(0), b.gpu_micros)
-            add(b.end + w, Fraction(0), -b.gpu_micros)
-        return [(t, d, j) for t, (d, j) in sorted(changes.items())]
-
-    def members(self, t: int) -> int:
-        back = t - self.window
-        return sum(1 for s in self.spans if max(s.start, back) < (t if s.end is None else min(s.end, t)))
+_Span = tuple[int, int | None, int]  # start, end (None: open), GPUs times the common scale
+_Step = tuple[int, int, int]  # start, end, GPU-microseconds times the common scale (a compacted bucket)
 
 
-def _ceil(x: Fraction) -> int:
-    return -((-x.numerator) // x.denominator)
-
-
-def _floor(x: Fraction) -> int:
-    return x.numerator // x.denominator
-
-
-def _exhaustion(model: _Model, now: int, quota: Fraction) -> int | None:
-    t, value, slope = now, model.value(now), model.slope(now)
-    if value >= quota:
-        return None
-    for at, dslope, jump in model.events_after(now):
+def _exhaustion(
+    spans: list[_Span], steps: list[_Step], now: int, window: int, used: int, slope: int, quota: int
+) -> int | None:
+    """Walk the breakpoints after `now` in time order until the consumption reaches `quota` (ints on one scale)."""
+    slopes: dict[int, int] = {}
+    get = slopes.get
+    for start, end, gpus in spans:
+        if start > now:
+            slopes[start] = get(start, 0) + gpus
+        at = start + window
+        if at > now:
+            slopes[at] = get(at, 0) - gpus
+        if end is not None:
+            if end > now:
+                slopes[end] = get(end, 0) - gpus
+            at = end + window
+            if at > now:
+                slopes[at] = get(at, 0) + gpus
+    jumps: dict[int, int] = {}
+    for start, end, micros in steps:
+        for at, jump in ((start + 1, micros), (end + window, -micros)):
+            if at > now:
+                jumps[at] = jumps.get(at, 0) + jump
+                slopes.setdefault(at, 0)
+    t, value = now, used
+    for at in sorted(slopes):
         if slope > 0:
-            hit = t + _ceil((quota - value) / slope)
+            hit = t - (value - quota) // slope  # t + ceil((quota - value) / slope)
             if hit < at:
                 return hit
-        value += slope * (at - t) + jump
-        slope += dslope
+        value += slope * (at - t)
+        if jumps:
+            value += jumps.get(at, 0)
+        slope += slopes[at]
         t = at
         if value >= quota:
             return t
-    return t + _ceil((quota - value) / slope) if slope > 0 else None
-
-
-def _next_change(model: _Model, now: int, quota: Fraction) -> int | None:
-    events = model.events_after(now)
-    candidates = [events[0][0]] if events else []
-    value, slope = model.value(now), model.slope(now)
-    if value >= quota and slope < 0:
-        candidates.append(now + _floor((value - quota) / -slope) + 1)  # first microsecond below the quota
-    elif value < quota and slope > 0:
-        candidates.append(now + _ceil((quota - value) / slope))  # first microsecond at/over the quota
-    return min(candidates) if candidates else None
+    return t - (value - quota) // slope if slope > 0 else None
 
 
 def compaction_error_bound(ledger: Ledger, *, now: int, window: int) -> Fraction:
@@ -371,18 +350,72 @@ def window_usage(
     quota_micros = _gpus(quota, "quota") * MICROS_PER_HOUR
     if not isinstance(ledger, Ledger):
         raise AccountingError(f"ledger must be a Ledger, got {ledger!r}")
-    model = _Model(counted_intervals(live, ledger), ledger.buckets, window)
-    used = model.value(now)
-    consumed = used / MICROS_PER_HOUR
+    records = list(_winners(live, ledger).values())
+    # One common integer scale (the LCM of every denominator, usually 1) turns GPU amounts, bucket
+    # GPU-microseconds and the quota into ints, so the sweep below is integer arithmetic throughout; results
+    # become Fractions once, at the end. Zero-GPU and zero-length records never contribute: they are not
+    # members of any window and add no breakpoints; empty buckets neither.
+    ratios = [r.gpus.as_integer_ratio() for r in records]
+    bucket_ratios = [(b, b.gpu_micros.as_integer_ratio()) for b in ledger.buckets]
+    scale = math.lcm(quota_micros.denominator, *{den for _, den in ratios}, *{den for _, (_, den) in bucket_ratios})
+    factor = {den: scale // den for den in {den for _, den in ratios}}
+    spans: list[_Span] = [
+        (r.start, r.end, num * factor[den])
+        for r, (num, den) in zip(records, ratios, strict=True)
+        if num and (r.end is None or r.end > r.start)
+    ]
+    steps: list[_Step] = [(b.start, b.end, num * (scale // den)) for b, (num, den) in bucket_ratios if num]
+    quota_scaled = quota_micros.numerator * (scale // quota_micros.denominator)
+
+    # one pass: consumption, GPUs held at the leading and trailing edges, members, first breakpoint
+    back = now - window
+    used = burn = leaving = members = 0
+    first: int | None = None
+    for start, end, gpus in spans:
+        hi = now if end is None or end > now else end
+        lo = back if start < back else start
+        if hi > lo:
+            used += gpus * (hi - lo)
+            members += 1
+        if start <= now and (end is None or now < end):
+            burn += gpus
+        if start <= back and (end is None or back < end):
+            leaving += gpus
+        # the first of start, start + W, end, end + W after now (start <= end: no sorting needed)
+        if start > now:
+            at: int | None = start
+        else:
+            at = start + window
+            if at <= now:  # the start already left through the trailing edge
+                at = None if end is None else end if end > now else end + window if end + window > now else None
+            elif end is not None and now < end < at:
+                at = end
+        if at is not None and (first is None or at < first):
+            first = at
+    for start, end, micros in steps:
+        if start < now and back < end:
+            used += micros
+        for at in (start + 1, end + window):
+            if at > now and (first is None or at < first):
+                first = at
+    slope = burn - leaving
+
+    over = used >= quota_scaled
+    candidates = [] if first is None else [first]
+    if over and slope < 0:
+        candidates.append(now + (used - quota_scaled) // -slope + 1)  # first microsecond below the quota
+    elif not over and slope > 0:
+        candidates.append(now - (used - quota_scaled) // slope)  # first microsecond at/over the quota
+    per_hour = scale * MICROS_PER_HOUR
     return Usage(
-        consumed=consumed,
-        remaining=max(Fraction(0), (quota_micros - used) / MICROS_PER_HOUR),
-        over_quota=used >= quota_micros,
-        burn_rate=model.burn_rate(now),
-        exhausted_at=_exhaustion(model, now, quota_micros),
-        next_change=_next_change(model, now, quota_micros),
+        consumed=Fraction(used, per_hour),
+        remaining=max(Fraction(0), Fraction(quota_scaled - used, per_hour)),
+        over_quota=over,
+        burn_rate=Fraction(burn, scale),
+        exhausted_at=None if over else _exhaustion(spans, steps, now, window, used, slope, quota_scaled),
+        next_change=min(candidates) if candidates else None,
         error_bound=compaction_error_bound(ledger, now=now, window=window),
-        pods_in_window=model.members(now),
+        pods_in_window=members,
     )
 
 
