@@ -39,9 +39,10 @@ from __future__ import annotations
 import asyncio
 import builtins
 import inspect
+import operator
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
 import structlog
@@ -136,7 +137,8 @@ def _key_getter(rt: ResourceType[Any]) -> Callable[[Any], str]:
 def _rv_getter(rt: ResourceType[Any]) -> Callable[[Any], str]:
     if isinstance(rt.struct, type) and issubclass(rt.struct, Mapping):
         return lambda o: str((o.get("metadata") or {}).get("resourceVersion") or "")
-    return lambda o: str(o.metadata.resource_version)
+    rv: Callable[[Any], str] = operator.attrgetter("metadata.resource_version")  # a str on every model
+    return rv
 
 
 # ---------------------------------------------------------------------------------------------- store
@@ -379,27 +381,37 @@ class Handler(Generic[T]):
     # ------------------------------------------------------------------------------------------ delivery
 
     async def _run(self) -> None:
+        # Plain handlers are called inline (no coroutine per notification); only a returned awaitable is
+        # awaited. The loop yields every _YIELD_EVERY notifications so a long backlog cannot starve the loop.
+        buffer = self.buffer
+        replay = self._replay
+        capacity = self.capacity
+        room = self._room
+        call = self._call
         batch = 0
         while True:
-            if self._replay:
-                obj = self._replay.popleft()
-                await self._call(ADD, None, obj, True)
-            elif self.buffer:
-                kind, old, new = self.buffer.popleft()
-                if len(self.buffer) < self.capacity:
-                    self._room.set()
-                await self._call(kind, old, new, False)
+            if replay:
+                obj = replay.popleft()
+                result = call(ADD, None, obj, True)
+            elif buffer:
+                kind, old, new = buffer.popleft()
+                if len(buffer) < capacity:
+                    room.set()
+                result = call(kind, old, new, False)
             else:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 batch = 0
                 continue
+            if result is not None:
+                await self._finish(result)
             batch += 1
             if batch >= _YIELD_EVERY:
                 batch = 0
-                await asyncio.sleep(0)  # a synchronous handler on a long backlog must not starve the loop
+                await asyncio.sleep(0)
 
-    async def _call(self, kind: int, old: Any, new: Any, replayed: bool) -> None:
+    def _call(self, kind: int, old: Any, new: Any, replayed: bool) -> Awaitable[object] | None:
+        """Call the callback; an awaitable it returns is given back (and counted delivered once awaited)."""
         try:
             if kind == ADD:  # `old` carries the initial-list flag of an add
                 result = self.on_add(new, replayed or old is True) if self.on_add else None
@@ -408,15 +420,26 @@ class Handler(Generic[T]):
             else:
                 result = self.on_delete(new) if self.on_delete else None
             if result is not None and inspect.isawaitable(result):
-                await result
+                return result
+        except Exception:
+            self._failed()
+        self.delivered += 1
+        return None
+
+    async def _finish(self, result: Awaitable[object]) -> None:
+        try:
+            await result
         except asyncio.CancelledError:
             raise
         except Exception:
-            self.errors += 1
-            metrics.INFORMER_HANDLER_ERRORS.labels(*self.informer.metric_labels).inc()
-            log.exception("informer handler failed", informer=self.informer.name)
+            self._failed()
         finally:
             self.delivered += 1
+
+    def _failed(self) -> None:
+        self.errors += 1
+        metrics.INFORMER_HANDLER_ERRORS.labels(*self.informer.metric_labels).inc()
+        log.exception("informer handler failed", informer=self.informer.name)
 
 
 # ---------------------------------------------------------------------------------------------- informer

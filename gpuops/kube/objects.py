@@ -14,8 +14,12 @@ Deployment replica, 1.9 KiB for a GPU Job pod with six labels, against 6 KiB wit
 * strings with few distinct values (namespace, phase, condition types, node names, label values, second-
   precision timestamps, ...) are interned in `__post_init__`, so pods share one copy of "Running";
 * values that replicas of a workload have in common (containers with their resources, tolerations, owner
-  references, finalizers) are frozen and shared: decoding the 1000th pod of a Job reuses the first one's.
-  Their maps are typed `Mapping`: read-only, since changing one in place would change it for every pod.
+  references, finalizers, and the condition lists and container statuses of pods that changed state in the
+  same second) are frozen and shared: decoding the 1000th pod of a Job reuses the first one's. Their maps
+  are typed `Mapping`: read-only, since changing one in place would change it for every pod.
+
+All of this runs in three `__post_init__` hooks per pod (metadata, spec, status), not one per nested struct:
+at tens of thousands of watch events per second the Python call per struct cost more than the interning.
 
 `apiVersion` and `kind` are not kept: list items often lack them, and `Client` fills them in from the
 `ResourceType` on writes. Models a controller needs beyond these can be declared the same way and passed to
@@ -30,6 +34,7 @@ from functools import lru_cache
 from typing import Any, TypeVar, cast
 
 import msgspec
+from msgspec.structs import force_setattr as _set
 
 __all__ = [
     "Condition",
@@ -117,6 +122,25 @@ def _share(value: H) -> H:
     return shared
 
 
+# Values that are often unique (condition lists and container statuses carry per-pod timestamps, a pod's owner
+# is unique to it for bare pods and StatefulSets) are shared through a smaller table of recent values: equal
+# ones arrive together (the pods of one workload, listed or changed together), and a table slot per unique
+# value would otherwise cost as much as interning saves.
+_RECENT_MAX = 1024
+_recent: dict[Any, Any] = {}
+
+
+def _share_new(value: H) -> tuple[H, bool]:
+    """(the shared copy, whether `value` itself became it): a first copy is worth compacting further."""
+    shared: H | None = _recent.get(value)
+    if shared is not None:
+        return shared, False
+    if len(_recent) >= _RECENT_MAX:
+        _recent.clear()
+    _recent[value] = value
+    return value, True
+
+
 def _share_containers(containers: tuple[Container, ...]) -> tuple[Container, ...]:
     """Containers hold dicts, so they are shared under a key built from their contents."""
     key: list[Any] = [_share_containers]
@@ -146,6 +170,20 @@ def _i_map(d: dict[str, Any] | None) -> dict[str, Any] | None:
         if len(k) > _KEY_CACHE_LEN:
             rebuild = True
     if rebuild:
+        return {_intern(k): v for k, v in d.items()}
+    return d
+
+
+def _i_strmap(d: dict[str, str], short: bool = False) -> dict[str, str]:
+    """`_i_map` for a non-empty map of strings, without its type checks; `short`: every value is known to be
+    short (label values are at most 63 characters)."""
+    long_key = False
+    for k, v in d.items():
+        if short or len(v) <= _VALUE_INTERN_LEN:
+            d[k] = _intern(v)
+        if len(k) > _KEY_CACHE_LEN:
+            long_key = True
+    if long_key:
         return {_intern(k): v for k, v in d.items()}
     return d
 
@@ -188,14 +226,25 @@ class ObjectMeta(_Model):
     finalizers: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        self.namespace = _intern(self.namespace)
-        self.generate_name = _intern(self.generate_name)
+        # One hook per object part, not one per nested struct: each Python call costs more than the work.
+        if self.namespace:
+            self.namespace = _intern(self.namespace)
+        if self.generate_name:
+            self.generate_name = _intern(self.generate_name)
         if self.creation_timestamp:
             self.creation_timestamp = _intern(self.creation_timestamp)
-        self.labels = _i_map(self.labels)
-        self.annotations = _i_map(self.annotations)
+        if self.labels:
+            self.labels = _i_strmap(self.labels, True)
+        if self.annotations:
+            self.annotations = _i_strmap(self.annotations)
         if self.owner_references:
-            self.owner_references = _share(self.owner_references)
+            refs, first = _share_new(self.owner_references)
+            if first:  # the owner's name and kind recur even where its uid does not
+                for r in refs:
+                    _set(r, "api_version", _intern(r.api_version))
+                    _set(r, "kind", _intern(r.kind))
+                    _set(r, "name", _intern(r.name))
+            self.owner_references = refs
         if self.finalizers:
             self.finalizers = _share(self.finalizers)
 
@@ -307,43 +356,39 @@ class PodSpec(_Model):
             self.containers = _share_containers(self.containers)
         if self.init_containers:
             self.init_containers = _share_containers(self.init_containers)
-        self.overhead = _i_map(self.overhead)
-        self.node_name = _intern(self.node_name)
+        if self.overhead:
+            self.overhead = _i_map(self.overhead)
+        if self.node_name:
+            self.node_name = _intern(self.node_name)
         if self.tolerations:
             self.tolerations = _share(self.tolerations)
         if self.scheduling_gates:
             self.scheduling_gates = _share(self.scheduling_gates)
-        self.node_selector = _i_map(self.node_selector)
-        self.priority_class_name = _intern(self.priority_class_name)
-        self.scheduler_name = _intern(self.scheduler_name)
-        self.restart_policy = _intern(self.restart_policy)
+        if self.node_selector:
+            self.node_selector = _i_strmap(self.node_selector, True)
+        if self.priority_class_name:
+            self.priority_class_name = _intern(self.priority_class_name)
+        if self.scheduler_name:
+            self.scheduler_name = _intern(self.scheduler_name)
+        if self.restart_policy:
+            self.restart_policy = _intern(self.restart_policy)
 
 
-class PodCondition(_Model):
+class PodCondition(_Frozen, frozen=True):
+    """Frozen: equal condition lists (pods of a workload that changed state in the same second) are one tuple."""
+
     type: str = ""
     status: str = ""
     reason: str = ""
     message: str = ""
     last_transition_time: str | None = None
 
-    def __post_init__(self) -> None:
-        self.type = _intern(self.type)
-        self.status = _intern(self.status)
-        self.reason = _intern(self.reason)
-        # Timestamps are second-precision and a pod's conditions often flip in the same second.
-        if self.last_transition_time:
-            self.last_transition_time = _intern(self.last_transition_time)
 
-
-class ContainerStateRunning(_Model):
+class ContainerStateRunning(_Frozen, frozen=True):
     started_at: str | None = None
 
-    def __post_init__(self) -> None:
-        if self.started_at:
-            self.started_at = _intern(self.started_at)
 
-
-class ContainerStateTerminated(_Model):
+class ContainerStateTerminated(_Frozen, frozen=True):
     exit_code: int = 0
     signal: int = 0
     reason: str = ""
@@ -351,25 +396,24 @@ class ContainerStateTerminated(_Model):
     started_at: str | None = None
     finished_at: str | None = None
 
-    def __post_init__(self) -> None:
-        self.reason = _intern(self.reason)
 
-
-class ContainerStateWaiting(_Model):
+class ContainerStateWaiting(_Frozen, frozen=True):
     reason: str = ""
     message: str = ""
 
-    def __post_init__(self) -> None:
-        self.reason = _intern(self.reason)
 
-
-class ContainerState(_Model):
+class ContainerState(_Frozen, frozen=True):
     running: ContainerStateRunning | None = None
     terminated: ContainerStateTerminated | None = None
     waiting: ContainerStateWaiting | None = None
 
 
-class ContainerStatus(_Model):
+_EMPTY_STATE = ContainerState()
+
+
+class ContainerStatus(_Frozen, frozen=True):
+    """Frozen like the conditions: a pod's container statuses are shared with its equals."""
+
     name: str = ""
     ready: bool = False
     started: bool | None = None
@@ -377,11 +421,38 @@ class ContainerStatus(_Model):
     state: ContainerState | None = None
     last_state: ContainerState | None = None
 
-    def __post_init__(self) -> None:
-        self.name = _intern(self.name)
-        ls = self.last_state
-        if ls is not None and ls.running is None and ls.terminated is None and ls.waiting is None:
-            self.last_state = None  # the API sends "lastState": {} for containers that never restarted
+
+def _share_conditions(conditions: tuple[PodCondition, ...]) -> tuple[PodCondition, ...]:
+    shared, first = _share_new(conditions)
+    if first:  # unique (a timestamp nobody shares): still share the strings that recur
+        for c in shared:
+            _set(c, "type", _intern(c.type))
+            _set(c, "status", _intern(c.status))
+            if c.reason:
+                _set(c, "reason", _intern(c.reason))
+            if c.last_transition_time:
+                _set(c, "last_transition_time", _intern(c.last_transition_time))
+    return shared
+
+
+def _share_statuses(statuses: tuple[ContainerStatus, ...]) -> tuple[ContainerStatus, ...]:
+    for cs in statuses:
+        if cs.last_state is not None and cs.last_state == _EMPTY_STATE:
+            _set(cs, "last_state", None)  # the API sends "lastState": {} for containers that never restarted
+    shared, first = _share_new(statuses)
+    if first:
+        for cs in shared:
+            _set(cs, "name", _intern(cs.name))
+            for st in (cs.state, cs.last_state):
+                if st is None:
+                    continue
+                if st.running is not None and st.running.started_at:
+                    _set(st.running, "started_at", _intern(st.running.started_at))
+                if st.terminated is not None and st.terminated.reason:
+                    _set(st.terminated, "reason", _intern(st.terminated.reason))
+                if st.waiting is not None and st.waiting.reason:
+                    _set(st.waiting, "reason", _intern(st.waiting.reason))
+    return shared
 
 
 class PodStatus(_Model):
@@ -395,11 +466,20 @@ class PodStatus(_Model):
     start_time: str | None = None
 
     def __post_init__(self) -> None:
-        self.phase = _intern(self.phase)
-        self.reason = _intern(self.reason)
-        self.nominated_node_name = _intern(self.nominated_node_name)
+        if self.phase:
+            self.phase = _intern(self.phase)
+        if self.reason:
+            self.reason = _intern(self.reason)
+        if self.nominated_node_name:
+            self.nominated_node_name = _intern(self.nominated_node_name)
         if self.start_time:
             self.start_time = _intern(self.start_time)
+        if self.conditions:
+            self.conditions = _share_conditions(self.conditions)
+        if self.container_statuses:
+            self.container_statuses = _share_statuses(self.container_statuses)
+        if self.init_container_statuses:
+            self.init_container_statuses = _share_statuses(self.init_container_statuses)
 
 
 class Pod(_Model):

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
 from gpuops.kube import errors, objects
 from gpuops.kube.client import Client
@@ -25,7 +25,7 @@ from gpuops.kube.informer import (
     by_namespace,
     pods_by_node,
 )
-from gpuops.kube.reflector import Backoff, ReflectorOptions, _frame_error
+from gpuops.kube.reflector import Backoff, ReflectorOptions, _frame_error, _Tally
 from gpuops.kube.resources import CONFIGMAPS, PODS, ResourceType
 from gpuops.sim.apiserver import APIServer
 
@@ -480,6 +480,41 @@ async def test_metrics_describe_the_informer(emulator: tuple[APIServer, Client])
         gate.set()
     finally:
         await inf.stop()
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_tally_adds_up_to_what_per_event_metrics_would(direct: bool) -> None:
+    """The reflector sums event counts and latencies in plain ints and flushes them in bulk; the exposed
+    samples must equal one inc/observe per event (bucket edges included), whether it adds to prometheus_client's
+    buckets directly or falls back to observing each value."""
+    values = [0.0, 0.0005, 0.001, 0.0011, 0.003, 0.5, 2.0, 99.0]
+    reg = CollectorRegistry()
+    buckets = (0.001, 0.0025, 0.01, 1.0)
+    h_bulk = Histogram("bulk", "x", ["l"], buckets=buckets, registry=reg).labels("a")
+    h_each = Histogram("each", "x", ["l"], buckets=buckets, registry=reg).labels("a")
+    c_bulk = Counter("tallied", "x", ["t"], registry=reg)
+    tally = _Tally({t: c_bulk.labels(t) for t in ("ADDED", "DELETED")}, h_bulk)
+    if not direct:
+        tally.direct = False
+    for v in values:
+        tally.counts["ADDED"] += 1
+        tally.observe(v)
+        h_each.observe(v)
+    tally.counts["DELETED"] += 2
+    tally.flush()
+    tally.flush()  # nothing pending: no change
+
+    def samples(prefix: str) -> dict[str, float]:
+        return {
+            s.name.removeprefix(prefix) + str(s.labels.get("le", "")): s.value
+            for m in reg.collect()
+            for s in m.samples
+            if s.name.startswith(prefix + "_") and not s.name.endswith("_created")
+        }
+
+    assert samples("bulk") == samples("each")
+    assert reg.get_sample_value("tallied_total", {"t": "ADDED"}) == len(values)
+    assert reg.get_sample_value("tallied_total", {"t": "DELETED"}) == 2
 
 
 # ------------------------------------------------------------------------------------------------ backoff

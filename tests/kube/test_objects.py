@@ -318,6 +318,36 @@ def test_shared_values_are_immutable_and_unequal_ones_are_not_merged() -> None:
         a.spec.tolerations[0].key = "x"  # type: ignore[misc]
 
 
+def test_equal_conditions_and_container_statuses_are_shared_unequal_ones_are_not() -> None:
+    a = o.decode(msgspec.json.encode(realistic_pod(1)), o.Pod)
+    b = o.decode(msgspec.json.encode(realistic_pod(1)), o.Pod)  # same timestamps
+    c = o.decode(msgspec.json.encode(realistic_pod(2)), o.Pod)  # other timestamps
+    assert a.status.conditions is b.status.conditions and a.status.conditions is not c.status.conditions
+    assert a.status.container_statuses is b.status.container_statuses
+    assert a.status.container_statuses is not c.status.container_statuses
+    assert a.status.conditions is not None and c.status.conditions is not None
+    times = [[x.last_transition_time for x in p.status.conditions or ()] for p in (a, c)]
+    assert times[0] != times[1]
+    # strings of unshared values are still interned
+    assert a.status.conditions[2].type is c.status.conditions[2].type
+    assert a.status.conditions[0].status is c.status.conditions[0].status
+    for pod in (a, b, c):
+        assert pod.status.container_statuses is not None
+        assert pod.status.container_statuses[0].last_state is None  # "lastState": {} on the shared path too
+    with pytest.raises(AttributeError):
+        a.status.conditions[0].status = "False"  # type: ignore[misc]
+
+
+def test_pod_status_built_in_python_is_compacted_like_a_decoded_one() -> None:
+    cond = o.PodCondition(type="Ready", status="True", last_transition_time="2026-01-01T00:00:00Z")
+    cs = o.ContainerStatus(name="c", ready=True, last_state=o.ContainerState())
+    st = o.PodStatus(phase="Running", conditions=(cond,), container_statuses=(cs,))
+    assert st.conditions == (cond,) and st.container_statuses is not None
+    assert st.container_statuses[0].last_state is None
+    decoded = o.decode(o.encode(st), o.PodStatus)
+    assert decoded == st and decoded.conditions is st.conditions
+
+
 def test_long_annotation_values_are_left_alone() -> None:
     blob = "x" * 1000
     meta = o.decode(msgspec.json.encode({"annotations": {"big": blob, "small": "v"}}), o.ObjectMeta)
