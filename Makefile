@@ -34,10 +34,10 @@ demo: install
 	$(BIN)/gpuops demo --port 0 --kubeconfig $(CURDIR)/demo.kubeconfig
 
 bench: install
-	@set -e; for s in bench/*.py; do echo "== $$s"; $(BIN)/python $$s $(QUICK); done
+	@set -e; for s in bench/[!_]*.py; do echo "== $$s"; $(BIN)/python $$s $(QUICK); done
 
 chaos: install
-	@set -e; found=0; for s in chaos/*.py; do [ -e "$$s" ] || continue; found=1; echo "== $$s"; \
+	@set -e; found=0; for s in chaos/[!_]*.py; do [ -e "$$s" ] || continue; found=1; echo "== $$s"; \
 	  $(BIN)/python $$s $(QUICK); done; [ $$found = 1 ] || echo "no chaos scenarios yet"
 
 # Refresh constraints.txt from the current virtualenv (run after changing dependencies).
