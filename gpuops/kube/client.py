@@ -232,6 +232,25 @@ class Client:
             payload, content_type = _payload(body, content_type or "application/json")
         return await self._call(method, path, query, payload, content_type, timeout, accept)
 
+    def stream_batches(
+        self,
+        path: str,
+        query: Mapping[str, str],
+        *,
+        timeout: float | None = None,
+        read_timeout: float | None = None,
+    ) -> AbstractAsyncContextManager[AsyncIterator[list[bytes]]]:
+        """GET a stream (a watch) and iterate, per network read, the list of frames it completed.
+
+        Frames are newline-delimited and split from raw chunks, so a frame of any size streams (aiohttp's
+        readline stops at its buffer size; framework.md c.2); blank keep-alive lines are dropped and a batch
+        is never empty. One batch per read spares the consumer an `await` per frame, a measurable share of
+        an event's cost at tens of thousands of events per second. A non-2xx answer raises `ApiError` on
+        entering. `read_timeout` (default `watch_read_timeout`; 0 disables) bounds the silence between
+        chunks, so a half-open connection ends in `RequestTimeout` instead of hanging forever.
+        """
+        return self._stream(path, query, timeout, read_timeout)
+
     def stream_lines(
         self,
         path: str,
@@ -240,14 +259,8 @@ class Client:
         timeout: float | None = None,
         read_timeout: float | None = None,
     ) -> AbstractAsyncContextManager[AsyncIterator[bytes]]:
-        """GET a stream (a watch) and iterate its newline-delimited frames.
-
-        A non-2xx answer raises `ApiError` on entering. Frames are split from raw chunks, so a frame of any
-        size streams (aiohttp's readline stops at its buffer size; framework.md c.2). `read_timeout` (default
-        `watch_read_timeout`; 0 disables) bounds the silence between chunks, so a half-open connection ends in
-        `RequestTimeout` instead of hanging forever.
-        """
-        return self._stream(path, query, timeout, read_timeout)
+        """`stream_batches`, one frame at a time (same splitting, timeouts and errors)."""
+        return self._stream_lines(path, query, timeout, read_timeout)
 
     async def _call(
         self,
@@ -349,7 +362,7 @@ class Client:
         query: Mapping[str, str],
         total: float | None,
         read_timeout: float | None,
-    ) -> AsyncIterator[AsyncIterator[bytes]]:
+    ) -> AsyncIterator[AsyncGenerator[list[bytes], None]]:
         inactivity = self.watch_read_timeout if read_timeout is None else read_timeout
         client_timeout = aiohttp.ClientTimeout(
             total=total or None, connect=self.timeout, sock_connect=self.timeout, sock_read=inactivity or None
@@ -361,15 +374,30 @@ class Client:
             self._observe("GET", start)  # a stream is timed until its headers, as client-go times watches
         if not 200 <= resp.status < 300:
             await self._read(resp, "GET")  # raises the ApiError
-        lines = _lines(resp, path)
+        batches = _batches(resp, path)
         try:
-            yield lines
+            yield batches
         finally:
-            await lines.aclose()
+            await batches.aclose()
             if resp.content.at_eof():
                 resp.release()
             else:
                 resp.close()  # mid-stream: the connection cannot be reused
+
+    @contextlib.asynccontextmanager
+    async def _stream_lines(
+        self,
+        path: str,
+        query: Mapping[str, str],
+        total: float | None,
+        read_timeout: float | None,
+    ) -> AsyncIterator[AsyncIterator[bytes]]:
+        async with self._stream(path, query, total, read_timeout) as batches:
+            lines = _flatten(batches)
+            try:
+                yield lines
+            finally:
+                await lines.aclose()
 
     # ---------------------------------------------------------------------------------- typed helpers
 
@@ -619,14 +647,15 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-async def _lines(resp: aiohttp.ClientResponse, path: str) -> AsyncGenerator[bytes, None]:
-    """Newline-delimited frames of any size from raw chunks; blank keep-alive lines are skipped."""
-    pending: list[bytes] = []
+async def _batches(resp: aiohttp.ClientResponse, path: str) -> AsyncGenerator[list[bytes], None]:
+    """The complete newline-delimited frames of each raw chunk (any size); blank keep-alive lines skipped."""
+    pending: list[bytes] = []  # the start of a frame whose newline has not arrived yet
     pending_size = 0
     try:
         async for chunk in resp.content.iter_any():
+            batch: list[bytes] = []
             start = 0
-            while True:
+            while True:  # find + slice: measurably cheaper than bytes.split for frames of a few KiB
                 end = chunk.find(b"\n", start)
                 if end < 0:
                     break
@@ -639,7 +668,9 @@ async def _lines(resp: aiohttp.ClientResponse, path: str) -> AsyncGenerator[byte
                     line = chunk[start:end]
                 start = end + 1
                 if line.strip():
-                    yield line
+                    batch.append(line)
+            if batch:
+                yield batch
             if start < len(chunk):
                 pending.append(chunk[start:] if start else chunk)
                 pending_size += len(chunk) - start
@@ -651,3 +682,17 @@ async def _lines(resp: aiohttp.ClientResponse, path: str) -> AsyncGenerator[byte
         raise TransportError(f"GET {path}: {_describe(e)}") from e
     if pending and b"".join(pending).strip():
         raise TransportError(f"GET {path}: the stream ended in the middle of a frame")
+
+
+async def _flatten(batches: AsyncGenerator[list[bytes], None]) -> AsyncGenerator[bytes, None]:
+    try:
+        async for batch in batches:
+            for line in batch:
+                yield line
+    finally:
+        await batches.aclose()
+
+
+def _lines(resp: aiohttp.ClientResponse, path: str) -> AsyncGenerator[bytes, None]:
+    """Frames one at a time (`_batches` flattened)."""
+    return _flatten(_batches(resp, path))

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
 from gpuops.kube import errors, objects
-from gpuops.kube.client import PATCH_CONTENT_TYPES, Client, _lines
+from gpuops.kube.client import PATCH_CONTENT_TYPES, Client, _batches, _lines
 from gpuops.kube.resources import CONFIGMAPS, LEASES, NAMESPACES, PODS, ResourceType
 from gpuops.sim.apiserver import APIServer
 from gpuops.sim.apiserver.auth import UserInfo
@@ -454,6 +454,78 @@ def test_a_stream_cut_mid_frame_is_a_transport_error() -> None:
     with pytest.raises(errors.TransportError, match="middle of a frame"):
         asyncio.run(collect())
 
+
+
+def _batched(chunks: list[bytes]) -> list[list[bytes]]:
+    async def collect() -> list[list[bytes]]:
+        return [batch async for batch in _batches(_FakeResponse(chunks), "/x")]  # type: ignore[arg-type]
+
+    return asyncio.run(collect())
+
+
+def test_batches_hold_the_frames_each_chunk_completes() -> None:
+    """Several frames in one chunk come as one batch; a frame split across chunks comes with the chunk that
+    ends it; chunks completing nothing (or only keep-alive blank lines) yield no batch."""
+    big = b'{"big":"' + b"x" * (2 * 1024 * 1024 + 4096) + b'"}'
+    chunks = [
+        b'{"a":1}\n{"b":2}\n{"c"',  # two whole frames and the start of a third
+        b":3",  # completes nothing
+        b'}\n\n{"d":4}\n' + big[:1000],  # ends "c", a keep-alive line, "d", starts the big one
+        big[1000 : 1024 * 1024],
+        big[1024 * 1024 :],
+        b"\n \n",  # ends the big frame; a whitespace-only keep-alive line
+        b"\n",  # nothing but a blank line: no batch
+        b'{"e":5}\n',
+    ]
+    got = _batched(chunks)
+    assert got == [[b'{"a":1}', b'{"b":2}'], [b'{"c":3}', b'{"d":4}'], [big], [b'{"e":5}']]
+    assert len(got[2][0]) > 2 * 1024 * 1024
+    assert [f for b in got for f in b] == asyncio.run(_collect_lines(chunks))
+
+
+async def _collect_lines(chunks: list[bytes]) -> list[bytes]:
+    return [line async for line in _lines(_FakeResponse(chunks), "/x")]  # type: ignore[arg-type]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    frames=st.lists(st.binary(min_size=1, max_size=40).map(lambda b: b.replace(b"\n", b"n") + b"}"), max_size=8),
+    cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=12),
+)
+def test_batches_are_independent_of_chunk_boundaries(frames: list[bytes], cuts: list[int]) -> None:
+    stream = b"".join(f + b"\n" for f in frames)
+    points = sorted({min(c, len(stream)) for c in cuts} | {0, len(stream)})
+    chunks = [stream[a:b] for a, b in itertools.pairwise(points) if b > a]
+    got = _batched(chunks)
+    assert all(got)  # never an empty batch
+    assert len(got) <= len(chunks)
+    assert [f for b in got for f in b] == [f for f in frames if f.strip()]
+
+
+def test_batches_cut_mid_frame_is_a_transport_error() -> None:
+    with pytest.raises(errors.TransportError, match="middle of a frame"):
+        _batched([b'{"a":1}\n{"b"'])
+
+
+async def test_stream_batches_over_http_with_a_frame_larger_than_2_mib(client: Client) -> None:
+    meta, _ = await client.list(CONFIGMAPS, "default")
+    big = "x" * (2 * 1024 * 1024 + 4096)
+    await client.create(CONFIGMAPS, cm("b1"), "default")
+    await client.create(CONFIGMAPS, cm("bbig", blob=big), "default")
+    await client.create(CONFIGMAPS, cm("b2"), "default")
+    query = {"watch": "1", "resourceVersion": meta.resource_version, "timeoutSeconds": "10"}
+    names: list[str] = []
+    sizes: list[int] = []
+    async with client.stream_batches(CONFIGMAPS.path("default"), query) as batches:
+        async for batch in batches:
+            assert batch
+            for frame in batch:
+                sizes.append(len(frame))
+                names.append(msgspec.json.decode(frame, type=dict[str, Any])["object"]["metadata"]["name"])
+            if len(names) >= 3:
+                break
+    assert names == ["b1", "bbig", "b2"]
+    assert sizes[1] > 2 * 1024 * 1024
 
 # ---------------------------------------------------------------------------------------------- callbacks, metrics
 

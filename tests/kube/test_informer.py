@@ -403,10 +403,10 @@ async def test_seen_gates_on_own_writes(emulator: tuple[APIServer, Client]) -> N
 
 
 class RefusingStreams:
-    """A stream_lines that answers a streaming list the way a server without WatchList does (422)."""
+    """A stream_batches that answers a streaming list the way a server without WatchList does (422)."""
 
     def __init__(self, client: Client) -> None:
-        self.inner = client.stream_lines
+        self.inner = client.stream_batches
         self.refused = 0
 
     def __call__(self, path: str, query: Mapping[str, str], **kw: Any) -> AbstractAsyncContextManager[Any]:
@@ -419,7 +419,7 @@ class RefusingStreams:
 async def test_streaming_refused_falls_back_to_pages_and_remembers(emulator: tuple[APIServer, Client]) -> None:
     _, client = emulator
     refusing = RefusingStreams(client)
-    client.stream_lines = refusing  # type: ignore[method-assign]
+    client.stream_batches = refusing  # type: ignore[method-assign]
     # a resource no other test of this process streams, so the remembered refusal affects no one else
     leases: ResourceType[Any] = ResourceType(
         "coordination.k8s.io", "v1", "leases", "Lease", True, objects.PartialObjectMetadata

@@ -401,13 +401,13 @@ async def test_connection_refused_backs_off_and_rewatches(kubeconfig: Path) -> N
 
 
 class Recording:
-    """Wraps a client's list and stream_lines to record what the reflector asked for (and fail on demand)."""
+    """Wraps a client's list and stream_batches to record what the reflector asked for (and fail on demand)."""
 
     def __init__(self, client: Client) -> None:
         self.lists: list[tuple[str | None, str | None, int | None, bool]] = []
         self.watches: list[dict[str, str]] = []
         self.fail_lists: list[BaseException] = []
-        inner_list, inner_stream = client.list, client.stream_lines
+        inner_list, inner_stream = client.list, client.stream_batches
 
         async def list_(rt: Any, namespace: str | None = None, **kw: Any) -> Any:
             rv, match = kw.get("resource_version"), kw.get("resource_version_match")
@@ -421,7 +421,7 @@ class Recording:
             return inner_stream(path, query, **kw)
 
         client.list = list_  # type: ignore[method-assign]
-        client.stream_lines = stream  # type: ignore[method-assign]
+        client.stream_batches = stream  # type: ignore[method-assign]
 
 
 async def test_paginated_relist_resource_versions(kubeconfig: Path) -> None:
