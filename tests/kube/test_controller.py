@@ -8,8 +8,7 @@ import asyncio
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -43,23 +42,6 @@ from gpuops.sim.apiserver import APIServer
 pytestmark = pytest.mark.anyio
 
 NS = "default"
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-async def emulator(tmp_path: Path) -> AsyncIterator[tuple[APIServer, Client]]:
-    async with APIServer(bookmark_interval=0.5) as s:
-        path = tmp_path / "kubeconfig"
-        s.write_kubeconfig(path)
-        client = await Client.from_kubeconfig(str(path))
-        try:
-            yield s, client
-        finally:
-            await client.close()
 
 
 async def eventually(cond: Callable[[], bool], within: float = 10.0, what: str = "condition") -> None:

@@ -7,8 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -25,23 +24,6 @@ from gpuops.sim.apiserver import APIServer
 pytestmark = pytest.mark.anyio
 
 NS = "default"
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-async def emulator(tmp_path: Path) -> AsyncIterator[tuple[APIServer, Client]]:
-    async with APIServer(bookmark_interval=0.5) as s:
-        path = tmp_path / "kubeconfig"
-        s.write_kubeconfig(path)
-        client = await Client.from_kubeconfig(str(path))
-        try:
-            yield s, client
-        finally:
-            await client.close()
 
 
 async def eventually(cond: Callable[[], Awaitable[bool]], within: float = 10.0, what: str = "condition") -> None:

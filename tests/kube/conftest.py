@@ -1,0 +1,28 @@
+"""Fixtures shared by the framework's tests: the emulator in-process and a client on it over loopback."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gpuops.kube.client import Client
+from gpuops.sim.apiserver import APIServer
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def emulator(tmp_path: Path) -> AsyncIterator[tuple[APIServer, Client]]:
+    async with APIServer(bookmark_interval=0.5) as s:
+        path = tmp_path / "kubeconfig"
+        s.write_kubeconfig(path)
+        client = await Client.from_kubeconfig(str(path))
+        try:
+            yield s, client
+        finally:
+            await client.close()
