@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 from .errors import Cause, StatusError, bad_request
 from .patch import builtin_always_present, builtin_ssa_shape, is_builtin_kind, json_equal
+from .store import clone
 
 LAST_APPLIED_ANNOTATION = "kubectl.kubernetes.io/last-applied-configuration"
 BEFORE_FIRST_APPLY = "before-first-apply"
@@ -578,21 +579,21 @@ class _Walker:
         if rhs is _M:
             return lhs
         if lhs is _M:
-            return copy.deepcopy(rhs)
+            return clone(rhs)
         if isinstance(lhs, dict) and isinstance(rhs, dict):
             if (not lhs and not rhs) or (names and not item and self.schema.map_atomic(names)):
-                return copy.deepcopy(rhs)
+                return clone(rhs)
             out = {k: self._merge(v, rhs.get(k, _M), (*names, k), False) for k, v in lhs.items()}
             for k, v in rhs.items():
                 if k not in lhs:
-                    out[k] = copy.deepcopy(v)
+                    out[k] = clone(v)
             return out
         if isinstance(lhs, list) and isinstance(rhs, list):
             shape = self.schema.list_shape(names)
             if (not lhs and not rhs) or shape.rel == "atomic":
-                return copy.deepcopy(rhs)
+                return clone(rhs)
             return self._merge_items(lhs, rhs, names, shape)
-        return copy.deepcopy(rhs)
+        return clone(rhs)
 
     def _merge_items(
         self, lhs: list[Any], rhs: list[Any], names: tuple[str, ...], shape: _Shape
@@ -602,7 +603,7 @@ class _Walker:
 
         def one(a: Any, b: Any) -> Any:
             if atomic:
-                return copy.deepcopy(b) if b is not _M else a
+                return clone(b) if b is not _M else a
             return self._merge(a, b, names, True)
 
         r_pes = self.item_pes(rhs, shape, (), False)
@@ -797,7 +798,7 @@ def _cap_updaters(managers: dict[Identity, _Entry]) -> None:
 
 def strip_managed_fields(obj: Any) -> Any:
     """A deep copy of `obj` without metadata.managedFields."""
-    out = copy.deepcopy(obj)
+    out = clone(obj)
     if isinstance(out, dict) and isinstance(out.get("metadata"), dict):
         out["metadata"].pop("managedFields", None)
     return out
@@ -818,6 +819,34 @@ def _drop_nulls(v: Any) -> Any:
 # ---------------------------------------------------------------------------------------- update
 
 
+def _changed_parts(old: dict[str, Any] | None, new: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The top-level parts that differ (managedFields aside): parts equal on both sides add nothing to the
+    comparison, and a status write would otherwise walk the whole spec every time. Read-only views."""
+    if old is None:
+        return {}, {k: v for k, v in new.items() if k != "metadata"} | {"metadata": _sans_mf(new.get("metadata"))}
+    before: dict[str, Any] = {}
+    after: dict[str, Any] = {}
+    for k in {*old, *new}:
+        if k == "metadata":
+            mo, mn = _sans_mf(old.get(k)), _sans_mf(new.get(k))
+            if mo != mn:
+                before[k], after[k] = mo, mn
+            continue
+        if k not in new:
+            before[k] = old[k]
+        elif k not in old:
+            after[k] = new[k]
+        elif old[k] != new[k] or type(old[k]) is not type(new[k]):
+            before[k], after[k] = old[k], new[k]
+    return before, after
+
+
+def _sans_mf(meta: Any) -> Any:
+    if isinstance(meta, dict) and "managedFields" in meta:
+        return {k: v for k, v in meta.items() if k != "managedFields"}
+    return meta
+
+
 def update_managed_fields(
     old: dict[str, Any] | None,
     new: dict[str, Any],
@@ -831,7 +860,7 @@ def update_managed_fields(
 ) -> dict[str, Any]:
     """managedFields after a create/update/patch by `manager` (old None = create): it gets the fields it
     set or changed, which other managers lose, and everyone loses the fields it removed."""
-    obj = copy.deepcopy(new)
+    obj = clone(new)
     meta = obj.setdefault("metadata", {})
     requested = meta.pop("managedFields", None)
     live = (old or {}).get("metadata", {}).get("managedFields") if isinstance(old, dict) else None
@@ -854,8 +883,8 @@ def update_managed_fields(
         return obj  # objects without managedFields stay untracked until an apply
     schema = _Schema(_group(api_version), str(obj.get("kind") or (old or {}).get("kind") or ""), list_keys)
     walker = _Walker(schema)
-    before = schema.skeleton(strip_managed_fields(old) if old is not None else {})
-    c = walker.compare(before, schema.skeleton(obj))
+    before_obj, after_obj = _changed_parts(old, obj)
+    c = walker.compare(schema.skeleton(before_obj), schema.skeleton(after_obj))
     changed = c.added | c.modified
     for e in managers.values():
         e.fields -= changed
@@ -932,7 +961,7 @@ def _set_last_applied(obj: dict[str, Any], config: dict[str, Any]) -> None:
     annotations = (obj.get("metadata") or {}).get("annotations")
     if not isinstance(annotations, dict) or not annotations.get(LAST_APPLIED_ANNOTATION):
         return
-    cfg = copy.deepcopy(config)
+    cfg = clone(config)
     cann = (cfg.get("metadata") or {}).get("annotations")
     if isinstance(cann, dict):
         cann.pop(LAST_APPLIED_ANNOTATION, None)
@@ -940,7 +969,7 @@ def _set_last_applied(obj: dict[str, Any], config: dict[str, Any]) -> None:
 
 
 def _drop_paths(obj: dict[str, Any], paths: Iterable[tuple[str, ...]]) -> dict[str, Any]:
-    out = copy.deepcopy(obj)
+    out = clone(obj)
     for names in paths:
         node: Any = out
         for name in names[:-1]:

@@ -335,6 +335,7 @@ def prepare_create(group: str, kind: str, obj: dict[str, Any]) -> None:
             tmpl = spec.setdefault("template", {})
             tmeta = tmpl.setdefault("metadata", {})
             labels = tmeta.setdefault("labels", {})
+            user_labels = dict(labels)
             labels.update(
                 {
                     "batch.kubernetes.io/controller-uid": uid,
@@ -345,6 +346,10 @@ def prepare_create(group: str, kind: str, obj: dict[str, Any]) -> None:
             )
             if not spec.get("manualSelector"):
                 spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
+            if not meta.get("labels"):
+                # SetDefaults_Job: a Job without labels takes its template's; with none given, defaulting on
+                # read copies the generated ones (controller-uid, job-name), as `kubectl get job -o yaml` shows.
+                meta["labels"] = user_labels or dict(labels)
             if isinstance(tmpl.get("spec"), dict):
                 default_pod_spec(tmpl["spec"])
             obj["status"] = {}

@@ -8,7 +8,6 @@ rules come from `builtin` and, for custom resources, from the CRD schema.
 from __future__ import annotations
 
 import random
-import string
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,6 +49,10 @@ def rfc3339(t: datetime) -> str:
 
 def micro_time(t: datetime) -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+_GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+_ALWAYS_CHECKED = frozenset({"apiVersion", "kind", "metadata"})
 
 
 @dataclass
@@ -158,15 +161,22 @@ class ObjectAPI:
             return out
         bschema = builtin_schema(info)
         if bschema is not None:
-            decode_err = builtin.builtin_decode_error(bschema, info.kind, obj)
+            # Top-level parts equal to the stored object's were checked and pruned when it was written: an
+            # update (a kubelet's status write above all) only pays for what it changes.
+            if old is None:
+                part = obj
+            else:
+                part = {k: v for k, v in obj.items() if k in _ALWAYS_CHECKED or k not in old or old[k] != v}
+            decode_err = builtin.builtin_decode_error(bschema, info.kind, part)
             if decode_err:
                 raise bad_request(
                     f'{info.kind} in version "{info.version}" cannot be handled as a {info.kind}: {decode_err}'
                 )
             if check_unknown:
-                unknown = schema.unknown_fields(bschema, obj)
+                unknown = schema.unknown_fields(bschema, part)
                 ctx.warnings.extend(schema.check_field_validation(unknown, ctx.field_validation))
-            obj = schema.prune(bschema, obj)
+            pruned = schema.prune(bschema, part)
+            obj = pruned if part is obj else {**obj, **pruned}
         builtin.normalize(info.group, info.kind, obj)
         builtin.check_valid(info.group, info.kind, obj, old)
         if info.storage_key == CRD_GR:
@@ -290,8 +300,12 @@ class ObjectAPI:
                         )
                     ],
                 )
-            suffix = "".join(random.choices(string.ascii_lowercase + "2456789", k=5))
-            meta["name"] = f"{gen[:58]}{suffix}"
+            # kube-apiserver's alphabet (no vowels), and its retry on a taken name (RetryGenerateName, GA 1.31).
+            store_ns = namespace if info.namespaced else ""
+            for _ in range(8):
+                meta["name"] = f"{gen[:58]}{''.join(random.choices(_GENERATE_ALPHABET, k=5))}"
+                if self.store.get(info.storage_key, store_ns, meta["name"]) is None:
+                    break
         self._check_namespace(info, namespace, creating=True)
         now = self.clock()
         for k in (
@@ -474,7 +488,13 @@ class ObjectAPI:
             new["metadata"]
         ) == _meta_sans_volatile(old["metadata"]):
             return old  # a no-op write: no new resourceVersion, no event (item 21)
-        if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
+        if (
+            new["metadata"].get("deletionTimestamp")
+            and not new["metadata"].get("finalizers")
+            # A graceful deletion still running (a pod its kubelet has not confirmed) outlives its last
+            # finalizer: only the grace-0 delete removes it (the registry's shouldDeleteDuringUpdate).
+            and not old["metadata"].get("deletionGracePeriodSeconds")
+        ):
             if ctx.dry_run:
                 return new
             ns, name = _ns_and_name(new)

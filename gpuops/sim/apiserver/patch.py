@@ -12,7 +12,6 @@ the listType/listMapKey/structType markers) lives in the tables below, built fro
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 import re
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import StatusError, bad_request
+from .store import clone
 
 MAX_JSON_PATCH_OPERATIONS = 10000
 # kube-apiserver's --json-patch-max-copy-bytes default: bytes all `copy` operations of a patch may add.
@@ -195,7 +195,7 @@ def _apply_op(doc: Any, op: dict[str, Any], copied: list[int]) -> Any:
     if kind not in ("add", "remove", "replace", "move", "copy", "test"):
         raise _OpFailed(f"Unexpected kind: {kind}")
     path = _str_field(op, "path", kind)
-    value = copy.deepcopy(op.get("value"))
+    value = clone(op.get("value"))
     if kind == "replace" and path == "":
         if not isinstance(value, dict | list):
             raise _OpFailed("replace operation value must be object or array")
@@ -214,7 +214,7 @@ def _apply_op(doc: Any, op: dict[str, Any], copied: list[int]) -> Any:
         if kind == "move":
             _remove(con, key)
         else:
-            moved = copy.deepcopy(moved)
+            moved = clone(moved)
             copied[0] += len(json.dumps(moved, separators=(",", ":"), ensure_ascii=False).encode())
             if copied[0] > JSON_PATCH_MAX_COPY_BYTES:
                 raise _OpFailed(
@@ -252,7 +252,7 @@ def _apply_op(doc: Any, op: dict[str, Any], copied: list[int]) -> Any:
 def apply_json_patch(doc: Any, patch: Any) -> Any:
     """RFC 6902 as the apiserver applies it (item 39); `doc` and `patch` are not changed."""
     if patch is None:
-        return copy.deepcopy(doc)
+        return clone(doc)
     if not isinstance(patch, list):
         raise bad_request(f"json: cannot unmarshal {_json_kind(patch)} into Go value of type jsonpatch.Patch")
     for op in patch:
@@ -267,7 +267,7 @@ def apply_json_patch(doc: Any, patch: Any) -> Any:
             "Request entity too large: The allowed maximum operations in a JSON patch is "
             f"{MAX_JSON_PATCH_OPERATIONS}, got {len(patch)}",
         )
-    result = copy.deepcopy(doc)
+    result = clone(doc)
     copied = [0]
     try:
         if not isinstance(result, dict | list):
@@ -286,8 +286,8 @@ def apply_merge_patch(doc: Any, patch: Any) -> Any:
     """RFC 7386 (item 40). A non-object patch replaces the document, as the RFC says; the HTTP layer is
     the one to refuse such bodies the way the apiserver does."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    target = copy.deepcopy(doc) if isinstance(doc, dict) else {}
+        return clone(patch)
+    target = clone(doc) if isinstance(doc, dict) else {}
     for k, v in patch.items():
         if v is None:
             target.pop(k, None)
@@ -1017,10 +1017,10 @@ def apply_strategic_merge_patch(
     """
     body: Any = patch
     if body is None:
-        return copy.deepcopy(doc)
+        return clone(doc)
     if not isinstance(body, dict):
         raise bad_request(
             f"json: cannot unmarshal {_json_kind(body)} into Go value of type map[string]interface {{}}"
         )
-    original = copy.deepcopy(doc) if isinstance(doc, dict) else {}
-    return _Smp(group, kind).merge_map(original, copy.deepcopy(body), _ROOT_NAME)
+    original = clone(doc) if isinstance(doc, dict) else {}
+    return _Smp(group, kind).merge_map(original, clone(body), _ROOT_NAME)

@@ -14,7 +14,6 @@ cells as given, so the cells must be what kube-apiserver would compute:
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import re
@@ -26,6 +25,7 @@ from typing import Any
 from .errors import bad_request
 from .resources import ResourceInfo
 from .selectors import label_selector_from_object
+from .store import clone
 
 __all__ = [
     "TABLE_API_VERSION",
@@ -541,6 +541,16 @@ _DEPLOYMENT_COLUMNS = [
     _col("Images", description="Images referenced by each container in the template.", priority=1),
     _col("Selector", description="Label query over the pods the deployment manages.", priority=1),
 ]
+_JOB_COLUMNS = [
+    _NAME,
+    _col("Status", description="Status of the job."),
+    _col("Completions", description="The desired number of successfully finished pods the job should be run with."),
+    _col("Duration", description="Time required to complete the job."),
+    _AGE,
+    _col("Containers", description="Names of each container in the template.", priority=1),
+    _col("Images", description="Images referenced by each container in the template.", priority=1),
+    _col("Selector", description="A label query over pods that should match the pod count.", priority=1),
+]
 _EVENT_COLUMNS = [
     _col("Last Seen", description="When the event was last observed."),
     _col("Type", description="Type of this event (Normal, Warning)."),
@@ -811,6 +821,51 @@ def _deployment_cells(obj: Mapping[str, Any], now: datetime) -> Cells:
     ]
 
 
+def _job_cells(obj: Mapping[str, Any], now: datetime) -> Cells:
+    """kubectl's job printer: status by condition precedence, `succeeded/completions`, run duration."""
+    spec, status = _dict(obj.get("spec")), _dict(obj.get("status"))
+    conds = _list(status.get("conditions"))
+    if _has_condition(conds, "Complete"):
+        state = "Complete"
+    elif _has_condition(conds, "Failed"):
+        state = "Failed"
+    elif _g(obj, "metadata", "deletionTimestamp"):
+        state = "Terminating"
+    elif _has_condition(conds, "Suspended"):
+        state = "Suspended"
+    elif _has_condition(conds, "FailureTarget"):
+        state = "FailureTarget"
+    elif _has_condition(conds, "SuccessCriteriaMet"):
+        state = "SuccessCriteriaMet"
+    else:
+        state = "Running"
+    succeeded = _int(status.get("succeeded"))
+    if spec.get("completions") is not None:
+        completions = f"{succeeded}/{_int(spec.get('completions'))}"
+    elif _int(spec.get("parallelism"), 1) > 1:
+        completions = f"{succeeded}/1 of {_int(spec.get('parallelism'))}"
+    else:
+        completions = f"{succeeded}/1"
+    started = _parse_time(status.get("startTime"))
+    finished = _parse_time(status.get("completionTime"))
+    duration = "" if started is None else human_duration((finished or now) - started)
+    containers = _list(_g(spec, "template", "spec", "containers"))
+    try:
+        selector = str(label_selector_from_object(spec.get("selector")))
+    except ValueError:
+        selector = "<invalid>"
+    return [
+        _name(obj),
+        state,
+        completions,
+        duration,
+        _age(obj, now),
+        ",".join(_str(_g(c, "name")) for c in containers),
+        ",".join(_str(_g(c, "image")) for c in containers),
+        selector,
+    ]
+
+
 def _event_cells(ev: Mapping[str, Any], now: datetime) -> Cells:
     first = _since(ev.get("firstTimestamp"), now)
     if _is_zero_time(_parse_time(ev.get("firstTimestamp"))):
@@ -879,6 +934,7 @@ _PRINTERS: dict[tuple[str, str], tuple[list[Column], Callable[[Mapping[str, Any]
         ],
     ),
     ("apps", "Deployment"): (_DEPLOYMENT_COLUMNS, _deployment_cells),
+    ("batch", "Job"): (_JOB_COLUMNS, _job_cells),
 }
 
 
@@ -957,7 +1013,7 @@ def _row(
     if include_object == "None":
         row["object"] = None
     elif include_object == "Object":
-        full = copy.deepcopy(dict(obj))
+        full = clone(dict(obj))
         full.setdefault("kind", info.kind)
         full.setdefault("apiVersion", info.api_version)
         row["object"] = full
@@ -965,7 +1021,7 @@ def _row(
         row["object"] = {
             "kind": "PartialObjectMetadata",
             "apiVersion": api_version,
-            "metadata": copy.deepcopy(_dict(obj.get("metadata"))),
+            "metadata": clone(_dict(obj.get("metadata"))),
         }
     return row
 
