@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
+import msgspec
+
 from .errors import Cause, StatusError, bad_request
 from .patch import builtin_always_present, builtin_ssa_shape, is_builtin_kind, json_equal
 from .store import clone
@@ -207,8 +209,30 @@ def _trie(paths: Iterable[Path]) -> dict[PathElement, list[Any]]:
     return root
 
 
+# Objects of one kind written by one manager carry the same field sets over and over (every pod's kubelet
+# entry, every Lease's): converting FieldsV1 to sets and back dominates a status write, so both directions
+# are memoized on the content. Bounded; cleared when full.
+_MEMO_MAX = 4096
+_to_set_memo: dict[bytes, frozenset[Path]] = {}
+_to_fields_memo: dict[frozenset[Path], bytes] = {}
+
+
 def fields_to_set(fields: Any) -> set[Path]:
-    """FieldsV1 JSON -> set of paths."""
+    """FieldsV1 JSON -> set of paths (a fresh set: callers change it)."""
+    try:
+        key = msgspec.json.encode(fields)
+    except (TypeError, msgspec.EncodeError):
+        return _fields_to_set(fields)
+    got = _to_set_memo.get(key)
+    if got is None:
+        got = frozenset(_fields_to_set(fields))
+        if len(_to_set_memo) >= _MEMO_MAX:
+            _to_set_memo.clear()
+        _to_set_memo[key] = got
+    return set(got)
+
+
+def _fields_to_set(fields: Any) -> set[Path]:
     out: set[Path] = set()
 
     def walk(node: Any, prefix: Path) -> None:
@@ -232,7 +256,19 @@ def fields_to_set(fields: Any) -> set[Path]:
 
 
 def set_to_fields(paths: Iterable[Path]) -> dict[str, Any]:
-    """Set of paths -> FieldsV1 JSON, keys in upstream's order."""
+    """Set of paths -> FieldsV1 JSON, keys in upstream's order (a fresh object each call)."""
+    key = frozenset(paths)
+    raw = _to_fields_memo.get(key)
+    if raw is None:
+        raw = msgspec.json.encode(_set_to_fields(key))
+        if len(_to_fields_memo) >= _MEMO_MAX:
+            _to_fields_memo.clear()
+        _to_fields_memo[key] = raw
+    out: dict[str, Any] = msgspec.json.decode(raw)
+    return out
+
+
+def _set_to_fields(paths: Iterable[Path]) -> dict[str, Any]:
 
     def emit(node: dict[PathElement, list[Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -706,13 +742,17 @@ class _Entry:
     fields: set[Path]
     api_version: str
     time: str | None
+    # The stored FieldsV1 this entry was decoded from, while `fields` still equals it: re-encoding an
+    # unchanged entry (every other manager's, on each write) would cost as much as the rest of the write.
+    raw: Any = None
 
 
 def _identity(manager: str, operation: str, api_version: str, subresource: str) -> Identity:
     return (manager, operation, "" if operation == "Apply" else api_version, subresource)
 
 
-def _decode(managed: Any) -> dict[Identity, _Entry]:
+def _decode(managed: Any, keep_raw: bool = False) -> dict[Identity, _Entry]:
+    """`keep_raw` only for stored managedFields, which we encoded ourselves (canonical)."""
     out: dict[Identity, _Entry] = {}
     if managed is None:
         return out
@@ -726,7 +766,7 @@ def _decode(managed: Any) -> dict[Identity, _Entry]:
         av = str(e.get("apiVersion") or "")
         ident = _identity(str(e.get("manager") or ""), op, av, str(e.get("subresource") or ""))
         t = e.get("time")
-        out[ident] = _Entry(fields, av, t if isinstance(t, str) else None)
+        out[ident] = _Entry(fields, av, t if isinstance(t, str) else None, e.get("fieldsV1") if keep_raw else None)
     return out
 
 
@@ -746,7 +786,7 @@ def _encode(managers: dict[Identity, _Entry]) -> list[dict[str, Any]]:
         if e.time is not None:
             d["time"] = e.time
         d["fieldsType"] = "FieldsV1"
-        d["fieldsV1"] = set_to_fields(e.fields)
+        d["fieldsV1"] = e.raw if e.raw is not None else set_to_fields(e.fields)
         if sub:
             d["subresource"] = sub
         entries.append(d)
@@ -867,7 +907,7 @@ def update_managed_fields(
     managers: dict[Identity, _Entry] = {}
     try:
         if subresource:
-            managers = _decode(live)
+            managers = _decode(live, keep_raw=True)
         elif isinstance(requested, list) and len(requested) == 1 and requested[0] == {}:
             managers = {}  # `managedFields: [{}]` resets ownership
         else:
@@ -876,7 +916,7 @@ def update_managed_fields(
             except _DecodeError:
                 managers = {}
             if not managers:
-                managers = _decode(live)
+                managers = _decode(live, keep_raw=True)
     except _DecodeError:
         managers = {}
     if not managers and old is not None:
@@ -887,8 +927,11 @@ def update_managed_fields(
     c = walker.compare(schema.skeleton(before_obj), schema.skeleton(after_obj))
     changed = c.added | c.modified
     for e in managers.values():
+        had = len(e.fields)
         e.fields -= changed
         e.fields -= c.removed
+        if len(e.fields) != had:
+            e.raw = None
     mine = changed - _STRIP
     if mine:
         ident = _identity(manager, operation, api_version, subresource)

@@ -172,7 +172,7 @@ class ObjectAPI:
                 raise bad_request(
                     f'{info.kind} in version "{info.version}" cannot be handled as a {info.kind}: {decode_err}'
                 )
-            if check_unknown:
+            if check_unknown and ctx.field_validation != "Ignore":
                 unknown = schema.unknown_fields(bschema, part)
                 ctx.warnings.extend(schema.check_field_validation(unknown, ctx.field_validation))
             pruned = schema.prune(bschema, part)

@@ -78,7 +78,9 @@ class ClusterAccess:
     # ------------------------------------------------------------------------------------ writes
 
     def _ctx(self) -> WriteContext:
-        return WriteContext(self.user, field_manager=self.component)
+        # The cluster's components write only fields they know; skipping the unknown-field walk (whose only
+        # output would be warnings) spares a third of a status write.
+        return WriteContext(self.user, field_manager=self.component, field_validation="Ignore")
 
     async def create(self, gr: GroupResource, namespace: str, obj: dict[str, Any]) -> dict[str, Any]:
         return await self.api.create(self.info(gr), namespace, obj, self._ctx())
