@@ -1,9 +1,11 @@
-# gpuops: `make demo` runs the emulated cluster with sample objects; `make test` installs and tests.
+# gpuops: `make demo` runs the demo scenario on the emulated cluster with our operator; `make test` installs and
+# tests. `DEMO_SECONDS=60 make demo` ends the demo after 60 s with a report.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 QUICK  ?=
+export DEMO_SECONDS
 
 .PHONY: install test lint typecheck unit demo bench chaos clean lock
 
@@ -31,7 +33,7 @@ unit: install
 test: lint typecheck unit
 
 demo: install
-	$(BIN)/gpuops demo --port 0 --kubeconfig $(CURDIR)/demo.kubeconfig
+	$(BIN)/gpuops demo --kubeconfig $(CURDIR)/demo.kubeconfig --scenario demo
 
 bench: install
 	@set -e; for s in bench/[!_]*.py; do echo "== $$s"; $(BIN)/python $$s $(QUICK); done
@@ -46,4 +48,4 @@ lock: | $(BIN)/python
 	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^gpuops' > constraints.txt
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache demo.kubeconfig
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache demo.kubeconfig demo-operator.log

@@ -37,6 +37,55 @@ def _add_apiserver_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-on-exit", metavar="FILE", help="write a snapshot of all objects on shutdown")
 
 
+def _add_cluster_args(p: argparse.ArgumentParser, default_scenario: str) -> None:
+    p.add_argument("--scenario", default=default_scenario, metavar="NAME|FILE",
+                   help="a shipped scenario (idle, demo, ...) or a scenario YAML file (default: %(default)s)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback only by default)")
+    p.add_argument("--port", type=int, default=0, help="API server port; 0 picks a free one (printed)")
+    p.add_argument("--kubeconfig", metavar="PATH", help="write a kubeconfig for kubectl and the operator here")
+    p.add_argument("--seconds", type=float, default=None, metavar="N",
+                   help="stop after N seconds (demo: also $DEMO_SECONDS); default: until Ctrl-C")
+    p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   default="WARNING" if default_scenario == "demo" else "INFO",
+                   help="the emulated cluster's log level (default: %(default)s)")
+
+
+def _load_scenario(name: str, command: str) -> object | None:
+    try:
+        from .sim.scenario import ScenarioError, load
+    except ImportError as e:  # PyYAML and cel-python come with the "sim" extra only
+        print(f"gpuops {command}: the emulated cluster needs the 'sim' extra ({e.name} is missing): "
+              "pip install 'gpuops[sim]'", file=sys.stderr)
+        return None
+    try:
+        return load(name)
+    except ScenarioError as e:
+        print(f"gpuops {command}: {e}", file=sys.stderr)
+        return None
+
+
+def _run_cluster(args: argparse.Namespace) -> int:
+    from .sim.apiserver.gctune import tune_for_large_heaps
+
+    command = "demo" if args.command == "demo" else "sim up"
+    scenario = _load_scenario(args.scenario, command)
+    if scenario is None:
+        return 2
+    tune_for_large_heaps()
+    if args.command == "demo":
+        from .sim.demo import run_demo, seconds_from_env
+
+        kubeconfig = args.kubeconfig or "demo.kubeconfig"
+        return asyncio.run(run_demo(scenario, kubeconfig=kubeconfig,  # type: ignore[arg-type]
+                                    seconds=seconds_from_env(args.seconds), port=args.port,
+                                    operator=not args.no_operator))
+    from .sim.up import run_up
+
+    return asyncio.run(run_up(scenario, host=args.host, port=args.port, cloud_port=args.cloud_port,  # type: ignore[arg-type]
+                              kubeconfig=args.kubeconfig, tls=args.tls, workload=not args.no_workload,
+                              seconds=args.seconds, status_every=args.status_every))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpuops", description="GPU cluster operators for Kubernetes.")
     parser.add_argument("--version", action="version", version=f"gpuops {__version__}")
@@ -46,8 +95,16 @@ def build_parser() -> argparse.ArgumentParser:
     sim_sub = sim.add_subparsers(dest="sim_command", metavar="SIM_COMMAND")
     api = sim_sub.add_parser("apiserver", help="run the emulated Kubernetes API server on loopback")
     _add_apiserver_args(api)
-    demo = sub.add_parser("demo", help="start the emulated API server with sample objects and show how to use it")
-    _add_apiserver_args(demo)
+    up = sim_sub.add_parser("up", help="run a whole emulated GPU cluster (API server, nodes, scheduler, cloud)")
+    _add_cluster_args(up, default_scenario="idle")
+    up.add_argument("--cloud-port", type=int, default=0, help="port of the emulated cloud API; 0 picks a free one")
+    up.add_argument("--tls", action="store_true", help="serve the API over HTTPS (kubectl sends tokens only over TLS)")
+    up.add_argument("--no-workload", action="store_true", help="start the cluster without the scenario's workload")
+    up.add_argument("--status-every", type=float, default=30.0, metavar="SECONDS",
+                    help="print a one-line status this often; 0 = never (default: %(default)s)")
+    demo = sub.add_parser("demo", help="the demo scenario, our operator against it and a live view (make demo)")
+    _add_cluster_args(demo, default_scenario="demo")
+    demo.add_argument("--no-operator", action="store_true", help="do not start `gpuops run`")
     run = sub.add_parser("run", help="run the controllers against a cluster (the operator's entrypoint)")
     _add_run_args(run)
     mig = sub.add_parser("mig", help="MIG planning tools (no GPU needed)")
@@ -160,7 +217,7 @@ async def _run_manager(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _run_apiserver(args: argparse.Namespace, demo: bool) -> int:
+async def _run_apiserver(args: argparse.Namespace) -> int:
     try:
         from .sim.apiserver import APIServer
     except ImportError as e:  # cel-python and PyYAML come with the "sim" extra only
@@ -194,11 +251,6 @@ async def _run_apiserver(args: argparse.Namespace, demo: bool) -> int:
         if args.kubeconfig:
             server.write_kubeconfig(args.kubeconfig)
         print(f"gpuops sim apiserver listening on {server.url} (port {server.port})", flush=True)
-        if demo:
-            from .sim.demo import describe, populate
-
-            await populate(server)
-            print(describe(server, args.kubeconfig), flush=True)
         await stop.wait()
         if args.save_on_exit:
             server.save(args.save_on_exit)
@@ -212,9 +264,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure(json=args.log_json if log_format is None else log_format == "json",
                    level=getattr(args, "log_level", "INFO"))
     if args.command == "sim" and args.sim_command == "apiserver":
-        return asyncio.run(_run_apiserver(args, demo=False))
-    if args.command == "demo":
-        return asyncio.run(_run_apiserver(args, demo=True))
+        return asyncio.run(_run_apiserver(args))
+    if (args.command == "sim" and args.sim_command == "up") or args.command == "demo":
+        return _run_cluster(args)
     if args.command == "run":
         return asyncio.run(_run_manager(args))
     if args.command == "mig" and args.mig_command == "plan":

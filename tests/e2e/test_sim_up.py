@@ -1,0 +1,121 @@
+"""`gpuops sim up` and `gpuops demo` as a user runs them: subprocesses, a kubeconfig, the real kubectl (issue 5)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+BIN = Path(sys.executable).parent
+KUBECTL = str(BIN / "kubectl")
+GPUOPS = str(BIN / "gpuops")
+
+POD = """
+apiVersion: v1
+kind: Pod
+metadata:
+  name: two-seconds
+  annotations: {sim.gpuops.io/runtime-seconds: "2"}
+spec:
+  restartPolicy: Never
+  tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+  containers:
+  - name: main
+    image: nvcr.io/nvidia/cuda:12.4.0-base-ubuntu22.04
+    resources: {limits: {nvidia.com/gpu: "1"}}
+"""
+
+TOO_BIG = POD.replace("two-seconds", "too-big").replace('nvidia.com/gpu: "1"', 'nvidia.com/gpu: "64"')
+
+
+def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
+    out = subprocess.run([KUBECTL, "--kubeconfig", str(kubeconfig), *args], input=stdin, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def wait_for(what: str, probe: Callable[[], Any], within: float = 30.0) -> Any:
+    deadline = time.monotonic() + within
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+def test_sim_up_idle_with_kubectl(tmp_path: Path) -> None:
+    kc = tmp_path / "kubeconfig"
+    proc = subprocess.Popen([GPUOPS, "sim", "up", "--scenario", "idle", "--kubeconfig", str(kc),
+                             "--status-every", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        lines = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            lines.append(line)
+            if "kubectl" in line and "get nodes" in line:
+                break
+            assert line or proc.poll() is None, "".join(lines)
+        text = "".join(lines)
+        assert re.search(r"listening on http://127\.0\.0\.1:\d+", text), text
+
+        def usable(n: dict[str, Any]) -> bool:
+            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"])
+            wants_gpus = "nvidia.com/gpu.count" in n["metadata"].get("labels", {})
+            has_gpus = n["status"].get("allocatable", {}).get("nvidia.com/gpu", "0") != "0"
+            return ready and (has_gpus or not wants_gpus)
+
+        def nodes_ready() -> bool:
+            items = json.loads(kubectl(kc, "get", "nodes", "-o", "json"))["items"]
+            return len([n for n in items if usable(n)]) == 6
+
+        wait_for("6 Ready nodes with GPUs", nodes_ready, 30)
+        wide = kubectl(kc, "get", "nodes", "-L", "nvidia.com/gpu.product")
+        assert "NVIDIA-A100-SXM4-40GB" in wide and "NVIDIA-H100-80GB-HBM3" in wide
+
+        kubectl(kc, "apply", "-f", "-", stdin=POD)
+        kubectl(kc, "apply", "-f", "-", stdin=TOO_BIG)
+
+        def pod(name: str) -> dict[str, Any]:
+            return json.loads(kubectl(kc, "get", "pod", name, "-o", "json"))  # type: ignore[no-any-return]
+
+        done = wait_for("the 2 s pod to succeed", lambda: (p := pod("two-seconds"))["status"].get("phase")
+                        == "Succeeded" and p, 30)
+        state = done["status"]["containerStatuses"][0]["state"]["terminated"]
+        assert state["exitCode"] == 0 and state["reason"] == "Completed"
+        assert done["status"]["startTime"] <= state["startedAt"] <= state["finishedAt"]
+        scheduled = wait_for("Unschedulable", lambda: [c for c in pod("too-big")["status"].get("conditions", [])
+                                                       if c["type"] == "PodScheduled" and c["status"] == "False"])
+        assert scheduled[0]["reason"] == "Unschedulable"
+        assert "Insufficient nvidia.com/gpu" in scheduled[0]["message"]
+        events = kubectl(kc, "get", "events", "--field-selector", "involvedObject.name=too-big")
+        assert "FailedScheduling" in events
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+
+
+def test_demo_ends_with_a_report(tmp_path: Path) -> None:
+    env = {**os.environ, "DEMO_SECONDS": "12"}
+    out = subprocess.run([GPUOPS, "demo", "--kubeconfig", str(tmp_path / "kc")], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "gpuops demo report - scenario demo" in out.stdout
+    assert "pods bound by the scheduler" in out.stdout
+    assert "kubectl --kubeconfig" in out.stdout
+    assert (tmp_path / "demo-operator.log").exists()
