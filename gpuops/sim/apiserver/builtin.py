@@ -318,9 +318,10 @@ def prepare_create(group: str, kind: str, obj: dict[str, Any]) -> None:
                 tol.extend(dict(t) for t in _NOT_READY_TOLERATIONS if t["key"] not in keys)
             obj["status"] = {"phase": "Pending", "qosClass": _qos(spec)}
     elif (group, kind) == ("", "Namespace"):
-        obj.setdefault("spec", {})["finalizers"] = ["kubernetes"]
+        # `null` decodes to an empty map in Go, so a null spec or labels gets the same defaults as none.
+        obj["spec"] = {**(obj.get("spec") or {}), "finalizers": ["kubernetes"]}
         obj["status"] = {"phase": "Active"}
-        meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta["name"]
+        meta["labels"] = {**(meta.get("labels") or {}), "kubernetes.io/metadata.name": meta["name"]}
     elif (group, kind) == ("batch", "Job"):
         spec = obj.setdefault("spec", {})
         if isinstance(spec, dict):
