@@ -14,8 +14,9 @@ from .kube.manager import ControllerRegistry, UnknownControllers
 
 CONTROLLERS = ControllerRegistry()
 """The controllers `gpuops run` knows, by name. Each controller registers its setup here, lazily, e.g.
-`CONTROLLERS.register("budget", "gpuops.budget.controller:setup")`, where `setup(manager)` creates its
+`CONTROLLERS.register("budget", "gpuops.controllers.budget:setup")`, where `setup(manager)` creates its
 informers (`manager.informer(...)`) and controllers and `manager.add(...)`s them."""
+CONTROLLERS.register("budget", "gpuops.controllers.budget:setup")
 
 
 def _add_apiserver_args(p: argparse.ArgumentParser) -> None:

@@ -79,6 +79,11 @@ def render(summary: dict[str, Any], elapsed: float, operator: str, recorder: Rec
               f"  (unschedulable {summary['unschedulable']})",
               "jobs: " + (", ".join(f"{k} {v}" for k, v in sorted(summary["jobs"].items())) or "none"),
               f"GPUs in use: {summary['gpus_used']} of {summary['gpus_total']} allocatable"]
+    if summary["budgets"]:
+        lines += ["", f"{'BUDGET':<28} {'CONSUMED':>10} {'QUOTA':>8} {'ACTION':<10} STATE"]
+        for b in summary["budgets"]:
+            lines.append(f"{b['name']:<28} {b['consumed']:>10} {b['quota']:>8} {b['action']:<10} "
+                         + ("over quota" if b["exceeded"] else "within quota"))
     if summary["faults"]:
         lines += ["", "faults:", *("  " + f for f in summary["faults"][-3:])]
     lines += ["", "what the controllers did (latest Events):"]
@@ -96,6 +101,8 @@ def report(summary: dict[str, Any], elapsed: float, operator_exit: int | None, r
         f"  pods bound by the scheduler: {summary['bound']}; phase transitions by kubelets: {summary['transitions']}",
         f"  jobs: {', '.join(f'{k} {v}' for k, v in sorted(summary['jobs'].items())) or 'none'}",
         f"  GPUs in use at the end: {summary['gpus_used']} of {summary['gpus_total']}",
+        *(f"  budget {b['name']}: {b['consumed']} of {b['quota']} GPU-hours, {b['action']}, "
+          + ("over quota" if b["exceeded"] else "within quota") for b in summary["budgets"]),
         f"  faults applied: {len(summary['faults'])}",
         *("    " + f for f in summary["faults"]),
         "  operator Events by reason: " + (", ".join(f"{k} {v}" for k, v in recorder.by_reason.most_common())
@@ -111,6 +118,12 @@ def _operator_command(kubeconfig: str) -> list[str]:
     base = [str(exe)] if exe.exists() else [sys.executable, "-m", "gpuops"]
     return [*base, "run", "--kubeconfig", kubeconfig, "--metrics-bind-address", "127.0.0.1:0",
             "--health-probe-bind-address", "127.0.0.1:0", "--log-format", "json"]
+
+
+def repo_crds() -> list[Path]:
+    """Our CRDs from the checkout's manifests/ (what `kubectl apply -k manifests` would install first)."""
+    folder = Path(__file__).resolve().parents[2] / "manifests" / "crds"
+    return sorted(folder.glob("*.yaml")) if folder.is_dir() else []
 
 
 def _start_operator(cmd: list[str], log_path: str) -> tuple[subprocess.Popen[bytes], BinaryIO]:
@@ -135,7 +148,8 @@ async def run_demo(
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     tty = out.isatty()
-    async with SimCluster(scenario, port=port) as cluster:
+    crds = repo_crds()
+    async with SimCluster(scenario, port=port, manifests=crds) as cluster:
         cluster.write_kubeconfig(kubeconfig)
         recorder = Recorder(cluster)
         print(f"gpuops demo: scenario {scenario.name}: {scenario.description}", file=out)

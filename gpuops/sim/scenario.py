@@ -181,6 +181,8 @@ class Scenario(_Spec, kw_only=True):
     apiserver: APIServerSpec = msgspec.field(default_factory=APIServerSpec)
     workload: list[WorkloadSpec] = []
     faults: list[Fault] = []
+    # Objects created at start, after the namespaces and CRDs (e.g. GPUWorkloadBudgets for the demo).
+    objects: list[dict[str, Any]] = []
 
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

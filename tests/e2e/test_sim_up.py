@@ -119,3 +119,6 @@ def test_demo_ends_with_a_report(tmp_path: Path) -> None:
     assert "pods bound by the scheduler" in out.stdout
     assert "kubectl --kubeconfig" in out.stdout
     assert (tmp_path / "demo-operator.log").exists()
+    # the operator (gpuops run, every registered controller) ran for the whole demo against the cluster
+    assert "operator process: ran until the end" in out.stdout, (tmp_path / "demo-operator.log").read_text()
+    assert "budget team-a/team-a-training:" in out.stdout

@@ -85,6 +85,16 @@ class ClusterAccess:
     async def create(self, gr: GroupResource, namespace: str, obj: dict[str, Any]) -> dict[str, Any]:
         return await self.api.create(self.info(gr), namespace, obj, self._ctx())
 
+    async def create_object(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create any object by its apiVersion and kind, as `kubectl create -f` would."""
+        api_version, kind = str(obj.get("apiVersion") or ""), str(obj.get("kind") or "")
+        group = api_version.rpartition("/")[0]
+        info = self.server.registry.by_kind(group, kind)
+        if info is None:
+            raise LookupError(f"the emulator serves no {kind} in {api_version or 'v1'} (is its CRD installed?)")
+        ns = (obj.get("metadata") or {}).get("namespace") or "default" if info.namespaced else ""
+        return await self.api.create(info, ns, obj, self._ctx())
+
     async def patch(
         self, gr: GroupResource, namespace: str, name: str, patch: dict[str, Any], subresource: str = ""
     ) -> dict[str, Any]:

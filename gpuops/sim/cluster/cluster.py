@@ -9,13 +9,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import structlog
+import yaml
 
 from ...accounting.quantity import parse_quantity
 from ..apiserver import APIServer
+from ..apiserver.errors import StatusError
 from ..cloud import CloudOptions, CloudServer, InstanceType
 from ..scenario import Fault, NodeGroup, Scenario
 from ..workload import WorkloadDriver
@@ -28,6 +31,7 @@ from .nodelifecycle import NodeLifecycle, NodeLifecycleOptions
 from .scheduler import Scheduler, SchedulerOptions
 
 log = structlog.get_logger("gpuops.sim.cluster")
+BUDGETS = ("gpuops.io", "gpuworkloadbudgets")
 
 
 def machines_of(group: NodeGroup) -> list[Machine]:
@@ -97,8 +101,10 @@ class SimCluster:
         workload: bool = True,
         faults: bool = True,
         tls: bool = False,
+        manifests: Sequence[Path] = (),
     ) -> None:
         self.scenario = scenario
+        self.manifests = list(manifests)
         self.server = APIServer(
             host,
             port,
@@ -157,6 +163,12 @@ class SimCluster:
             if self.access.get(NAMESPACES, "", ns) is None:
                 await self.access.create(NAMESPACES, "", {"apiVersion": "v1", "kind": "Namespace",
                                                           "metadata": {"name": ns}})
+        for path in self.manifests:
+            for doc in yaml.safe_load_all(path.read_text()):
+                if isinstance(doc, dict) and doc.get("kind"):
+                    await self._create_once(doc)
+        for obj in self.scenario.objects:
+            await self._create_once(obj)
         for loop in self._loops:
             loop.start()
         for group in self.scenario.node_groups:
@@ -169,6 +181,13 @@ class SimCluster:
             self.fault_plan.start()
         log.info("sim cluster up", scenario=self.scenario.name, apiserver=self.server.url, cloud=self.cloud.url,
                  machines=len(self.fleet.machines))
+
+    async def _create_once(self, obj: dict[str, Any]) -> None:
+        try:
+            await self.access.create_object(obj)
+        except StatusError as e:
+            if e.code != 409:
+                raise
 
     async def stop(self) -> None:
         for loop in (self.fault_plan, self.workload, *reversed(self._loops)):
@@ -278,12 +297,26 @@ class SimCluster:
                      if c.get("status") == "True"}
             jobs["complete" if "Complete" in conds else "failed" if "Failed" in conds
                  else "suspended" if "Suspended" in conds else "active"] += 1
+        budgets = []
+        if self.server.registry.by_kind("gpuops.io", "GPUWorkloadBudget") is not None:
+            for b in self.access.iter(BUDGETS):
+                st, spec = b.get("status") or {}, b.get("spec") or {}
+                exceeded = any(c.get("type") == "QuotaExceeded" and c.get("status") == "True"
+                               for c in st.get("conditions") or [])
+                budgets.append({
+                    "name": f"{b['metadata'].get('namespace', '')}/{b['metadata']['name']}",
+                    "consumed": st.get("consumedGpuHours", "-"),
+                    "quota": (spec.get("quota") or {}).get("gpuHours", "-"),
+                    "action": (spec.get("enforcement") or {}).get("action", "AlertOnly"),
+                    "exceeded": exceeded,
+                })
         off = [m.name for m in self.fleet.machines.values() if m.state == "off"]
         return {
             "scenario": self.scenario.name,
             "pods": dict(phases),
             "unschedulable": unschedulable,
             "jobs": dict(jobs),
+            "budgets": budgets,
             "nodes": sorted(nodes, key=lambda x: x["name"]),
             "machines_off": sorted(off),
             "gpus_total": sum(x["gpus"] for x in nodes if x["ready"]),

@@ -1,0 +1,106 @@
+"""Budget metrics, computed when Prometheus scrapes: exact at that instant, not at the last reconcile.
+
+Each reconcile leaves a `Snapshot` of its accounting inputs (live intervals, ledger, window, quota); a scrape
+evaluates `window_usage` on them at the scrape time, so running pods accrue between reconciles and intervals
+sliding out of the window drop out on time. A deleted budget's snapshot is dropped and its series vanish
+with it. Sources register while their controller runs (several managers may share one test process; the
+latest snapshot of a budget wins).
+
+The enforcement counter is an ordinary Counter labelled by action and result (no budget labels: those would
+outlive the budget).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Protocol
+
+from prometheus_client import REGISTRY, Counter
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gpuops.accounting.gpuhours import Interval, Ledger, window_usage
+
+__all__ = ["COLLECTOR", "ENFORCEMENT_ACTIONS", "BudgetCollector", "Snapshot", "SnapshotSource"]
+
+ENFORCEMENT_ACTIONS = Counter(
+    "gpuops_budget_enforcement_actions",
+    "Enforcement steps taken by GPUWorkloadBudgets, by action (AlertOnly, Pause, Evict) and result"
+    " (Alerted, Suspended, Marked, Resumed, Unmarked, Evicted, Blocked, Error).",
+    ["action", "result"],
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    live: tuple[Interval, ...]
+    ledger: Ledger
+    window: int
+    quota: Fraction
+
+
+class SnapshotSource(Protocol):
+    def snapshots(self) -> Mapping[tuple[str, str], Snapshot]: ...
+
+    def now(self) -> int: ...
+
+
+_GAUGES = (
+    ("gpuops_budget_consumed_gpu_hours", "GPU-hours used inside the budget's window, at scrape time."),
+    ("gpuops_budget_quota_gpu_hours", "The budget's quota in GPU-hours per window."),
+    ("gpuops_budget_remaining_gpu_hours", "Quota minus consumption, floored at 0, at scrape time."),
+    ("gpuops_budget_tracked_pods", "Pods (live or in the ledger) whose GPU usage overlaps the window."),
+    ("gpuops_budget_over_quota", "1 while consumption >= quota, else 0."),
+)
+
+
+class BudgetCollector(Collector):
+    def __init__(self) -> None:
+        self._sources: list[SnapshotSource] = []
+        self._lock = threading.Lock()  # scrapes run on the HTTP server's thread in some setups
+
+    def register(self, source: SnapshotSource) -> Callable[[], None]:
+        """Start reporting `source`; returns the function that stops it."""
+        with self._lock:
+            self._sources.append(source)
+
+        def unregister() -> None:
+            with self._lock:
+                if source in self._sources:
+                    self._sources.remove(source)
+
+        return unregister
+
+    def _families(self) -> list[GaugeMetricFamily]:
+        return [GaugeMetricFamily(name, text, labels=["namespace", "name"]) for name, text in _GAUGES]
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        return self._families()
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        with self._lock:
+            sources = list(self._sources)
+        rows: dict[tuple[str, str], tuple[float, float, float, float, float]] = {}
+        for source in sources:
+            now = source.now()
+            for labels, snap in list(source.snapshots().items()):
+                usage = window_usage(snap.live, snap.ledger, now=now, window=snap.window, quota=snap.quota)
+                rows[labels] = (
+                    float(usage.consumed),
+                    float(snap.quota),
+                    float(usage.remaining),
+                    float(usage.pods_in_window),
+                    1.0 if usage.over_quota else 0.0,
+                )
+        families = self._families()
+        for labels, values in sorted(rows.items()):
+            for family, value in zip(families, values, strict=True):
+                family.add_metric(list(labels), value)
+        return families
+
+
+COLLECTOR = BudgetCollector()
+REGISTRY.register(COLLECTOR)

@@ -1,0 +1,330 @@
+"""The budget controller's pure parts (spec checks, selectors, timestamps, the pod contract, ledger <-> status,
+status diffs) and one reconcile driven by an injected clock against in-memory caches: requeues land exactly on
+the instant the answer changes (quota crossing, end of the delay, alert reminder)."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Any
+
+import msgspec
+import pytest
+
+from gpuops.accounting.gpuhours import Ledger, LedgerBucket, LedgerEntry, format_gpu_hours
+from gpuops.controllers.budget.api import (
+    BudgetSpec,
+    BudgetStatus,
+    GPUWorkloadBudget,
+    LedgerStatus,
+    SpecError,
+    compile_selector,
+    format_time,
+    parse_spec,
+    parse_time,
+)
+from gpuops.controllers.budget.enforcement import Enforcer
+from gpuops.controllers.budget.reconciler import (
+    Book,
+    BudgetReconciler,
+    Options,
+    _departed_entry,
+    _diff,
+    compact,
+    ledger_from_status,
+    ledger_to_status,
+    pod_gpus,
+    pod_span,
+)
+from gpuops.kube.controller import Request
+from gpuops.kube.informer import Store
+from gpuops.kube.objects import LabelSelector, Pod
+
+S = 1_000_000
+
+
+def spec(**over: Any) -> BudgetSpec:
+    raw: dict[str, Any] = {"selector": {"matchLabels": {"team": "a"}}, "quota": {"gpuHours": "1", "windowHours": 1}}
+    raw.update(over)
+    return msgspec.convert(raw, BudgetSpec)
+
+
+def mkpod(**raw: Any) -> Pod:
+    base: dict[str, Any] = {"metadata": {"name": "p", "namespace": "ns", "uid": "u1", "labels": {"team": "a"},
+                                         "resourceVersion": "1"},
+                            "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}
+    for k, v in raw.items():
+        base[k] = {**base.get(k, {}), **v}
+    return msgspec.convert(base, Pod)
+
+
+def at(seconds: int) -> str:
+    return format_time(seconds * S)
+
+
+# ---------------------------------------------------------------------------------------------- api
+
+
+def test_time_round_trip_and_forms() -> None:
+    assert parse_time("1970-01-01T00:00:01Z") == S
+    assert parse_time("1970-01-01T00:00:01.5Z") == S + 500_000
+    assert parse_time("1970-01-01T00:00:01.123456789Z") == S + 123_456  # nanoseconds truncated
+    assert parse_time("1970-01-01T01:00:00+01:00") == 0
+    assert format_time(S) == "1970-01-01T00:00:01Z" and format_time(S + 7) == "1970-01-01T00:00:01.000007Z"
+    for t in (0, S, 1_700_000_000 * S + 123):
+        assert parse_time(format_time(t)) == t
+    with pytest.raises(ValueError, match="RFC 3339"):
+        parse_time("yesterday")
+
+
+def test_selector_semantics_and_errors() -> None:
+    sel = compile_selector(msgspec.convert({"matchLabels": {"a": "1"}, "matchExpressions": [
+        {"key": "b", "operator": "In", "values": ["x", "y"]},
+        {"key": "c", "operator": "NotIn", "values": ["z"]},
+        {"key": "d", "operator": "Exists"},
+        {"key": "e", "operator": "DoesNotExist"}]}, LabelSelector))
+    assert sel.matches({"a": "1", "b": "x", "d": ""})  # NotIn holds when the key is absent
+    assert not sel.matches({"a": "1", "b": "x", "c": "z", "d": ""})
+    assert not sel.matches({"a": "1", "b": "q", "d": ""})
+    assert not sel.matches({"a": "1", "b": "x", "d": "", "e": "1"})
+    assert not sel.matches(None)
+    with pytest.raises(SpecError, match="must not be empty") as err:
+        compile_selector(LabelSelector())
+    assert err.value.field == "spec.selector"
+    bad = msgspec.convert({"matchExpressions": [{"key": "k", "operator": "Near", "values": ["v"]}]}, LabelSelector)
+    with pytest.raises(SpecError) as err:
+        compile_selector(bad)
+    assert err.value.field == "spec.selector.matchExpressions[0].operator"
+
+
+@pytest.mark.parametrize(("override", "field"), [
+    ({"quota": {"gpuHours": "0", "windowHours": 1}}, "spec.quota.gpuHours"),
+    ({"quota": {"gpuHours": "x", "windowHours": 1}}, "spec.quota.gpuHours"),
+    ({"quota": {"gpuHours": "1", "windowHours": 0}}, "spec.quota.windowHours"),
+    ({"enforcement": {"action": "Kill"}}, "spec.enforcement.action"),
+    ({"enforcement": {"delaySeconds": -1}}, "spec.enforcement.delaySeconds"),
+    ({"selector": {}}, "spec.selector"),
+])
+def test_parse_spec_names_the_bad_field(override: dict[str, Any], field: str) -> None:
+    with pytest.raises(SpecError) as err:
+        parse_spec(spec(**override))
+    assert err.value.field == field and str(err.value).startswith(field)
+
+
+def test_parse_spec_units() -> None:
+    p = parse_spec(spec(quota={"gpuHours": 3, "windowHours": 2}, enforcement={"delaySeconds": 5}))
+    assert (p.quota, p.window, p.delay, p.action, p.resource) == (3, 2 * 3600 * S, 5 * S, "AlertOnly",
+                                                                  "nvidia.com/gpu")
+    assert parse_spec(spec(quota={"gpuHours": "500m", "windowHours": 1})).quota == Fraction(1, 2)
+
+
+# ---------------------------------------------------------------------------------------------- pods
+
+
+def test_pod_span_contract() -> None:
+    pending = mkpod(status={"phase": "Pending"})
+    assert pod_span(pending) == (None, None, False)
+    running = mkpod(status={"phase": "Running", "startTime": at(5), "containerStatuses": [
+        {"name": "c", "state": {"running": {"startedAt": at(9)}},
+         "lastState": {"terminated": {"startedAt": at(7), "finishedAt": at(8)}}}]})
+    assert pod_span(running) == (7 * S, None, False)  # earliest container start, lastState included
+    only_start_time = mkpod(status={"phase": "Running", "startTime": at(5)})
+    assert pod_span(only_start_time) == (5 * S, None, False)
+    done = mkpod(status={"phase": "Succeeded", "containerStatuses": [
+        {"name": "c", "state": {"terminated": {"startedAt": at(10), "finishedAt": at(20)}}},
+        {"name": "d", "state": {"terminated": {"startedAt": at(11), "finishedAt": at(25)}}}],
+        "initContainerStatuses": [{"name": "i", "state": {"terminated": {"startedAt": at(3), "finishedAt": at(4)}}}]})
+    assert pod_span(done) == (3 * S, 25 * S, True)  # init containers hold the devices too
+    deleting = mkpod(metadata={"deletionTimestamp": at(40)}, status={"phase": "Running", "containerStatuses": [
+        {"name": "c", "state": {"terminated": {"startedAt": at(10), "finishedAt": at(30)}}}]})
+    assert pod_span(deleting) == (10 * S, 30 * S, True)  # all containers ended: final before the phase says so
+    unknown = mkpod(metadata={"deletionTimestamp": at(40)}, status={"phase": "Failed", "startTime": at(10),
+                                                                    "containerStatuses": [
+        {"name": "c", "state": {"terminated": {"reason": "ContainerStatusUnknown"}}}]})
+    assert pod_span(unknown) == (10 * S, 40 * S, True)
+    # a running pod that vanished ends when it was seen gone, or at its deletionTimestamp if earlier
+    assert _departed_entry(running, 50 * S, Fraction(2)) == LedgerEntry(uid="u1", start=7 * S, end=50 * S, gpus=2)
+    gone = mkpod(metadata={"deletionTimestamp": at(30)}, status=running.status and msgspec.to_builtins(running.status))
+    assert _departed_entry(gone, 50 * S, Fraction(2)) == LedgerEntry(uid="u1", start=7 * S, end=30 * S, gpus=2)
+
+
+def test_pod_gpus_is_the_effective_request() -> None:
+    assert pod_gpus(mkpod(), "nvidia.com/gpu") == 2  # limits only: the request defaults to them
+    init = mkpod(spec={"initContainers": [{"name": "i", "resources": {"requests": {"nvidia.com/gpu": "4"}}}]})
+    assert pod_gpus(init, "nvidia.com/gpu") == 4
+    cpu = mkpod(spec={"containers": [{"name": "c", "resources": {"requests": {"cpu": "100m"}}}]})
+    assert pod_gpus(cpu, "cpu") == Fraction(1, 10) and pod_gpus(cpu, "nvidia.com/gpu") == 0
+
+
+# ---------------------------------------------------------------------------------------------- ledger, diff
+
+
+def test_ledger_status_round_trip_is_exact() -> None:
+    ledger = Ledger(
+        entries=(LedgerEntry(uid="a", start=S, end=3 * S + 5, gpus=Fraction(1, 10)),),
+        buckets=(LedgerBucket(start=0, end=15 * S, gpu_micros=Fraction(15, 2) * S, peak_gpus=Fraction(3, 2)),),
+    )
+    book = Book(ledger, {"a": "pod-a"}, compacted_through=S // 2)
+    st = ledger_to_status(book, resource="cpu", max_entries=500, bucket_width=15 * S, error=Fraction(0))
+    assert st.entries is not None and (st.entries[0].name, st.entries[0].gpus) == ("pod-a", "100m")
+    assert st.buckets is not None and st.buckets[0].gpu_seconds == "7500m" and st.bucket_seconds == 15
+    assert ledger_from_status(msgspec.convert(msgspec.to_builtins(st), LedgerStatus), "cpu") == book
+    assert ledger_from_status(st, "nvidia.com/gpu") == Book()  # another resource: not comparable
+
+
+def test_compaction_merges_up_to_a_watermark_and_keeps_open_pods() -> None:
+    entries = [LedgerEntry(uid=f"u{i}", start=i * S, end=(i + 10) * S, gpus=Fraction(1)) for i in range(20)]
+    book = Book(Ledger(), {e.uid: e.uid for e in entries})
+    out = compact(book, entries, now=100 * S, window=3600 * S, max_entries=5, bucket_width=15 * S,
+                  open_uids={"u0"}, margin=60 * S)
+    # 15 over the limit; the oldest by end that are not open merge: u1..u15 (ends 11..25 s); u0 is open
+    assert out.compacted_through == 25 * S
+    kept = {"u0", "u16", "u17", "u18", "u19"}
+    assert {e.uid for e in out.ledger.entries} == kept and set(out.names) == kept
+    merged = sum((b.gpu_micros for b in out.ledger.buckets), Fraction(0))
+    assert merged == 15 * 10 * S  # nothing lost in the buckets
+    assert out.covers(25 * S) and not out.covers(26 * S)
+    again = compact(out, [], now=101 * S, window=3600 * S, max_entries=5, bucket_width=15 * S, open_uids=(),
+                    margin=60 * S)
+    assert again == out
+    recent = compact(Book(), entries, now=30 * S, window=3600 * S, max_entries=5, bucket_width=15 * S,
+                     open_uids=(), margin=60 * S)
+    assert recent.compacted_through is None and len(recent.ledger.entries) == 20  # all ended < 60 s ago
+
+
+def test_status_diff_sends_only_changes() -> None:
+    old = BudgetStatus(consumed_gpu_hours="1.000000", tracked_pods=2, exhausts_at="x",
+                       ledger=LedgerStatus(resource_name="r", error_bound_gpu_hours="0.000000"))
+    new = msgspec.structs.replace(old, tracked_pods=0, exhausts_at=None,
+                                  ledger=LedgerStatus(resource_name="r", error_bound_gpu_hours="0.000001"))
+    assert _diff(old, new, nested=("ledger",)) == {"trackedPods": 0, "exhaustsAt": None,
+                                                   "ledger": {"errorBoundGpuHours": "0.000001"}}
+    assert _diff(old, old) == {}
+
+
+# ---------------------------------------------------------------------------------------------- reconcile, fake caches
+
+
+class FakeInformer:
+    def __init__(self, items: list[Any]) -> None:
+        self.store: Store[Any] = Store(lambda o: f"{o.metadata.namespace}/{o.metadata.name}",
+                                       lambda o: o.metadata.resource_version)
+        for item in items:
+            self.store.upsert(item)
+
+    def add_index(self, name: str, fn: Any) -> None:
+        self.store.add_index(name, fn)
+
+
+class FakeClient:
+    def __init__(self, budgets: FakeInformer) -> None:
+        self.budgets = budgets
+        self.patches: list[tuple[str, str | None, dict[str, Any]]] = []
+        self.on_write: list[Any] = []
+
+    async def patch(self, rt: Any, name: str, body: dict[str, Any], *, namespace: str = "",
+                    subresource: str | None = None, **_: Any) -> Any:
+        self.patches.append((name, subresource, body))
+        if subresource == "status":  # apply to the cached budget, as the watch would
+            b = self.budgets.store.get(f"{namespace}/{name}")
+            raw = msgspec.to_builtins(b)
+            raw["status"].update({k: v for k, v in body["status"].items() if v is not None})
+            for k in [k for k, v in body["status"].items() if v is None]:
+                raw["status"].pop(k, None)
+            raw["metadata"]["resourceVersion"] = str(int(raw["metadata"]["resourceVersion"]) + 1)
+            self.budgets.store.upsert(msgspec.convert(raw, GPUWorkloadBudget))
+        return None
+
+
+class FakeRecorder:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str]] = []
+
+    def record(self, obj: Any, type: str, reason: str, message: str, **_: Any) -> None:
+        self.events.append((type, reason, message))
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_requeue_lands_on_the_crossing_the_delay_and_the_reminder() -> None:
+    budget = msgspec.convert({
+        "metadata": {"name": "b", "namespace": "ns", "uid": "bu", "generation": 1, "resourceVersion": "1"},
+        "spec": {"selector": {"matchLabels": {"team": "a"}}, "quota": {"gpuHours": "1", "windowHours": 24},
+                 "enforcement": {"action": "AlertOnly", "delaySeconds": 60}}}, GPUWorkloadBudget)
+    running = mkpod(status={"phase": "Running", "containerStatuses": [
+        {"name": "c", "state": {"running": {"startedAt": at(1_000)}}}]})  # 2 GPUs from t = 1000 s
+    pods, budgets, jobs = FakeInformer([running]), FakeInformer([budget]), FakeInformer([])
+    client, recorder = FakeClient(budgets), FakeRecorder()
+    now = [1_600 * S]
+    enforcer = Enforcer(client, pods, jobs, recorder)  # type: ignore[arg-type]
+    rec = BudgetReconciler(client, pods, budgets, jobs, enforcer, clock=lambda: now[0])  # type: ignore[arg-type]
+    req = Request("ns", "b")
+
+    # 2 GPUs reach 1 GPU-hour 1800 s after the start: at t = 2800 s
+    result = await rec.reconcile(req)
+    assert result is not None and result.requeue_after == pytest.approx(1_200.001, abs=1e-9)
+    st = budgets.store.get("ns/b").status
+    assert st.consumed_gpu_hours == "0.333333" and st.exhausts_at == at(2_800) and st.burn_rate_gpus == "2"
+
+    now[0] = 2_800 * S  # the requeue fires: over quota (equality), the 60 s delay starts
+    result = await rec.reconcile(req)
+    st = budgets.store.get("ns/b").status
+    assert st.consumed_gpu_hours == "1.000000" and st.over_quota_since == at(2_800)
+    assert result is not None and result.requeue_after == pytest.approx(60.001, abs=1e-9)
+    assert recorder.events == []
+
+    now[0] = 2_860 * S  # the delay expires: one alert, the next in 10 minutes
+    result = await rec.reconcile(req)
+    assert [e[1] for e in recorder.events] == ["QuotaExceeded"]
+    assert result is not None and result.requeue_after == pytest.approx(600.001, abs=1e-9)
+    now[0] = 2_900 * S
+    await rec.reconcile(req)
+    assert len(recorder.events) == 1  # no storm
+    assert rec.map_pod(running) == [req]
+
+
+@pytest.mark.anyio
+async def test_finished_pods_still_in_the_api_are_compacted_without_double_counting() -> None:
+    budget = msgspec.convert({
+        "metadata": {"name": "b", "namespace": "ns", "uid": "bu", "generation": 1, "resourceVersion": "1"},
+        "spec": {"selector": {"matchLabels": {"team": "a"}}, "quota": {"gpuHours": "100", "windowHours": 24}}},
+        GPUWorkloadBudget)
+    done = [mkpod(metadata={"name": f"p{i}", "uid": f"u{i}"}, status={"phase": "Succeeded", "containerStatuses": [
+        {"name": "c", "state": {"terminated": {"startedAt": at(1_000 + i), "finishedAt": at(1_010 + i)}}}]})
+        for i in range(8)]  # 8 pods x 2 GPUs x 10 s = 160 GPU-seconds
+    pods, budgets, jobs = FakeInformer(done), FakeInformer([budget]), FakeInformer([])
+    client, recorder = FakeClient(budgets), FakeRecorder()
+    now = [2_000 * S]
+    enforcer = Enforcer(client, pods, jobs, recorder)  # type: ignore[arg-type]
+    rec = BudgetReconciler(client, pods, budgets, jobs, enforcer, clock=lambda: now[0],  # type: ignore[arg-type]
+                           options=Options(max_ledger_entries=3, compaction_margin=0))
+    for t in (2_000, 2_100, 2_200):
+        now[0] = t * S
+        await rec.reconcile(Request("ns", "b"))
+        st = budgets.store.get("ns/b").status
+        assert st.consumed_gpu_hours == format_gpu_hours(Fraction(160, 3600))
+        assert st.ledger is not None and len(st.ledger.entries or ()) == 3 and st.ledger.compacted_through
+        assert st.ledger.error_bound_gpu_hours == "0.000000"  # no bucket straddles the window's edge yet
+
+
+@pytest.mark.anyio
+async def test_an_invalid_spec_that_slipped_past_admission_shows_in_conditions_once() -> None:
+    budget = msgspec.convert({
+        "metadata": {"name": "b", "namespace": "ns", "uid": "bu", "generation": 3, "resourceVersion": "1"},
+        "spec": {"selector": {}, "quota": {"gpuHours": "1", "windowHours": 1}}}, GPUWorkloadBudget)
+    pods, budgets, jobs = FakeInformer([]), FakeInformer([budget]), FakeInformer([])
+    client, recorder = FakeClient(budgets), FakeRecorder()
+    enforcer = Enforcer(client, pods, jobs, recorder)  # type: ignore[arg-type]
+    rec = BudgetReconciler(client, pods, budgets, jobs, enforcer, clock=lambda: 5 * S)  # type: ignore[arg-type]
+    for _ in range(2):
+        assert await rec.reconcile(Request("ns", "b")) is None
+    st = budgets.store.get("ns/b").status
+    ready = next(c for c in st.conditions or () if c.type == "Ready")
+    assert (ready.status, ready.reason) == ("False", "InvalidSpec") and ready.message.startswith("spec.selector:")
+    assert [c.status for c in st.conditions or () if c.type == "Degraded"] == ["True"]
+    assert st.observed_generation == 3
+    assert [e[1] for e in recorder.events] == ["InvalidSpec"]  # once, not per reconcile
+    assert len(client.patches) == 1
