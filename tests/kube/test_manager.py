@@ -472,7 +472,14 @@ def _get(url: str, token: str | None = None) -> tuple[int, str]:
 
 
 def test_gpuops_run_serves_probes_and_exits_cleanly_on_sigterm(apiserver: Any) -> None:
-    """The real entrypoint in a subprocess: ready, leader, then SIGTERM -> exit 0 and the lease released."""
+    """The real entrypoint in a subprocess: ready, leader, then SIGTERM -> exit 0 and the lease released.
+
+    It runs every registered controller, as a user's `gpuops run` does, so our CRDs go in first (as
+    `kubectl apply -k manifests` would put them there)."""
+    kubectl = str(Path(sys.executable).parent / "kubectl")
+    crds = str(ROOT / "manifests" / "crds")
+    subprocess.run([kubectl, "--kubeconfig", str(apiserver.kubeconfig), "apply", "-f", crds],
+                   check=True, capture_output=True, timeout=60)
     metrics_port, probe_port = _free_port(), _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpuops", "run", "--kubeconfig", str(apiserver.kubeconfig), "--leader-elect",
