@@ -43,7 +43,7 @@ import structlog
 
 from . import metrics
 from .client import Client
-from .errors import ApiError, Gone, ServerError, TooManyRequests, TransportError
+from .errors import ApiError, Gone, NotFound, ServerError, TooManyRequests, TransportError
 from .resources import ResourceType
 
 __all__ = ["INITIAL_EVENTS_END", "Backoff", "Reflector", "ReflectorOptions", "Sink"]
@@ -457,6 +457,12 @@ class Reflector(Generic[T]):
         if isinstance(e, Gone) or (isinstance(e, ApiError) and _too_large_rv(e)):
             self._rv_unavailable = True
             return "expired"
+        if isinstance(e, NotFound):
+            # The usual cause is a CustomResourceDefinition that is not installed (yet): say so, once per
+            # backoff step, at a level operators see; the reflector keeps retrying and syncs once it appears.
+            log.warning("list failed: the API server does not serve this resource; if it is a custom resource, "
+                        "install its CRD (kubectl apply -k manifests)", informer=self.name, path=self._path)
+            return "error"
         log.info("list failed", informer=self.name, error=str(e))
         return "error"
 
