@@ -486,6 +486,8 @@ def _col(
 
 _NAME = _col("Name", "string", _NAME_DESC, fmt="name")
 _AGE = _col("Age", "string", _CREATED_DESC)
+_CONTAINERS = _col("Containers", description="Names of each container in the template.", priority=1)
+_IMAGES = _col("Images", description="Images referenced by each container in the template.", priority=1)
 
 _POD_COLUMNS = [
     _NAME,
@@ -537,8 +539,8 @@ _DEPLOYMENT_COLUMNS = [
     _col("Up-to-date", description="Pods that run the newest template."),
     _col("Available", description="Pods available for at least minReadySeconds."),
     _AGE,
-    _col("Containers", description="Names of each container in the template.", priority=1),
-    _col("Images", description="Images referenced by each container in the template.", priority=1),
+    _CONTAINERS,
+    _IMAGES,
     _col("Selector", description="Label query over the pods the deployment manages.", priority=1),
 ]
 _JOB_COLUMNS = [
@@ -547,8 +549,8 @@ _JOB_COLUMNS = [
     _col("Completions", description="The desired number of successfully finished pods the job should be run with."),
     _col("Duration", description="Time required to complete the job."),
     _AGE,
-    _col("Containers", description="Names of each container in the template.", priority=1),
-    _col("Images", description="Images referenced by each container in the template.", priority=1),
+    _CONTAINERS,
+    _IMAGES,
     _col("Selector", description="A label query over pods that should match the pod count.", priority=1),
 ]
 _EVENT_COLUMNS = [
@@ -804,17 +806,24 @@ def _int_or_string(value: Any) -> str:
 
 def _deployment_cells(obj: Mapping[str, Any], now: datetime) -> Cells:
     spec, status = _dict(obj.get("spec")), _dict(obj.get("status"))
-    containers = _list(_g(spec, "template", "spec", "containers"))
-    try:
-        selector = str(label_selector_from_object(spec.get("selector")))
-    except ValueError:
-        selector = "<invalid>"
     return [
         _name(obj),
         f"{_int(status.get('readyReplicas'))}/{_int(spec.get('replicas'), 1)}",
         _int(status.get("updatedReplicas")),
         _int(status.get("availableReplicas")),
         _age(obj, now),
+        *_template_cells(spec),
+    ]
+
+
+def _template_cells(spec: Mapping[str, Any]) -> Cells:
+    """The wide columns of workload kinds: the template's container names and images, and the selector."""
+    containers = _list(_g(spec, "template", "spec", "containers"))
+    try:
+        selector = str(label_selector_from_object(spec.get("selector")))
+    except ValueError:
+        selector = "<invalid>"
+    return [
         ",".join(_str(_g(c, "name")) for c in containers),
         ",".join(_str(_g(c, "image")) for c in containers),
         selector,
@@ -849,20 +858,13 @@ def _job_cells(obj: Mapping[str, Any], now: datetime) -> Cells:
     started = _parse_time(status.get("startTime"))
     finished = _parse_time(status.get("completionTime"))
     duration = "" if started is None else human_duration((finished or now) - started)
-    containers = _list(_g(spec, "template", "spec", "containers"))
-    try:
-        selector = str(label_selector_from_object(spec.get("selector")))
-    except ValueError:
-        selector = "<invalid>"
     return [
         _name(obj),
         state,
         completions,
         duration,
         _age(obj, now),
-        ",".join(_str(_g(c, "name")) for c in containers),
-        ",".join(_str(_g(c, "image")) for c in containers),
-        selector,
+        *_template_cells(spec),
     ]
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
 
 import pytest
+from cluster_waits import wait_for
 
 from gpuops.sim.apiserver import APIServer
 from gpuops.sim.cluster.access import EVENTS, LEASES, NODE_LEASE_NAMESPACE, NODES, PODS, ClusterAccess
@@ -25,18 +26,6 @@ def anyio_backend() -> str:
 
 FAST = KubeletOptions(start_latency_seconds=0.05, lease_seconds=0.1, node_status_seconds=0.3,
                       restart_backoff_seconds=0.3, restart_backoff_max_seconds=1.0)
-
-
-async def wait_for(pred: Callable[[], Any], within: float = 5.0, what: str = "condition") -> Any:
-    """Poll `pred` every 5 ms until it is truthy (returned) or `within` seconds pass."""
-    deadline = time.monotonic() + within
-    while True:
-        got = pred()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 @asynccontextmanager
