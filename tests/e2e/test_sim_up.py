@@ -36,8 +36,9 @@ TOO_BIG = POD.replace("two-seconds", "too-big").replace('nvidia.com/gpu: "1"', '
 
 
 def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
-    out = subprocess.run([KUBECTL, "--kubeconfig", str(kubeconfig), *args], input=stdin, capture_output=True,
-                         text=True, timeout=60)
+    cache = str(kubeconfig.parent / "kubectl-cache")  # discovery is cached per host:port; ports get reused
+    out = subprocess.run([KUBECTL, "--kubeconfig", str(kubeconfig), "--cache-dir", cache, *args], input=stdin,
+                         capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return out.stdout
 

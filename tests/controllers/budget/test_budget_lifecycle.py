@@ -144,7 +144,11 @@ async def test_invalid_specs_are_refused_with_the_field_named(tmp_path: Path) ->
 
 
 async def kubectl(env: Env, *args: str) -> str:
-    proc = await asyncio.create_subprocess_exec(KUBECTL, "--kubeconfig", str(env.kubeconfig), *args,
+    # A cache of its own: kubectl keeps discovery per host:port, and an earlier test's emulator on the same
+    # loopback port (without our CRD) would answer `explain gwb` from that stale cache.
+    cache = str(Path(env.kubeconfig).parent / "kubectl-cache")
+    proc = await asyncio.create_subprocess_exec(KUBECTL, "--kubeconfig", str(env.kubeconfig), "--cache-dir", cache,
+                                                *args,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()

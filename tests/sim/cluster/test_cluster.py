@@ -117,7 +117,8 @@ async def test_spot_instance_joins_and_its_reclaim_removes_the_node() -> None:
 
 
 async def kubectl(kubeconfig: Path, *args: str) -> str:
-    proc = await asyncio.create_subprocess_exec(KUBECTL, "--kubeconfig", str(kubeconfig), *args,
+    cache = str(kubeconfig.parent / "kubectl-cache")  # discovery is cached per host:port; ports get reused
+    proc = await asyncio.create_subprocess_exec(KUBECTL, "--kubeconfig", str(kubeconfig), "--cache-dir", cache, *args,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()
