@@ -13,6 +13,7 @@ import contextlib
 import heapq
 import itertools
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Hashable
 
 import structlog
@@ -20,7 +21,7 @@ import structlog
 log = structlog.get_logger("gpuops.sim.cluster")
 
 
-class Loop:
+class Loop(ABC):
     """Base of a component: `step()` runs after every wake-up; it must be safe to call at any time."""
 
     name = "component"
@@ -81,8 +82,9 @@ class Loop:
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
 
+    @abstractmethod
     async def step(self) -> None:
-        raise NotImplementedError
+        """One pass over recorded work and due timers; each component defines its own."""
 
     async def _run(self) -> None:
         while True:

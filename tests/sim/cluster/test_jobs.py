@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cluster_waits import wait_for
 
 from gpuops.sim.apiserver import APIServer
 from gpuops.sim.cluster.access import EVENTS, JOBS, PODS, ClusterAccess
@@ -80,14 +81,7 @@ class Env:
         return lambda: self.status(name).get(key) == value
 
     async def until(self, pred: Callable[[], Any], what: str, limit_s: float = 5.0) -> Any:
-        deadline = time.monotonic() + limit_s
-        while True:
-            got = pred()
-            if got:
-                return got
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}")
-            await asyncio.sleep(0.005)
+        return await wait_for(pred, limit_s, what)
 
 
 @pytest.fixture
