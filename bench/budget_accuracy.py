@@ -31,222 +31,30 @@ import asyncio
 import bisect
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
-
-import aiohttp
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_results
 
 from gpuops import logs
-from gpuops.accounting.quantity import parse_quantity
+from gpuops.sim.budget_workload import MICROS, budget, micros, pod, scenario, truth
 from gpuops.sim.cluster.access import PODS
 from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.scenario import parse
+from gpuops.sim.harness import OperatorHarness, cpu_seconds, metric_value, now_us, until
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD = ROOT / "manifests" / "crds" / "gpuworkloadbudgets.gpuops.io.yaml"
 NS = "bench"
-RUNTIME = "sim.gpuops.io/runtime-seconds"
 BUDGETS_PATH = f"/apis/gpuops.io/v1alpha1/namespaces/{NS}/gpuworkloadbudgets"
 PODS_PATH = f"/api/v1/namespaces/{NS}/pods"
 METRIC = "gpuops_budget_consumed_gpu_hours"
 SNAPSHOTS = (15, 30, 45)
 TARGET = Fraction(999, 1000)
-MICROS = 1_000_000
-
-
-def scenario(name: str, nodes: int, *, events: bool, start_latency: float, max_pods: int = 110,
-             lease: float = 2.0, node_status: float = 10.0) -> Any:
-    return parse({
-        "name": name,
-        "namespaces": [NS],
-        "kubelet": {"startLatencySeconds": start_latency, "leaseSeconds": lease, "nodeStatusSeconds": node_status,
-                    "events": events},
-        "scheduler": {"events": events},
-        "nodeGroups": [{"name": "a100", "gpuModel": "A100-80GB", "gpusPerNode": 8, "count": nodes,
-                        "maxPods": max_pods, "bootSeconds": 0.05, "devicePluginSeconds": 0.05}],
-    })
-
-
-def pod(name: str, labels: dict[str, str], resource: str, amount: str, runtime: float) -> dict[str, Any]:
-    res = {"limits": {resource: amount}}
-    if resource == "cpu":
-        res["requests"] = {resource: amount}
-    return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "labels": labels, "annotations": {RUNTIME: f"{runtime:g}"}},
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 0,
-            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-            "containers": [{"name": "main", "image": "cuda", "resources": res}],
-        },
-    }
-
-
-def budget(name: str, labels: dict[str, str], resource: str) -> dict[str, Any]:
-    return {"apiVersion": "gpuops.io/v1alpha1", "kind": "GPUWorkloadBudget", "metadata": {"name": name},
-            "spec": {"selector": {"matchLabels": labels}, "gpuResourceName": resource,
-                     "quota": {"gpuHours": "100000", "windowHours": 1},
-                     "enforcement": {"action": "AlertOnly", "delaySeconds": 60}}}
-
-
-def micros(text: str) -> int:
-    """RFC 3339 -> integer microseconds since the epoch (independent of the controller's parser)."""
-    d = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    return int(d.timestamp()) * MICROS + d.microsecond
-
-
-def now_us() -> int:
-    return time.time_ns() // 1000
-
-
-def truth(pods: list[dict[str, Any]], resource: str, at: int) -> Fraction:
-    """GPU-hours used by `pods` up to instant `at` (µs), from their container timestamps alone."""
-    total = Fraction(0)
-    for p in pods:
-        statuses = (p.get("status") or {}).get("containerStatuses") or []
-        starts, ends, done = [], [], bool(statuses)
-        for s in statuses:
-            state = s.get("state") or {}
-            run, term = state.get("running") or {}, state.get("terminated") or {}
-            if run.get("startedAt"):
-                starts.append(micros(run["startedAt"]))
-            if term.get("startedAt"):
-                starts.append(micros(term["startedAt"]))
-            if term.get("finishedAt"):
-                ends.append(micros(term["finishedAt"]))
-            else:
-                done = False
-        if not starts:
-            continue
-        start = min(starts)
-        end = min(max(ends), at) if done and ends else at
-        if end > start:
-            amount = sum(parse_quantity(c["resources"]["limits"][resource]) for c in p["spec"]["containers"])
-            total += amount * Fraction(end - start, 3600 * MICROS)
-    return total
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (and its waited-for children) from /proc/<pid>/stat."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-
-
-async def until(what: str, probe: Any, within: float, every: float = 0.05) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        got = await probe()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {within:g}s waiting for {what}")
-        await asyncio.sleep(every)
-
-
-class Rig:
-    """An emulated cluster with the CRD installed and `gpuops run --controllers budget` against it."""
-
-    def __init__(self, cluster: SimCluster, tmp: Path) -> None:
-        self.cluster = cluster
-        self.tmp = tmp
-        self.kubeconfig = tmp / "kubeconfig"
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.http: aiohttp.ClientSession | None = None
-
-    async def __aenter__(self) -> Rig:
-        await self.cluster.start()
-        self.cluster.write_kubeconfig(self.kubeconfig)
-        self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=None))
-        await self.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-                           yaml.safe_load(CRD.read_text()))
-        await until("the CRD served", self._crd_served, 15)
-        assert await self.cluster.wait_ready(60), "nodes did not become Ready"
-        log = (self.tmp / "operator.log").open("wb")
-        self.proc = subprocess.Popen(  # noqa: ASYNC220 (starts at once; waiting is done below with a deadline)
-            [sys.executable, "-m", "gpuops", "run", "--controllers", "budget", "--kubeconfig", str(self.kubeconfig),
-             "--metrics-bind-address", f"127.0.0.1:{self.port}", "--health-probe-bind-address", "0",
-             "--log-level", "WARNING", "--log-format", "json"],
-            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-        await until("the operator's /metrics", self._metrics_up, 30)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-            if exc[0] is not None:
-                print((self.tmp / "operator.log").read_text()[-4000:], file=sys.stderr)
-        if self.http is not None:
-            await self.http.close()
-        await self.cluster.stop()
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.cluster.server.admin_token}"}
-
-    async def request(self, method: str, path: str, body: Any = None) -> Any:
-        assert self.http is not None
-        async with self.http.request(method, self.cluster.server.url + path, headers=self.headers,
-                                     json=body) as r:
-            data = await r.json(content_type=None)
-            if r.status >= 400:
-                raise RuntimeError(f"{method} {path}: HTTP {r.status}: {data}")
-            return data
-
-    async def _crd_served(self) -> bool:
-        try:
-            await self.request("GET", BUDGETS_PATH)
-        except Exception:
-            return False
-        return True
-
-    async def _metrics_up(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"gpuops run exited with {self.proc.returncode}: "
-                               + (self.tmp / "operator.log").read_text()[-2000:])
-        try:
-            await self.scrape()
-        except aiohttp.ClientError:
-            return False
-        return True
-
-    async def scrape(self) -> tuple[str, int, int]:
-        assert self.http is not None
-        before = now_us()
-        async with self.http.get(f"http://127.0.0.1:{self.port}/metrics") as r:
-            text = await r.text()
-        return text, before, now_us()
-
-
-def metric_value(text: str, name: str) -> float | None:
-    for line in text.splitlines():
-        if line.startswith(METRIC + "{") and f'name="{name}"' in line and f'namespace="{NS}"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    return None
 
 
 # ---------------------------------------------------------------------------------------------- accuracy
@@ -257,10 +65,10 @@ async def accuracy(resource: str, amount: str, pods: int, compress: float) -> di
     rate, runtime = 10.0 * compress, 30.0 / compress
     per_node = 8 if resource != "cpu" else 110
     nodes = -(-pods // per_node) + 1
-    sc = scenario(f"budget-accuracy-{resource}", nodes, events=True, start_latency=0.5)
+    sc = scenario(f"budget-accuracy-{resource}", nodes, namespaces=[NS], events=True, start_latency=0.5)
     labels = {"app": "budget-bench"}
     with tempfile.TemporaryDirectory() as tmp:
-        async with Rig(SimCluster(sc, workload=False, faults=False), Path(tmp)) as rig:
+        async with OperatorHarness(SimCluster(sc, workload=False, faults=False), Path(tmp), crds=[CRD]) as rig:
             await rig.request("POST", BUDGETS_PATH, budget("seed", labels, resource))
 
             async def accounted() -> bool:
@@ -289,7 +97,7 @@ async def accuracy(resource: str, amount: str, pods: int, compress: float) -> di
                 st = b.get("status") or {}
                 computed = micros(st["computedAt"])
                 reported_status = Fraction(st["consumedGpuHours"])
-                value = metric_value(text, "seed")
+                value = metric_value(text, METRIC, {"namespace": NS, "name": "seed"})
                 assert value is not None, f"no {METRIC} series for the budget"
                 reported_metric = Fraction(value)
                 scrape_at = (s0 + s1) // 2
@@ -328,7 +136,7 @@ def ratio(reported: Fraction, truth_value: Fraction) -> float:
 # ---------------------------------------------------------------------------------------------- scale
 
 
-async def watch(rig: Rig, path: str, sink: Any, stop: asyncio.Event) -> None:
+async def watch(rig: OperatorHarness, path: str, sink: Any, stop: asyncio.Event) -> None:
     assert rig.http is not None
     async with rig.http.get(rig.cluster.server.url + path, params={"watch": "true"}, headers=rig.headers) as r:
         buf = b""
@@ -346,9 +154,10 @@ async def watch(rig: Rig, path: str, sink: Any, stop: asyncio.Event) -> None:
 async def scale(budgets: int, pods: int, rate: float, within: float) -> dict[str, Any]:
     per_node = 110
     nodes = -(-pods // per_node) + 1
-    sc = scenario("budget-scale", nodes, events=False, start_latency=0.5, lease=30.0, node_status=300.0)
+    sc = scenario("budget-scale", nodes, namespaces=[NS], events=False, start_latency=0.5, lease=30.0,
+                  node_status=300.0)
     with tempfile.TemporaryDirectory() as tmp:
-        async with Rig(SimCluster(sc, workload=False, faults=False), Path(tmp)) as rig:
+        async with OperatorHarness(SimCluster(sc, workload=False, faults=False), Path(tmp), crds=[CRD]) as rig:
             assert rig.proc is not None
             names = [f"b-{i:04d}" for i in range(budgets)]
             for n in names:
