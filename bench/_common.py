@@ -25,11 +25,14 @@ def machine() -> dict[str, Any]:
     }
 
 
-def write_results(name: str, figures: dict[str, float | int], summary_md: str, extra: dict[str, Any]) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+def write_results(
+    name: str, figures: dict[str, float | int], summary_md: str, extra: dict[str, Any], folder: Path = RESULTS
+) -> Path:
+    """<folder>/<name>.json (machine facts, `figures`, then `extra`) and <folder>/<name>.md."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
     path.write_text(json.dumps({"name": name, "machine": machine(), "figures": figures, **extra}, indent=2) + "\n")
-    (RESULTS / f"{name}.md").write_text(summary_md.rstrip() + "\n")
+    (folder / f"{name}.md").write_text(summary_md.rstrip() + "\n")
     return path
 
 
