@@ -12,7 +12,6 @@ when there is one.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
@@ -25,6 +24,8 @@ from gpuops.accounting.gpuhours import MICROS_PER_HOUR
 from gpuops.accounting.quantity import parse_quantity
 from gpuops.kube.objects import Condition, LabelSelector, ObjectMeta
 from gpuops.kube.resources import ResourceType
+from gpuops.kube.selectors import Selector, SelectorError
+from gpuops.kube.selectors import compile_selector as _compile
 
 __all__ = [
     "ACTIONS",
@@ -210,65 +211,12 @@ class SpecError(ValueError):
         self.field = field
 
 
-_SET_OPS = ("In", "NotIn")
-_EXIST_OPS = ("Exists", "DoesNotExist")
-
-
-@dataclass(frozen=True, slots=True)
-class Selector:
-    """A compiled metav1.LabelSelector (every requirement must hold; an empty selector is refused earlier)."""
-
-    labels: tuple[tuple[str, str], ...]
-    expressions: tuple[tuple[str, str, frozenset[str]], ...]
-
-    def matches(self, labels: Mapping[str, str] | None) -> bool:
-        have = labels or {}
-        for key, value in self.labels:
-            if have.get(key) != value:
-                return False
-        for key, op, values in self.expressions:
-            present = key in have
-            if op == "In":
-                if not present or have[key] not in values:
-                    return False
-            elif op == "NotIn":
-                if present and have[key] in values:
-                    return False
-            elif op == "Exists":
-                if not present:
-                    return False
-            elif present:  # DoesNotExist
-                return False
-        return True
-
-
 def compile_selector(selector: LabelSelector | None, field: str = "spec.selector") -> Selector:
-    """Check and compile; an empty selector is an error here (Kubernetes would let it match every pod)."""
-    if selector is None:
-        raise SpecError(field, "required: set matchLabels or matchExpressions to choose the pods to account")
-    labels = tuple(sorted((selector.match_labels or {}).items()))
-    expressions: list[tuple[str, str, frozenset[str]]] = []
-    for i, req in enumerate(selector.match_expressions or ()):
-        where = f"{field}.matchExpressions[{i}]"
-        if not req.key:
-            raise SpecError(f"{where}.key", "required: the label key to test")
-        values = tuple(req.values or ())
-        if req.operator in _SET_OPS:
-            if not values:
-                raise SpecError(f"{where}.values", f"operator {req.operator} needs at least one value")
-        elif req.operator in _EXIST_OPS:
-            if values:
-                raise SpecError(f"{where}.values", f"operator {req.operator} takes no values; remove them")
-        else:
-            raise SpecError(
-                f"{where}.operator", f"unsupported value {req.operator!r}: use In, NotIn, Exists or DoesNotExist"
-            )
-        expressions.append((req.key, req.operator, frozenset(values)))
-    if not labels and not expressions:
-        raise SpecError(
-            field, "must not be empty: an empty selector would match every pod in the namespace; set matchLabels"
-        )
-    return Selector(labels, tuple(expressions))
+    """`gpuops.kube.selectors.compile_selector`, with its error as a SpecError (an empty selector is refused)."""
+    try:
+        return _compile(selector, field)
+    except SelectorError as e:
+        raise SpecError(e.field, e.detail) from None
 
 
 # ---------------------------------------------------------------------------------------------- spec view

@@ -70,6 +70,7 @@ from gpuops.kube.errors import Conflict, NotFound
 from gpuops.kube.informer import INDEX_NAMESPACE, Informer, by_namespace
 from gpuops.kube.objects import Condition, Job, Pod
 from gpuops.kube.resources import PODS
+from gpuops.kube.selectors import anchors_of
 
 from .api import (
     BUDGETS,
@@ -110,6 +111,9 @@ _TERMINAL = ("Succeeded", "Failed")
 
 INDEX_HELD = "gpuops.io/budget-accounting"
 """Pods carrying our finalizer, by namespace."""
+INDEX_ANCHOR = "gpuops.io/selector-anchor"
+"""Budgets by "<namespace>/<anchor>" of their selector (`gpuops.kube.selectors`): a pod event finds the budgets
+that may select it in O(its labels), not O(budgets in its namespace)."""
 _LABEL_INDEX = "gpuops.io/label:"
 """Prefix of the per-key indexes "<namespace>/<label value>" that find a selector's pods without a scan."""
 
@@ -388,6 +392,7 @@ class BudgetReconciler:
         self._departed: dict[str, dict[str, tuple[Pod, int]]] = {}
         self._gpu_memo: dict[tuple[str, str], tuple[Any, Any, Any, Fraction]] = {}
         self._snapshots: dict[tuple[str, str], Snapshot] = {}
+        budgets.add_index(INDEX_ANCHOR, self._anchors)  # after _specs: the index parses specs through spec_of
 
     # ------------------------------------------------------------------------------------------ metrics source
 
@@ -424,25 +429,39 @@ class BudgetReconciler:
         self._gpu_memo[key] = (spec.containers, spec.init_containers, spec.overhead, gpus)
         return gpus
 
+    def _anchors(self, budget: GPUWorkloadBudget) -> tuple[str, ...]:
+        spec = self.spec_of(budget)
+        if isinstance(spec, SpecError):
+            return ()
+        ns = budget.metadata.namespace
+        return tuple(f"{ns}/{a}" for a in spec.selector.anchors())
+
     def _selected(self, namespace: str, spec: ParsedSpec) -> list[Pod]:
-        """The pods `spec` selects, through a label index when the selector has matchLabels."""
-        if spec.selector.labels:
-            key, value = spec.selector.labels[0]
+        """The pods `spec` selects, through a label index on its anchor requirement when it has one."""
+        anchor = spec.selector.anchor()
+        store = self.pods.store
+        if anchor is not None:
+            key, values = anchor
             name = _LABEL_INDEX + key
             if name not in self._label_indexes:
                 self.pods.add_index(name, _label_index(key))
                 self._label_indexes.add(name)
-            candidates = self.pods.store.by_index(name, f"{namespace}/{value}")
+            candidates = [p for v in values for p in store.by_index(name, f"{namespace}/{v}")]
         else:
-            candidates = self.pods.store.by_index(INDEX_NAMESPACE, namespace)
+            candidates = store.by_index(INDEX_NAMESPACE, namespace)
         return [p for p in candidates if spec.selector.matches(p.metadata.labels)]
 
-    def _budgets_in(self, namespace: str) -> list[tuple[GPUWorkloadBudget, ParsedSpec]]:
+    def _budgets_selecting(self, pod: Pod) -> list[tuple[GPUWorkloadBudget, ParsedSpec]]:
+        """The valid budgets of the pod's namespace whose selector matches it."""
+        meta = pod.metadata
+        labels = meta.labels
+        store = self.budgets.store
         out = []
-        for b in self.budgets.store.by_index(INDEX_NAMESPACE, namespace):
-            spec = self.spec_of(b)
-            if isinstance(spec, ParsedSpec):
-                out.append((b, spec))
+        for anchor in anchors_of(labels):
+            for b in store.by_index(INDEX_ANCHOR, f"{meta.namespace}/{anchor}"):
+                spec = self.spec_of(b)
+                if isinstance(spec, ParsedSpec) and spec.selector.matches(labels):
+                    out.append((b, spec))
         return out
 
     # ------------------------------------------------------------------------------------------ mappers
@@ -452,10 +471,9 @@ class BudgetReconciler:
         ns = pod.metadata.namespace
         out: list[Request] = []
         retained = False
-        for b, spec in self._budgets_in(ns):
-            if spec.selector.matches(pod.metadata.labels):
-                out.append(Request(ns, b.metadata.name))
-                retained = retained or (spec.retain and not b.metadata.deletion_timestamp)
+        for b, spec in self._budgets_selecting(pod):
+            out.append(Request(ns, b.metadata.name))
+            retained = retained or (spec.retain and not b.metadata.deletion_timestamp)
         if not retained and FINALIZER in (pod.metadata.finalizers or ()):
             out.append(Request(ns, ""))
         return out
@@ -686,11 +704,11 @@ class BudgetReconciler:
         """Retaining budgets (other than `exclude`) that still need `pod` to keep the accounting finalizer."""
         meta = pod.metadata
         out = []
-        for b, spec in self._budgets_in(meta.namespace):
+        for b, spec in self._budgets_selecting(pod):
             bkey = f"{b.metadata.namespace}/{b.metadata.name}"
             if bkey == exclude or not spec.retain or b.metadata.deletion_timestamp:
                 continue
-            if not spec.selector.matches(meta.labels) or self._gpus(pod, spec.resource) == 0:
+            if self._gpus(pod, spec.resource) == 0:
                 continue
             if span.final and (span.start is None or span.end is None or span.end <= now - spec.window):
                 continue  # never ran, or its usage already left this budget's window

@@ -76,17 +76,9 @@ def test_time_round_trip_and_forms() -> None:
         parse_time("yesterday")
 
 
-def test_selector_semantics_and_errors() -> None:
-    sel = compile_selector(msgspec.convert({"matchLabels": {"a": "1"}, "matchExpressions": [
-        {"key": "b", "operator": "In", "values": ["x", "y"]},
-        {"key": "c", "operator": "NotIn", "values": ["z"]},
-        {"key": "d", "operator": "Exists"},
-        {"key": "e", "operator": "DoesNotExist"}]}, LabelSelector))
-    assert sel.matches({"a": "1", "b": "x", "d": ""})  # NotIn holds when the key is absent
-    assert not sel.matches({"a": "1", "b": "x", "c": "z", "d": ""})
-    assert not sel.matches({"a": "1", "b": "q", "d": ""})
-    assert not sel.matches({"a": "1", "b": "x", "d": "", "e": "1"})
-    assert not sel.matches(None)
+def test_selector_errors_are_spec_errors() -> None:
+    """The budget API refuses an empty selector with a SpecError naming the field (semantics: tests/kube)."""
+    assert compile_selector(msgspec.convert({"matchLabels": {"a": "1"}}, LabelSelector)).matches({"a": "1"})
     with pytest.raises(SpecError, match="must not be empty") as err:
         compile_selector(LabelSelector())
     assert err.value.field == "spec.selector"
@@ -328,3 +320,35 @@ async def test_an_invalid_spec_that_slipped_past_admission_shows_in_conditions_o
     assert st.observed_generation == 3
     assert [e[1] for e in recorder.events] == ["InvalidSpec"]  # once, not per reconcile
     assert len(client.patches) == 1
+
+
+def test_a_pod_event_maps_to_exactly_the_budgets_that_select_it_through_the_anchor_index() -> None:
+    """Equality, In, Exists-only and NotIn-only selectors, an invalid budget, and a budget elsewhere."""
+    def mkbudget(name: str, selector: dict[str, Any], namespace: str = "ns", gen: int = 1) -> GPUWorkloadBudget:
+        return msgspec.convert({
+            "metadata": {"name": name, "namespace": namespace, "uid": name, "generation": gen,
+                         "resourceVersion": str(gen)},
+            "spec": {"selector": selector, "quota": {"gpuHours": "1", "windowHours": 1}}}, GPUWorkloadBudget)
+
+    budgets = FakeInformer([
+        mkbudget("eq", {"matchLabels": {"team": "a"}}),
+        mkbudget("in", {"matchExpressions": [{"key": "team", "operator": "In", "values": ["a", "b"]}]}),
+        mkbudget("exists", {"matchExpressions": [{"key": "team", "operator": "Exists"}]}),
+        mkbudget("notin", {"matchExpressions": [{"key": "team", "operator": "NotIn", "values": ["a"]}]}),
+        mkbudget("other-team", {"matchLabels": {"team": "b"}}),
+        mkbudget("invalid", {}),
+        mkbudget("elsewhere", {"matchLabels": {"team": "a"}}, namespace="other"),
+    ])
+    pods, jobs = FakeInformer([]), FakeInformer([])
+    client = FakeClient(budgets)
+    rec = BudgetReconciler(client, pods, budgets, jobs, Enforcer(client, pods, jobs, FakeRecorder()))  # type: ignore[arg-type]
+
+    def mapped(labels: dict[str, str]) -> list[str]:
+        return sorted(r.name for r in rec.map_pod(mkpod(metadata={"labels": labels})))
+
+    assert mapped({"team": "a"}) == ["eq", "exists", "in"]
+    assert mapped({"team": "c"}) == ["exists", "notin"]
+    assert mapped({}) == ["notin"]
+    budgets.store.upsert(mkbudget("other-team", {"matchLabels": {"team": "c"}}, gen=2))  # the index follows
+    assert mapped({"team": "c"}) == ["exists", "notin", "other-team"]
+    assert mapped({"team": "b"}) == ["exists", "in", "notin"]
