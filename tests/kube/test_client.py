@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -88,6 +89,39 @@ def sample(name: str, labels: dict[str, str]) -> float:
 async def test_kubeconfig_context_gives_host_and_namespace(server: APIServer, client: Client) -> None:
     assert client.host == server.url
     assert client.namespace == "default"
+
+
+async def test_proxy_environment_is_read_once_and_honoured(
+    server: APIServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per-request env/netrc lookups are off (they cost two thread hops per request), yet HTTP_PROXY and
+    NO_PROXY still decide the route, as client-go's ProxyFromEnvironment does."""
+    path = tmp_path / "k"
+    server.write_kubeconfig(path)
+    for var in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY",
+                "no_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    dead = f"http://127.0.0.1:{_free_port()}"
+    monkeypatch.setenv("HTTP_PROXY", dead)
+    via_proxy = await Client.from_kubeconfig(str(path))
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    direct = await Client.from_kubeconfig(str(path))
+    try:
+        assert via_proxy._rest.proxy == dead and direct._rest.proxy is None
+        assert not via_proxy._rest.pool_manager.trust_env and not direct._rest.pool_manager.trust_env
+        with pytest.raises(errors.TransportError):  # the (closed) proxy port is really used
+            await via_proxy.get(CONFIGMAPS, "nothing", namespace="default")
+        with pytest.raises(errors.NotFound):  # straight to the API server
+            await direct.get(CONFIGMAPS, "nothing", namespace="default")
+    finally:
+        await via_proxy.close()
+        await direct.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 async def test_missing_kubeconfig_is_a_config_error(tmp_path: Path) -> None:

@@ -335,15 +335,16 @@ def compact(
 def _diff(current: msgspec.Struct | None, desired: msgspec.Struct, nested: tuple[str, ...] = ()) -> dict[str, Any]:
     """A JSON merge patch turning `current` into `desired` (fields named in `nested` are diffed one level down)."""
     out: dict[str, Any] = {}
-    for f in msgspec.structs.fields(desired):
-        new = getattr(desired, f.name)
-        old = getattr(current, f.name) if current is not None else None
+    cls = type(desired)  # the class attributes, not msgspec.structs.fields (which re-resolves annotations)
+    for name, wire in zip(cls.__struct_fields__, cls.__struct_encode_fields__, strict=True):
+        new = getattr(desired, name)
+        old = getattr(current, name) if current is not None else None
         if new == old:
             continue
-        if f.name in nested and isinstance(new, msgspec.Struct) and isinstance(old, msgspec.Struct):
-            out[f.encode_name] = _diff(old, new)
+        if name in nested and isinstance(new, msgspec.Struct) and isinstance(old, msgspec.Struct):
+            out[wire] = _diff(old, new)
         else:
-            out[f.encode_name] = msgspec.to_builtins(new) if new is not None else None
+            out[wire] = msgspec.to_builtins(new) if new is not None else None
     return out
 
 
