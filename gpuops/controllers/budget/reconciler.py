@@ -356,6 +356,19 @@ def _conditions(items: list[dict[str, Any]]) -> tuple[Condition, ...]:
 
 
 @dataclass(slots=True)
+class _PodFacts:
+    """What the reconciler derived from one pod, kept while the parts it came from stay the same objects."""
+
+    containers: Any
+    init_containers: Any
+    overhead: Any
+    gpus: dict[str, Fraction] = field(default_factory=dict)
+    status: Any = None
+    deleted: str | None = None
+    span: PodSpan | None = None
+
+
+@dataclass(slots=True)
 class _Member:
     pod: Pod
     span: PodSpan
@@ -391,7 +404,7 @@ class BudgetReconciler:
         self._label_indexes: set[str] = set()
         self._specs: dict[str, tuple[str, int, ParsedSpec | SpecError]] = {}
         self._departed: dict[str, dict[str, tuple[Pod, int]]] = {}
-        self._gpu_memo: dict[tuple[str, str], tuple[Any, Any, Any, Fraction]] = {}
+        self._facts: dict[str, _PodFacts] = {}
         self._snapshots: dict[tuple[str, str], Snapshot] = {}
         budgets.add_index(INDEX_ANCHOR, self._anchors)  # after _specs: the index parses specs through spec_of
 
@@ -419,16 +432,38 @@ class BudgetReconciler:
         self._specs[key] = (meta.uid, meta.generation, parsed)
         return parsed
 
+    def _memo(self, pod: Pod) -> _PodFacts:
+        """The pod's memo entry, emptied of what a new spec or status invalidates.
+
+        Informer objects are immutable and replaced whole, so identity of the (shared) parts says "unchanged".
+        """
+        spec, status, deleted = pod.spec, pod.status, pod.metadata.deletion_timestamp
+        facts = self._facts.get(pod.metadata.uid)
+        if facts is None:
+            facts = self._facts[pod.metadata.uid] = _PodFacts(spec.containers, spec.init_containers, spec.overhead)
+        elif not (facts.containers is spec.containers and facts.init_containers is spec.init_containers
+                  and facts.overhead is spec.overhead):
+            facts.containers, facts.init_containers, facts.overhead = (
+                spec.containers, spec.init_containers, spec.overhead)
+            facts.gpus.clear()
+        if facts.status is not status or facts.deleted != deleted:
+            facts.status, facts.deleted, facts.span = status, deleted, None
+        return facts
+
     def _gpus(self, pod: Pod, resource: str) -> Fraction:
-        """`pod_gpus`, memoized per pod while its (shared, immutable) container tuples stay the same."""
-        spec = pod.spec
-        key = (pod.metadata.uid, resource)
-        hit = self._gpu_memo.get(key)
-        if hit is not None and hit[0] is spec.containers and hit[1] is spec.init_containers and hit[2] is spec.overhead:
-            return hit[3]
-        gpus = pod_gpus(pod, resource)
-        self._gpu_memo[key] = (spec.containers, spec.init_containers, spec.overhead, gpus)
+        """`pod_gpus`, memoized per pod while its container tuples stay the same."""
+        facts = self._memo(pod)
+        gpus = facts.gpus.get(resource)
+        if gpus is None:
+            gpus = facts.gpus[resource] = pod_gpus(pod, resource)
         return gpus
+
+    def _span(self, pod: Pod) -> PodSpan:
+        """`pod_span`, memoized per pod while its status and deletion stamp stay the same."""
+        facts = self._memo(pod)
+        if facts.span is None:
+            facts.span = pod_span(pod)
+        return facts.span
 
     def _anchors(self, budget: GPUWorkloadBudget) -> tuple[str, ...]:
         spec = self.spec_of(budget)
@@ -487,8 +522,7 @@ class BudgetReconciler:
         for req in requests:
             if req.name:
                 self._departed.setdefault(req.key, {})[uid] = (pod, seen)
-        for key in [k for k in self._gpu_memo if k[0] == uid]:
-            del self._gpu_memo[key]
+        self._facts.pop(uid, None)
         return requests
 
     @staticmethod
@@ -544,7 +578,7 @@ class BudgetReconciler:
         for pod in selected:
             uid = pod.metadata.uid
             gpus = self._gpus(pod, spec.resource)
-            span = pod_span(pod)
+            span = self._span(pod)
             if span.end is None:
                 open_uids.add(uid)
             interval = None
@@ -747,7 +781,7 @@ class BudgetReconciler:
             member = mine.get(meta.uid)
             if member is not None and not member.span.final:
                 continue
-            span = member.span if member is not None else pod_span(pod)
+            span = member.span if member is not None else self._span(pod)
             ours = member is not None and member.interval is not None and span.end is not None and span.end > horizon
             if ours and meta.uid not in recorded and not (span.end is not None and book.covers(span.end)):
                 continue  # not in our ledger (cannot happen after a successful write; be safe)
