@@ -97,17 +97,15 @@ def drop_evidence(recs: list[PodRecord], at: tuple[int, int] | None, origin: int
         ended = r.terminal_at if r.terminal_at is not None else r.gone_at
         if ended is None:
             continue
-        state = PodLog.final_state(r)
-        ends = [micros(t["finishedAt"]) for c in (state.get("status") or {}).get("containerStatuses") or ()
-                if (t := (c.get("state") or {}).get("terminated")) and t.get("finishedAt")]
-        if ends and max(ends) < at[0] < max(ends) + MICROS:
-            meta = state["metadata"]
-            out.append({"pod": meta["name"], "finishedAt": max(ends) / MICROS,
+        end = pod_end(r)
+        if end is not None and end < at[0] < end + MICROS:
+            meta = r.last["metadata"]
+            out.append({"pod": meta["name"], "finishedAt": end / MICROS,
                         "deletionTimestamp": meta.get("deletionTimestamp"),
                         "store_terminal_offset_s": round((ended - origin) / MICROS, 3),
                         "first_sample_offset_s": round((at[0] - origin) / MICROS, 3),
                         "second_sample_offset_s": round((at[1] - origin) / MICROS, 3),
-                        "counted_beyond_end_gpu_seconds": round((at[0] - max(ends)) / MICROS, 6)})
+                        "counted_beyond_end_gpu_seconds": round((at[0] - end) / MICROS, 6)})
     return out
 
 
@@ -126,6 +124,25 @@ async def sampler(chaos: Chaos, series: dict[str, Series], stop: asyncio.Event) 
             if value is not None:
                 series[s].metric.append(((s0 + s1) // 2, Fraction(value)))
         await asyncio.sleep(SAMPLE_EVERY)  # the sampling cadence
+
+
+def pod_end(rec: PodRecord) -> int | None:
+    """The end truth uses: the latest container finishedAt (synthesized at removal for a running pod)."""
+    statuses = (PodLog.final_state(rec).get("status") or {}).get("containerStatuses") or ()
+    ends = [micros(t["finishedAt"]) for c in statuses
+            if (t := (c.get("state") or {}).get("terminated")) and t.get("finishedAt")]
+    return max(ends) if ends else None
+
+
+def ledger_lag_ms(status: dict[str, Any], recs: list[PodRecord]) -> list[float]:
+    """Per evicted pod: the end its ledger entry holds minus the end truth uses (ms; > 0 = counted longer)."""
+    entries = {e["uid"]: micros(e["end"]) for e in (status.get("ledger") or {}).get("entries") or ()}
+    out = []
+    for r in recs:
+        end, uid = pod_end(r), r.last["metadata"]["uid"]
+        if end is not None and uid in entries:
+            out.append((entries[uid] - end) / 1000)
+    return out
 
 
 async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict[str, Any], bool]:
@@ -170,6 +187,7 @@ async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict
             drop_s, at_s = Series.largest_drop(series[s].status)
             drop_m, at_m = Series.largest_drop(series[s].metric)
             k = s.replace("-", "_")
+            lag = ledger_lag_ms(chaos.status(s), recs)
             figures.update({
                 f"{k}_pods_evicted": len(gone),
                 f"{k}_evicted_events": chaos.events("Evicted", s),
@@ -180,6 +198,8 @@ async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict
                 f"{k}_metric_samples": len(series[s].metric),
                 f"{k}_largest_status_drop_gpu_seconds": round(float(drop_s * 3600), 6),
                 f"{k}_largest_metric_drop_gpu_seconds": round(float(drop_m * 3600), 6),
+                f"{k}_ledger_end_minus_truth_end_ms_mean": round(sum(lag) / len(lag), 3) if lag else -1,
+                f"{k}_ledger_end_minus_truth_end_ms_max": round(max(lag), 3) if lag else -1,
                 f"{k}_final_accuracy_status": snaps[s]["accuracy_status"],
                 f"{k}_final_accuracy_metric": snaps[s]["accuracy_metric"],
                 f"{k}_final_accuracy_metric_in_window": snaps[s]["accuracy_metric_in_window"],
@@ -203,6 +223,8 @@ NOTES = {
     "evict_final_accuracy_metric": "at the scrape's midpoint (reported)",
     "evict_final_accuracy_metric_in_window": "at some instant of the scrape request (judged)",
     "operator_evict_counter": "gpuops_budget_enforcement_actions_total{action=Evict,result=Evicted}, both budgets",
+    "evict_ledger_end_minus_truth_end_ms_mean": "ledger entry end - store removal, per evicted pod (ms)",
+    "evict_retain_ledger_end_minus_truth_end_ms_mean": "ledger entry end - container finishedAt (ms)",
 }
 
 

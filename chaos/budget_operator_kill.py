@@ -180,6 +180,8 @@ def summarize(chaos: Chaos, snaps: dict[int, dict[str, dict[str, Any]]], job_rec
         deleted_out = [r for r in finished_out if in_outage(r.deletion_at if s == "retain" else r.gone_at,
                                                             kill_us, spawn_us)]
         bound = sum((gpu_seconds(r) for r in deleted_out), Fraction(0))
+        if s == "retain":  # the finalizer's work: marked for deletion in the outage, removed only after the restart
+            figures["retain_pods_held_through_outage"] = sum(1 for r in deleted_out if (r.gone_at or 0) > spawn_us)
         figures[f"{s}_loss_gpu_seconds_status"] = round(float(loss_status * 3600), 4)
         figures[f"{s}_loss_gpu_seconds_metric"] = round(float(loss_metric * 3600), 4)
         figures[f"{s}_pods_finished_in_outage"] = len(finished_out)
@@ -212,6 +214,7 @@ NOTES = {
     "plain_bound_gpu_seconds": "GPUs x runtime of plain pods finished and deleted while the operator was down",
     "retain_at_risk_gpu_seconds": "same sum for retain pods (finished, deletion requested in the outage)",
     "plain_accuracy_status_t45_without_unseen_pods": "status / truth without the pods the controller never saw end",
+    "retain_pods_held_through_outage": "retain Job pods marked for deletion in the outage, gone only after restart",
     "restart_to_metrics_up_seconds": "process spawn -> /metrics answers",
     "restart_to_retained_pods_released_seconds": "spawn -> last retained Job pod released by the finalizer and gone",
 }

@@ -135,6 +135,16 @@ def _bind_address_arg(value: str) -> str:
     return value
 
 
+def _seconds_arg(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds (e.g. 60 or 0.5)") from None
+    if not seconds >= 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r}: must be a finite number of seconds >= 0")
+    return seconds
+
+
 def _add_run_args(p: argparse.ArgumentParser) -> None:
     known = ", ".join(CONTROLLERS.names()) or "none registered yet"
     p.add_argument("--kubeconfig", metavar="PATH",
@@ -162,6 +172,10 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                    help='serve /healthz and /readyz here; "0" disables (default: %(default)s)')
     p.add_argument("--graceful-shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="how long in-flight reconciles get after SIGTERM (default: %(default)s)")
+    p.add_argument("--budget-status-refresh", type=_seconds_arg, default=60.0, metavar="SECONDS",
+                   help="rewrite a budget's status at least this often while its pods run, so `kubectl get gwb` "
+                        "stays fresh between pod changes (0: only on changes; the metrics are exact at scrape "
+                        "time either way; default %(default)s)")
     p.add_argument("--log-format", choices=["json", "console"],
                    help="log format (default: json unless stderr is a terminal)")
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO",
@@ -196,6 +210,7 @@ async def _run_manager(args: argparse.Namespace) -> int:
                 metrics_bind_address=args.metrics_bind_address,
                 health_probe_bind_address=args.health_probe_bind_address,
                 graceful_shutdown_timeout=args.graceful_shutdown_timeout,
+                settings={"budget_status_refresh": args.budget_status_refresh},
             )
         except ValueError as e:
             print(f"gpuops run: {e}", file=sys.stderr)

@@ -29,7 +29,7 @@ import importlib
 import inspect
 import os
 import signal
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any, Protocol, TypeVar
 
 import anyio
@@ -190,10 +190,13 @@ class Manager:
         loop_lag_interval: float = 0.5,
         loop_lag_window: float = 30.0,
         reflector_options: ReflectorOptions | None = None,
+        settings: Mapping[str, Any] | None = None,
     ) -> None:
         self.client = client
         self.namespace = namespace or None
         """The namespace informers watch by default (None: all namespaces)."""
+        self.settings: Mapping[str, Any] = dict(settings or {})
+        """Controller settings from the command line (e.g. "budget_status_refresh"); setups read what is theirs."""
         self.graceful_shutdown_timeout = graceful_shutdown_timeout
         self.factory = InformerFactory(client, options=reflector_options)
         self.elector: LeaderElector | None = None

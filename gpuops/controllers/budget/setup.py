@@ -21,6 +21,8 @@ from .reconciler import BudgetReconciler, Options, wall_clock
 
 __all__ = ["COMPONENT", "CONTROLLER_NAME", "BudgetController", "install", "setup"]
 
+DEFAULT_STATUS_REFRESH = 60.0
+"""Seconds between status rewrites while pods run (what `kubectl get gwb` shows drifts by at most this)."""
 CONTROLLER_NAME = "budget"
 COMPONENT = "gpuops-budget-controller"
 """source.component / reportingComponent of our Events."""
@@ -87,5 +89,9 @@ def install(
 
 
 async def setup(manager: Manager) -> None:
-    """The ControllerRegistry entry: `CONTROLLERS.register("budget", "gpuops.controllers.budget:setup")`."""
-    install(manager)
+    """The ControllerRegistry entry: `CONTROLLERS.register("budget", "gpuops.controllers.budget:setup")`.
+
+    Reads `budget_status_refresh` (seconds, 0 = only on changes) from the manager's settings (`gpuops run
+    --budget-status-refresh`)."""
+    refresh = float(manager.settings.get("budget_status_refresh", DEFAULT_STATUS_REFRESH))
+    install(manager, options=Options(status_refresh=refresh or None))

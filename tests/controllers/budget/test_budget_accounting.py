@@ -3,6 +3,8 @@ timestamps, the ledger keeping deleted pods, overlapping budgets, and metrics co
 
 from __future__ import annotations
 
+import time
+from collections.abc import Awaitable, Callable
 from fractions import Fraction
 from pathlib import Path
 
@@ -12,6 +14,7 @@ from prometheus_client import REGISTRY
 
 from gpuops.accounting.gpuhours import format_gpu_hours
 from gpuops.controllers.budget.api import BUDGETS, GPUWorkloadBudget
+from gpuops.controllers.budget.reconciler import Options
 from gpuops.kube import conditions as cond
 from gpuops.kube.resources import PODS
 
@@ -152,3 +155,44 @@ async def test_ledger_keeps_deleted_pods_and_overlapping_budgets_both_count(tmp_
 
 async def _running(env: Env, name: str) -> bool:
     return await env.phase(name) == "Running"
+
+
+async def test_status_refresh_rewrites_the_status_while_pods_run_and_not_when_idle(tmp_path: Path) -> None:
+    """`gpuops run --budget-status-refresh`: `kubectl get gwb` stays fresh between pod changes."""
+    async with environment(tmp_path) as env:
+        await env.start(options=Options(status_refresh=0.5))
+        await env.create_budget(budget("team-a", "10"))
+        await env.create_pod(pod("long", 1))  # runs until deleted: after it is Running, no more pod events
+
+        async def running() -> GPUWorkloadBudget | None:
+            b = await env.budget("team-a")
+            return b if b.status.running_pods == 1 and b.status.computed_at else None
+
+        first = await env.until("the pod counted", running)
+
+        async def refreshed() -> GPUWorkloadBudget | None:
+            b = await env.budget("team-a")
+            return b if b.status.computed_at != first.status.computed_at and consumed(b) > consumed(first) else None
+
+        later = await env.until("a newer status with more consumed", refreshed, within=10)
+        assert later.status.running_pods == 1
+        await env.client.delete(PODS, "long", namespace=NS)
+        idle = await env.until("the pod gone from the status", lambda: _no_running(env))
+        # no pods run: nothing changes by itself, so no refresh (a write would be a new resourceVersion)
+        for _ in range(3):
+            await env.until("a refresh period passes", _after(0.5))
+            assert (await env.budget("team-a")).metadata.resource_version == idle.metadata.resource_version
+
+
+async def _no_running(env: Env) -> GPUWorkloadBudget | None:
+    b = await env.budget("team-a")
+    return b if b.status.running_pods == 0 and b.status.tracked_pods == 1 else None
+
+
+def _after(seconds: float) -> Callable[[], Awaitable[bool]]:
+    deadline = time.monotonic() + seconds
+
+    async def probe() -> bool:
+        return time.monotonic() >= deadline
+
+    return probe
