@@ -189,13 +189,26 @@ class Chaos:
         return sum(int(e.get("count") or 1) for e in self.cluster.access.iter(EVENTS, NS)
                    if e.get("reason") == reason and (name is None or e["involvedObject"].get("name") == name))
 
+    def operator_log(self, event: str) -> list[dict[str, Any]]:
+        """The operator's JSON log records (all its starts) whose `event` is `event`."""
+        out = []
+        for line in self.rig.log_path.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if rec.get("event") == event:
+                    out.append(rec)
+        return out
+
     async def metrics(self) -> str:
         text, _, _ = await self.rig.scrape()
         return text
 
 
 @contextlib.asynccontextmanager
-async def open_rig(name: str, gpus: int, *, seed: int) -> AsyncIterator[Chaos]:
+async def open_rig(name: str, gpus: int, *, seed: int, log_level: str = "WARNING") -> AsyncIterator[Chaos]:
     """An emulated cluster with room for `gpus` 1-GPU pods (A100 nodes of 8, one spare), Events on, kubelet
     start latency 0.5 s (as the accuracy bench), the CRD installed and `gpuops run --controllers budget`."""
     nodes = -(-gpus // 8) + 1
@@ -204,7 +217,7 @@ async def open_rig(name: str, gpus: int, *, seed: int) -> AsyncIterator[Chaos]:
     cluster.server.faults = Faults(seed)  # the injector's draws follow --seed
     log = PodLog(cluster)
     with tempfile.TemporaryDirectory() as tmp:
-        async with OperatorHarness(cluster, Path(tmp), crds=[CRD]) as rig:
+        async with OperatorHarness(cluster, Path(tmp), crds=[CRD], log_level=log_level) as rig:
             yield Chaos(rig, log)
 
 

@@ -83,7 +83,8 @@ class Dropper:
 
 async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict[str, Any], bool]:
     c = 3.0 if quick else 1.0
-    async with open_rig("chaos-apiserver-faults", PODS, seed=seed) as chaos:
+    # DEBUG: the reflector logs each re-watch backoff ("re-watching after backoff", with its delay) only there
+    async with open_rig("chaos-apiserver-faults", PODS, seed=seed, log_level="DEBUG") as chaos:
         await chaos.create_budget(budget("seed", LABELS, GPU))
         faults = chaos.cluster.server.faults
         dropper = Dropper(chaos)
@@ -150,6 +151,9 @@ async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict
             "operator_relists_error": metric_sum(text, "gpuops_informer_relists_total", {"reason": "error"}),
             "operator_relists_total": metric_sum(text, "gpuops_informer_relists_total"),
             "operator_watch_restarts": metric_sum(text, "gpuops_informer_watch_restarts_total"),
+            **{f"operator_watch_restarts_{r}": metric_sum(text, "gpuops_informer_watch_restarts_total", {"reason": r})
+               for r in ("closed", "very_short", "transport", "server_error")},
+            **backoff_figures(chaos.operator_log("re-watching after backoff")),
             "operator_reconcile_errors": metric_sum(text, "controller_runtime_reconcile_errors_total"),
             "last_pod_end_to_status_seconds": round((micros(st["computedAt"]) - max(ended)) / MICROS, 3)
             if ended else -1,
@@ -163,6 +167,14 @@ async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict
                          "final_status": st.get("consumedGpuHours")}, ok
 
 
+def backoff_figures(records: list[dict[str, Any]]) -> dict[str, float | int]:
+    """Re-watch backoffs of the operator's pods informer (from its DEBUG log): how many, longest, total."""
+    delays = [float(r.get("delay") or 0) for r in records if str(r.get("informer", "")).startswith("pods")]
+    return {"pods_informer_rewatch_backoffs": len(delays),
+            "pods_informer_rewatch_backoff_max_seconds": round(max(delays), 3) if delays else 0,
+            "pods_informer_rewatch_backoff_total_seconds": round(sum(delays), 3)}
+
+
 NOTES = {
     "accuracy_metric_t15": "at the scrape's midpoint (reported)",
     "accuracy_metric_in_window_t15": "at some instant of the scrape request (judged)",
@@ -171,6 +183,7 @@ NOTES = {
     "operator_relists_expired_410": "informer relists after 410 Gone, from the operator's /metrics",
     "last_pod_end_to_status_seconds": "store marks the last pod Succeeded -> status write reflecting it",
     "converge_after_faults_stop_seconds": "0: the status and metric already held the final truth",
+    "pods_informer_rewatch_backoff_max_seconds": "longest sleep before the pods watch was re-opened (operator log)",
 }
 
 

@@ -18,6 +18,7 @@ Backoff state is in memory: after a restart blocked evictions are simply tried a
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -160,10 +161,11 @@ class Enforcer:
         budget: GPUWorkloadBudget,
         spec: ParsedSpec,
         situation: Situation,
-        targets: list[Target],
+        targets: Callable[[], list[Target]],
         previous: LastEnforcement | None,
         over_since: int | None,
     ) -> Outcome:
+        """Act on `situation`; `targets` (the matched pods with their in-window usage) is called only when due."""
         meta = budget.metadata
         key = f"{meta.namespace}/{meta.name}"
         out = Outcome()
@@ -173,7 +175,7 @@ class Enforcer:
             await self.resume(meta.namespace, key, out, budget, situation.now)
         if not situation.due:
             return out
-        ranked = sorted(targets, key=lambda t: (-t.usage, t.pod.metadata.name))
+        ranked = sorted(targets(), key=lambda t: (-t.usage, t.pod.metadata.name))
         if spec.action == "AlertOnly":
             self._alert(budget, situation, ranked, previous, over_since, out)
         elif spec.action == "Pause":

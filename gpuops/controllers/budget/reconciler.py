@@ -366,6 +366,7 @@ class _PodFacts:
     status: Any = None
     deleted: str | None = None
     span: PodSpan | None = None
+    interval: Interval | None = None
 
 
 @dataclass(slots=True)
@@ -457,6 +458,15 @@ class BudgetReconciler:
         if gpus is None:
             gpus = facts.gpus[resource] = pod_gpus(pod, resource)
         return gpus
+
+    def _interval(self, pod: Pod, span: PodSpan, gpus: Fraction) -> Interval:
+        """The pod's accounting interval, reused while its span and GPUs are the same (building one validates)."""
+        facts = self._facts[pod.metadata.uid]  # _gpus/_span made it
+        hit = facts.interval
+        if hit is None or hit.start != span.start or hit.end != span.end or hit.gpus != gpus:
+            assert span.start is not None
+            hit = facts.interval = Interval(uid=pod.metadata.uid, start=span.start, end=span.end, gpus=gpus)
+        return hit
 
     def _span(self, pod: Pod) -> PodSpan:
         """`pod_span`, memoized per pod while its status and deletion stamp stay the same."""
@@ -583,7 +593,7 @@ class BudgetReconciler:
                 open_uids.add(uid)
             interval = None
             if span.start is not None and gpus > 0 and not (span.end is not None and prev_book.covers(span.end)):
-                interval = Interval(uid=uid, start=span.start, end=span.end, gpus=gpus)
+                interval = self._interval(pod, span, gpus)
                 if span.end is not None:
                     fresh.append(LedgerEntry(uid=uid, start=span.start, end=span.end, gpus=gpus))
                     names[uid] = pod.metadata.name
@@ -622,10 +632,10 @@ class BudgetReconciler:
                     held = _t(c.last_transition_time) if c is not None else None
                 over_since = held if held is not None else now
         due_at = over_since + spec.delay if over_since is not None else None
-        targets = [
-            Target(m.pod, gpu_hours((m.interval,), now=now, window=spec.window), m.span.end is None, m.span.final)
-            for m in members if m.interval is not None
-        ]
+        def targets() -> list[Target]:  # per-pod usage costs a Fraction sum per pod: only when acting
+            return [Target(m.pod, gpu_hours((m.interval,), now=now, window=spec.window), m.span.end is None,
+                           m.span.final) for m in members if m.interval is not None]
+
         situation = Situation(now=now, over=usage.over_quota, due=due_at is not None and now >= due_at,
                               consumed=usage.consumed, quota=spec.quota, window_hours=spec.window_hours)
         outcome = await self.enforcer.apply(budget, spec, situation, targets, prev.last_enforcement, over_since)
