@@ -177,6 +177,7 @@ class _Outcome:
     error: BaseException | None = None
     frames: int = 0
     synced: bool = False  # a streaming list reached its initial-events-end bookmark
+    opened: bool = False  # the server answered 200 and the stream was being read
 
 
 class _Frame(msgspec.Struct, Generic[T], gc=False):
@@ -594,12 +595,18 @@ class Reflector(Generic[T]):
         except Exception as e:  # a bug (a transform, a model): relist after backoff rather than die silently
             log.exception("watch failed unexpectedly", informer=self.name)
             outcome.end, outcome.error = _End.ERROR, e
-        if outcome.end is _End.TRANSPORT and outcome.frames:
-            outcome.end = _End.CLOSED  # the stream broke after progress: re-watch at once from the last RV
+        lasted = loop.time() - started
+        if outcome.end is _End.TRANSPORT and (
+            outcome.frames or (outcome.opened and lasted >= self.options.very_short_watch)
+        ):
+            # The stream broke after progress, or after an open, quiet stretch (a proxy or apiserver restart
+            # cutting idle watches): re-watch at once from the last RV, as client-go does for any watch that
+            # lasted a second. Backing off here left informers blind for tens of seconds under repeated drops.
+            outcome.end = _End.CLOSED
         if (
             outcome.end is _End.CLOSED
             and outcome.frames == 0
-            and loop.time() - started < self.options.very_short_watch
+            and lasted < self.options.very_short_watch
         ):
             outcome.end = _End.VERY_SHORT
         return outcome
@@ -653,6 +660,7 @@ class Reflector(Generic[T]):
             timeout=server_timeout + 60.0,
             read_timeout=self.options.watchdog + 10.0,
         ) as batches:
+            outcome.opened = True
             async for batch in batches:  # one network read: an await per batch, not per frame
                 for line in batch:
                     t0 = now()

@@ -481,3 +481,79 @@ async def test_streaming_list_request_and_relist(kubeconfig: Path) -> None:
         finally:
             await inf.stop()
             await client.close()
+
+
+def _repoint(kubeconfig: Path, old: str, new: str) -> None:
+    kubeconfig.write_text(kubeconfig.read_text().replace(old, new))
+
+
+class CuttingProxy:
+    """A TCP relay in front of the emulator whose `cut()` closes every connection mid-response (as a load
+    balancer dropping idle streams does): the client sees a chunked body end without its last chunk, a broken
+    stream rather than the clean end of a watch."""
+
+    def __init__(self, upstream: str) -> None:
+        host, _, port = upstream.removeprefix("http://").partition(":")
+        self.upstream = (host, int(port))
+        self.transports: list[asyncio.Transport] = []
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> CuttingProxy:
+        self.server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.cut()
+        assert self.server is not None
+        self.server.close()
+
+    def cut(self) -> int:
+        cut = [t for t in self.transports if not t.is_closing()]
+        for t in cut:
+            t.close()
+        self.transports.clear()
+        return len(cut)
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        self.transports += [writer.transport, up_writer.transport]  # type: ignore[list-item]
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+
+async def test_a_quiet_watch_cut_after_a_second_is_reopened_at_once(kubeconfig: Path) -> None:
+    """client-go's rule: a watch that lasted a second is re-opened immediately, frames or not. Treating the
+    reset of an idle stream as a failed request climbed the backoff towards its 30 s cap under repeated cuts:
+    chaos/budget_apiserver_faults.py saw the operator's pods informer blind for 37 s of a 45 s run."""
+    async with APIServer(bookmark_interval=60.0) as s, CuttingProxy(s.url) as proxy:
+        s.write_kubeconfig(kubeconfig)
+        writer = await Client.from_kubeconfig(str(kubeconfig))  # straight to the server, never cut
+        _repoint(kubeconfig, s.url, proxy.url)
+        client = await Client.from_kubeconfig(str(kubeconfig))
+        await writer.create(NAMESPACES, {"metadata": {"name": "quiet"}})
+        inf = Informer(client, CONFIGMAPS, namespace="quiet", name="quiet-cut")  # default (client-go) backoff
+        inf.start()
+        try:
+            assert await inf.wait_synced(10)
+            for i in range(4):
+                opened = inf.reflector.watch_restarts
+                for _ in range(2):  # the first cut ends a watch that delivered after-(i-1); the second, a quiet one
+                    await asyncio.sleep(1.2)  # let the watch outlive the 1 s "very short" threshold
+                    assert proxy.cut() >= 1
+                await writer.create(CONFIGMAPS, {"metadata": {"name": f"after-{i}", "namespace": "quiet"}})
+                # well inside the 0.8 s initial backoff that a failure would cost (growing each time)
+                await eventually(lambda i=i: f"quiet/after-{i}" in inf.store, within=0.6, what=f"after-{i}")
+                assert inf.reflector.watch_restarts == opened + 2
+            assert restarts(inf, "transport") == 0 and restarts(inf, "very_short") == 0
+        finally:
+            await inf.stop()
+            await client.close()
+            await writer.close()
