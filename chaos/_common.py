@@ -25,7 +25,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from fractions import Fraction
@@ -364,6 +364,6 @@ def command(script: str, args: argparse.Namespace) -> str:
     return f"python chaos/{script}{' --quick' if args.quick else ''} --seed {args.seed} ({os.cpu_count()} cores)"
 
 
-def run(main: Callable[[], Awaitable[bool]]) -> None:
+def run(main: Callable[[], Coroutine[Any, Any, bool]]) -> None:
     """Run a scenario's coroutine; exit 1 when its pass criteria failed."""
     sys.exit(0 if asyncio.run(main()) else 1)

@@ -221,7 +221,10 @@ Command: `{command("budget_apiserver_faults.py", args)}`
                     "(410)",
         "checked": "status+metric accuracy t15/t30/t45; convergence after faults stop",
         "key": f"min acc {min(acc):g}; {figures['faults_injected']} 500s, {figures['watches_dropped']} watches "
-               f"dropped, {figures['operator_relists_expired_410']:g} relists on 410; converge "
+               f"dropped, {figures['operator_relists_expired_410']:g} relists on 410; pods watch in backoff "
+               f"{figures['pods_informer_rewatch_backoff_total_seconds']:g} s (longest "
+               f"{figures['pods_informer_rewatch_backoff_max_seconds']:g} s); last pod end -> status "
+               f"{figures['last_pod_end_to_status_seconds']:g} s; converge "
                f"{figures['converge_after_faults_stop_seconds']:g} s",
     }
     path = write_results(NAME, figures, md, passed=ok, summary=summary,
