@@ -134,9 +134,32 @@ class PodLog:
                            if started else state})
         return {**pod, "status": {**pod["status"], "containerStatuses": closed}}
 
+    precise_kills: bool = False
+    """Truth ends a pod killed by its (grace-0) deletion at the store's microsecond instant of that deletion
+    instead of its finishedAt, which Kubernetes truncates to the second (so it can precede the deletion that
+    killed the pod). Set by scenarios whose operator ends such pods from its own clock (Evict)."""
+
     def truth(self, labels: Mapping[str, str], at: int, resource: str = GPU) -> Fraction:
         """Exact GPU-hours of the selected pods (deleted ones included) up to instant `at` (µs)."""
-        return truth([self.final_state(r) for r in self.select(labels)], resource, at)
+        states = [self.killed_state(r) if self.precise_kills else self.final_state(r) for r in self.select(labels)]
+        return truth(states, resource, at)
+
+    @classmethod
+    def killed_state(cls, rec: PodRecord) -> dict[str, Any]:
+        """`final_state`, with containers that ended in the second of the pod's deletion ending at it (µs)."""
+        pod = cls.final_state(rec)
+        if rec.deletion_at is None:
+            return pod
+        killed = datetime.fromtimestamp(rec.deletion_at / MICROS, UTC)
+        stamp = killed.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        second = killed.strftime("%Y-%m-%dT%H:%M:%SZ")
+        out = []
+        for c in (pod.get("status") or {}).get("containerStatuses") or []:
+            term = (c.get("state") or {}).get("terminated")
+            if term and term.get("finishedAt") == second:
+                c = {**c, "state": {"terminated": {**term, "finishedAt": stamp}}}
+            out.append(c)
+        return {**pod, "status": {**pod["status"], "containerStatuses": out}}
 
 
 def gpu_seconds(rec: PodRecord, resource: str = GPU) -> Fraction:

@@ -127,8 +127,9 @@ async def sampler(chaos: Chaos, series: dict[str, Series], stop: asyncio.Event) 
 
 
 def pod_end(rec: PodRecord) -> int | None:
-    """The end truth uses: the latest container finishedAt (synthesized at removal for a running pod)."""
-    statuses = (PodLog.final_state(rec).get("status") or {}).get("containerStatuses") or ()
+    """The end truth uses: the latest container finishedAt (synthesized at removal for a running pod; the
+    deletion instant for one killed by it, see PodLog.precise_kills)."""
+    statuses = (PodLog.killed_state(rec).get("status") or {}).get("containerStatuses") or ()
     ends = [micros(t["finishedAt"]) for c in statuses
             if (t := (c.get("state") or {}).get("terminated")) and t.get("finishedAt")]
     return max(ends) if ends else None
@@ -152,6 +153,7 @@ async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict
         for s in SETS:
             await chaos.create_budget(budget(s, labels(s), GPU, quota=quota, action="Evict", delay=DELAY,
                                              retain=(s == "evict-retain")))
+        chaos.log.precise_kills = True  # see PodLog.precise_kills: truth to the microsecond for evicted pods
         series = {s: Series() for s in SETS}
         stop = asyncio.Event()
         sampling = asyncio.create_task(sampler(chaos, series, stop))

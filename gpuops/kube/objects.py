@@ -349,6 +349,7 @@ class PodSpec(_Model):
     priority_class_name: str = ""
     scheduler_name: str = ""
     restart_policy: str = ""
+    termination_grace_period_seconds: int | None = None
 
     def __post_init__(self) -> None:
         # Replicas of a workload have equal containers: keep one tuple of them, however many pods there are.

@@ -18,6 +18,7 @@ Backoff state is in memory: after a restart blocked evictions are simply tried a
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -140,13 +141,23 @@ class Enforcer:
         jobs: Informer[Job],
         recorder: EventRecorder,
         options: EnforcementOptions | None = None,
+        *,
+        clock: Callable[[], int] | None = None,
     ) -> None:
         self.client = client
         self.pods = pods
         self.jobs = jobs
         self.recorder = recorder
         self.options = options or EnforcementOptions()
+        self.clock = clock or (lambda: time.time_ns() // 1000)
         self._evictions: dict[str, _Evictions] = {}
+        self.stopped_at: dict[str, int] = {}
+        """Pods we evict with no grace period, by UID: when the server stopped them (they stop using their devices
+        as it accepts the eviction): the request's send instant at first, then the middle of the request once
+        answered. The reconciler counts them up to it at once; a later finishedAt (whole seconds) or deletion
+        event (seen later still) never moves the end back."""
+        self.on_stop: Callable[[str, str, int | None], None] | None = None
+        """Called with (budget key, pod UID, instant) as such an eviction is sent (None: it was refused)."""
         pods.add_index(INDEX_PAUSED_BY, paused_by)
         jobs.add_index(INDEX_PAUSED_BY, paused_by)
 
@@ -328,12 +339,21 @@ class Enforcer:
         pod, now = t.pod, sit.now
         name, uid = pod.metadata.name, pod.metadata.uid
         usage = format_gpu_hours(t.usage)
+        grace = spec.eviction_grace if spec.eviction_grace is not None else pod.spec.termination_grace_period_seconds
+        key = f"{budget.metadata.namespace}/{budget.metadata.name}"
+        sent = self.clock()
+        if grace == 0:  # it stops the moment the server accepts: stop counting it now, not when the cache hears
+            self.stopped_at[uid] = sent
+            if self.on_stop is not None:
+                self.on_stop(key, uid, sent)
         try:
             await self.client.evict(name, pod.metadata.namespace, grace_period_seconds=spec.eviction_grace)
         except NotFound:
             state.blocked.pop(uid, None)
             return
         except ApiError as e:
+            if self.stopped_at.pop(uid, None) is not None and self.on_stop is not None:
+                self.on_stop(key, uid, None)  # refused: it runs on, and counts on
             prior = state.blocked.get(uid)
             attempts = (prior.attempts if prior else 0) + 1
             pdb = isinstance(e, TooManyRequests)
@@ -353,6 +373,10 @@ class Enforcer:
                         attempt=attempts, retry_in=delay, error=str(e))
             return
         state.blocked.pop(uid, None)
+        if uid in self.stopped_at:  # the server stopped it between our request and its answer: take the middle
+            self.stopped_at[uid] = (sent + self.clock()) // 2
+            if self.on_stop is not None:
+                self.on_stop(key, uid, self.stopped_at[uid])
         message = (
             f"evicted pod {name} ({usage} GPU-hours in the window): budget over quota"
             f" ({format_gpu_hours(sit.consumed)} of {format_gpu_hours(sit.quota)} GPU-hours); its usage keeps counting"

@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 
 from gpuops.accounting.gpuhours import Interval, Ledger, window_usage
 
-__all__ = ["COLLECTOR", "ENFORCEMENT_ACTIONS", "BudgetCollector", "Snapshot", "SnapshotSource"]
+__all__ = ["COLLECTOR", "ENFORCEMENT_ACTIONS", "BudgetCollector", "Published", "Snapshot", "SnapshotSource"]
 
 ENFORCEMENT_ACTIONS = Counter(
     "gpuops_budget_enforcement_actions",
@@ -34,12 +34,21 @@ ENFORCEMENT_ACTIONS = Counter(
 )
 
 
+@dataclass(slots=True)
+class Published:
+    """The latest instant up to which a snapshot's open intervals were reported (its reconcile, then scrapes):
+    a pod the reconciler evicts is ended no earlier, so an eviction never takes back a reported figure."""
+
+    at: int
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     live: tuple[Interval, ...]
     ledger: Ledger
     window: int
     quota: Fraction
+    published: Published
 
 
 class SnapshotSource(Protocol):
@@ -88,6 +97,8 @@ class BudgetCollector(Collector):
             now = source.now()
             for labels, snap in list(source.snapshots().items()):
                 usage = window_usage(snap.live, snap.ledger, now=now, window=snap.window, quota=snap.quota)
+                if now > snap.published.at:
+                    snap.published.at = now
                 rows[labels] = (
                     float(usage.consumed),
                     float(snap.quota),

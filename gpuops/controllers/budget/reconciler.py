@@ -11,7 +11,12 @@ Pod contract (what "usage" means)
     end    for a Succeeded/Failed pod, or a deleted pod whose containers have all terminated: the latest
            finishedAt, else deletionTimestamp, else its latest condition transition. Otherwise the pod is open
            (it accrues up to now, CrashLoopBackOff included: the device stays allocated). A pod that vanishes
-           while still open ends at min(the instant we saw it vanish, its deletionTimestamp).
+           while still open ends at min(the instant we saw it vanish, its deletionTimestamp). A pod we evict with
+           no grace period ends when the server stopped it (the middle of our eviction request, microseconds;
+           `Enforcer.stopped_at`): its accrual stops at once in the scrape snapshot, and its later finishedAt
+           (whole seconds) or deletion never moves that end back, so evictions never lower a reported figure.
+           (Pods ending on their own can: a reading between their truncated finishedAt and the cache hearing of
+           it counted them a little longer, by at most 1 s plus the cache's lag per pod.)
 A pod counts in every budget (of its namespace) that selects it.
 
 Ledger
@@ -89,7 +94,7 @@ from .api import (
     parse_time,
 )
 from .enforcement import EnforcementOptions, Enforcer, Situation, Target
-from .metrics import Snapshot
+from .metrics import Published, Snapshot
 
 __all__ = [
     "Book",
@@ -408,6 +413,7 @@ class BudgetReconciler:
         self._facts: dict[str, _PodFacts] = {}
         self._snapshots: dict[tuple[str, str], Snapshot] = {}
         budgets.add_index(INDEX_ANCHOR, self._anchors)  # after _specs: the index parses specs through spec_of
+        enforcer.on_stop = self._stop_counting
 
     # ------------------------------------------------------------------------------------------ metrics source
 
@@ -459,14 +465,35 @@ class BudgetReconciler:
             gpus = facts.gpus[resource] = pod_gpus(pod, resource)
         return gpus
 
-    def _interval(self, pod: Pod, span: PodSpan, gpus: Fraction) -> Interval:
-        """The pod's accounting interval, reused while its span and GPUs are the same (building one validates)."""
+    def _interval(self, pod: Pod, start: int, end: int | None, gpus: Fraction) -> Interval:
+        """The pod's accounting interval, reused while it is the same (building one validates its fields)."""
         facts = self._facts[pod.metadata.uid]  # _gpus/_span made it
         hit = facts.interval
-        if hit is None or hit.start != span.start or hit.end != span.end or hit.gpus != gpus:
-            assert span.start is not None
-            hit = facts.interval = Interval(uid=pod.metadata.uid, start=span.start, end=span.end, gpus=gpus)
+        if hit is None or hit.start != start or hit.end != end or hit.gpus is not gpus:
+            hit = facts.interval = Interval(uid=pod.metadata.uid, start=start, end=end, gpus=gpus)
         return hit
+
+    def _publish(self, ns: str, name: str, live: tuple[Interval, ...], ledger: Ledger, spec: ParsedSpec,
+                 now: int) -> None:
+        """Leave the accounting inputs for scrapes; `now` is the first instant they report."""
+        self._snapshots[(ns, name)] = Snapshot(live, ledger, spec.window, spec.quota, Published(now))
+
+    def _stop_counting(self, key: str, uid: str, at: int | None) -> None:
+        """An eviction without grace is being sent or was answered (or was refused: `at` None): end (or reopen)
+        that pod's interval in the budget's scrape snapshot at once, no earlier than a scrape already counted."""
+        ns, _, name = key.partition("/")
+        snap = self._snapshots.get((ns, name))
+        if snap is None:
+            return
+        stopped = self.enforcer.stopped_at
+        if at is not None and uid in stopped:
+            stopped[uid] = max(at, snap.published.at)
+        live = tuple(
+            msgspec.structs.replace(i, end=None if at is None else max(i.start, stopped.get(uid, at)))
+            if i.uid == uid else i  # an evicted pod is open, or ended by us: never finished on its own
+            for i in snap.live
+        )
+        self._snapshots[(ns, name)] = Snapshot(live, snap.ledger, snap.window, snap.quota, snap.published)
 
     def _span(self, pod: Pod) -> PodSpan:
         """`pod_span`, memoized per pod while its status and deletion stamp stay the same."""
@@ -526,9 +553,9 @@ class BudgetReconciler:
 
     def map_deleted_pod(self, pod: Pod) -> list[Request]:
         """Keep the pod's last known state for each budget that selects it until a ledger holds it."""
+        uid = pod.metadata.uid
         seen = self.clock()
         requests = self.map_pod(pod)
-        uid = pod.metadata.uid
         for req in requests:
             if req.name:
                 self._departed.setdefault(req.key, {})[uid] = (pod, seen)
@@ -585,6 +612,9 @@ class BudgetReconciler:
         prev_book = ledger_from_status(budget.status.ledger, spec.resource)
         names = dict(prev_book.names)
         open_uids: set[str] = set()
+        stopped = self.enforcer.stopped_at
+        last = self._snapshots.get((ns, name))
+        reported = last.published.at if last is not None else 0
         for pod in selected:
             uid = pod.metadata.uid
             gpus = self._gpus(pod, spec.resource)
@@ -592,15 +622,16 @@ class BudgetReconciler:
             if span.end is None:
                 open_uids.add(uid)
             interval = None
+            end = _stopped_end(span, stopped.get(uid), reported)
             if span.start is not None and gpus > 0 and not (span.end is not None and prev_book.covers(span.end)):
-                interval = self._interval(pod, span, gpus)
-                if span.end is not None:
-                    fresh.append(LedgerEntry(uid=uid, start=span.start, end=span.end, gpus=gpus))
+                interval = self._interval(pod, span.start, end, gpus)
+                if span.end is not None and end is not None:
+                    fresh.append(LedgerEntry(uid=uid, start=span.start, end=end, gpus=gpus))
                     names[uid] = pod.metadata.name
             members.append(_Member(pod, span, gpus, interval))
         departed = dict(self._departed.get(key, {}))
         for uid, (pod, seen) in departed.items():
-            entry = _departed_entry(pod, seen, pod_gpus(pod, spec.resource))
+            entry = _departed_entry(pod, seen, pod_gpus(pod, spec.resource), stopped.get(uid), reported)
             if entry is not None and not prev_book.covers(entry.end):
                 fresh.append(entry)
                 names[uid] = pod.metadata.name
@@ -616,7 +647,7 @@ class BudgetReconciler:
         live = tuple(m.interval for m in members if m.interval is not None
                      and not (m.interval.end is not None and book.covers(m.interval.end)))
         usage = window_usage(live, ledger, now=now, window=spec.window, quota=spec.quota)
-        self._snapshots[(ns, name)] = Snapshot(live, ledger, spec.window, spec.quota)
+        self._publish(ns, name, live, ledger, spec, now)
 
         await self._hold(spec, members)
 
@@ -639,7 +670,6 @@ class BudgetReconciler:
         situation = Situation(now=now, over=usage.over_quota, due=due_at is not None and now >= due_at,
                               consumed=usage.consumed, quota=spec.quota, window_hours=spec.window_hours)
         outcome = await self.enforcer.apply(budget, spec, situation, targets, prev.last_enforcement, over_since)
-
         # 3. status (one merge patch of what changed), then what may only follow a durable ledger
         desired = self._status(budget, spec, usage, book, width, over_since, outcome.last or prev.last_enforcement,
                                outcome.degraded, members, now)
@@ -650,6 +680,8 @@ class BudgetReconciler:
             for uid, item in departed.items():
                 if pending.get(uid) is item:
                     del pending[uid]
+                    if uid in stopped and not any(uid in d for d in self._departed.values()):
+                        del stopped[uid]  # every budget that counted it has its final usage in a ledger
             if not pending:
                 del self._departed[key]
         wake = [outcome.wake_at, usage.next_change]
@@ -842,17 +874,35 @@ def _recorded(ledger: LedgerStatus | None, uid: str, end: int) -> bool:
     return (through is not None and end <= through) or any(e.uid == uid for e in ledger.entries or ())
 
 
-def _departed_entry(pod: Pod, seen: int, gpus: Fraction) -> LedgerEntry | None:
+def _stopped_end(span: PodSpan, halted: int | None, reported: int) -> int | None:
+    """The end to count for a pod we evicted with no grace period (`halted`: when we sent the eviction).
+
+    While the cache still shows it running: `halted` (it stopped right after). Once its final state is in,
+    its finishedAt (whole seconds, like the rest of the accounting), but never before what was already
+    reported for it (up to `halted`, if a status or scrape at `reported` came after it): no drop."""
+    if halted is None or span.start is None:
+        return span.end
+    if span.end is None:
+        return max(span.start, halted)
+    return max(span.end, min(halted, reported))
+
+
+def _departed_entry(
+    pod: Pod, seen: int, gpus: Fraction, halted: int | None = None, reported: int = 0
+) -> LedgerEntry | None:
     """The final usage of a pod that left the API (its last known state, `seen` when it went)."""
     span = pod_span(pod)
     if span.start is None or gpus <= 0:
         return None
     end = span.end
-    if end is None:
+    if halted is not None:
+        end = _stopped_end(span, halted, reported)
+    elif end is None:
         end = seen
         deleted = _t(pod.metadata.deletion_timestamp)
         if deleted is not None:
             end = min(end, deleted)
+    assert end is not None
     return LedgerEntry(uid=pod.metadata.uid, start=span.start, end=max(span.start, end), gpus=gpus)
 
 

@@ -64,7 +64,7 @@ def install(
     jobs = manager.informer(JOBS)
     opts = options or Options()
     recorder = EventRecorder(manager.client, COMPONENT)
-    enforcer = Enforcer(manager.client, pods, jobs, recorder, opts.enforcement)
+    enforcer = Enforcer(manager.client, pods, jobs, recorder, opts.enforcement, clock=clock)
     reconciler = BudgetReconciler(manager.client, pods, budgets, jobs, enforcer, clock=clock, options=opts)
     controller = Controller(CONTROLLER_NAME, reconciler.reconcile, client=manager.client, **controller_options)
     controller.watch(budgets, predicates=[Predicate(update=_spec_or_meta_changed)])

@@ -194,9 +194,16 @@ async def test_evict_largest_first_pdb_blocks_with_backoff_and_usage_never_drops
         await env.create_budget(budget("evict", "0.001", action="Evict"))  # 3.6 GPU-seconds
 
         seen: list[Fraction] = []
+        scraped: list[float] = []  # the scrape-time gauge too: evicted pods stop accruing as evicted, not later
+
+        def scrape() -> None:
+            value = REGISTRY.get_sample_value("gpuops_budget_consumed_gpu_hours", {"namespace": NS, "name": "evict"})
+            if value is not None:
+                scraped.append(value)
 
         async def big_gone() -> bool:
             b = await env.budget("evict")
+            scrape()
             if b.status.consumed_gpu_hours:
                 seen.append(Fraction(b.status.consumed_gpu_hours))
             return await env.pod_gone("big")
@@ -207,6 +214,7 @@ async def test_evict_largest_first_pdb_blocks_with_backoff_and_usage_never_drops
 
         async def degraded() -> GPUWorkloadBudget | None:
             b = await env.budget("evict")
+            scrape()
             if b.status.consumed_gpu_hours:
                 seen.append(Fraction(b.status.consumed_gpu_hours))
             c = cond.get_condition(b.status.conditions, "Degraded")
@@ -232,8 +240,9 @@ async def test_evict_largest_first_pdb_blocks_with_backoff_and_usage_never_drops
         assert actions("Evict", "Blocked") - blocked <= 8
         assert await env.phase("guarded") == "Running"
 
-        # consumption never dropped while pods were evicted
+        # consumption never dropped while pods were evicted (a refused eviction only ever adds back)
         assert seen == sorted(seen), seen
+        assert scraped == sorted(scraped), scraped
 
         # the PDB goes: the next retry evicts, Degraded clears
         await env.client.delete(PDBS, "guard", NS)
