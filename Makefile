@@ -38,9 +38,13 @@ demo: install
 bench: install
 	@set -e; for s in bench/[!_]*.py; do echo "== $$s"; $(BIN)/python $$s $(QUICK); done
 
+# Every scenario runs even if one fails (each writes its results); the target fails if any did.
+# `make chaos SCENARIO=budget_evict` runs one.
+SCENARIO ?= [!_]*
 chaos: install
-	@set -e; found=0; for s in chaos/[!_]*.py; do [ -e "$$s" ] || continue; found=1; echo "== $$s"; \
-	  $(BIN)/python $$s $(QUICK); done; [ $$found = 1 ] || echo "no chaos scenarios yet"
+	@failed=""; for s in chaos/$(SCENARIO).py; do [ -e "$$s" ] || { echo "no chaos scenario $$s"; exit 2; }; \
+	  echo "== $$s"; $(BIN)/python $$s $(QUICK) || failed="$$failed $$s"; done; \
+	  [ -z "$$failed" ] || { echo "chaos scenarios FAILED:$$failed (see chaos/results/SUMMARY.md)"; exit 1; }
 
 # Refresh constraints.txt from the current virtualenv (run after changing dependencies).
 lock: | $(BIN)/python
