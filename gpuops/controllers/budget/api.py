@@ -11,9 +11,7 @@ when there is one.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 from typing import Final, Literal
 
@@ -26,6 +24,7 @@ from gpuops.kube.objects import Condition, LabelSelector, ObjectMeta
 from gpuops.kube.resources import ResourceType
 from gpuops.kube.selectors import Selector, SelectorError
 from gpuops.kube.selectors import compile_selector as _compile
+from gpuops.kube.times import format_time, parse_time
 
 __all__ = [
     "ACTIONS",
@@ -171,33 +170,6 @@ class GPUWorkloadBudget(_Api):
 
 
 BUDGETS: Final = ResourceType(GROUP, VERSION, PLURAL, KIND, True, GPUWorkloadBudget)
-
-
-# ---------------------------------------------------------------------------------------------- time
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_RFC3339 = re.compile(
-    r"(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(?:\.(\d+))?(Z|z|[+-]\d{2}:\d{2})"
-)
-
-
-def parse_time(text: str) -> int:
-    """RFC 3339 (any fraction length, any offset) -> integer microseconds since the epoch (fraction truncated)."""
-    m = _RFC3339.fullmatch(text.strip())
-    if m is None:
-        raise ValueError(f"{text!r} is not an RFC 3339 timestamp (e.g. 2025-01-02T03:04:05Z)")
-    date, clock, fraction, offset = m.groups()
-    zone = "+00:00" if offset in ("Z", "z") else offset
-    whole = datetime.fromisoformat(f"{date}T{clock}{zone}")
-    micros = int((fraction or "").ljust(6, "0")[:6] or 0)
-    return (whole - _EPOCH) // timedelta(microseconds=1) + micros
-
-
-def format_time(micros: int) -> str:
-    """Integer microseconds since the epoch -> RFC 3339 UTC, with a fraction only when it is not zero."""
-    seconds, fraction = divmod(micros, 1_000_000)
-    text = (_EPOCH + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S")
-    return f"{text}.{fraction:06d}Z" if fraction else f"{text}Z"
 
 
 # ---------------------------------------------------------------------------------------------- selectors
