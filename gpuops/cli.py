@@ -17,6 +17,7 @@ CONTROLLERS = ControllerRegistry()
 `CONTROLLERS.register("budget", "gpuops.controllers.budget:setup")`, where `setup(manager)` creates its
 informers (`manager.informer(...)`) and controllers and `manager.add(...)`s them."""
 CONTROLLERS.register("budget", "gpuops.controllers.budget:setup")
+CONTROLLERS.register("autoprovision", "gpuops.controllers.autoprovision:setup")
 
 
 def _add_apiserver_args(p: argparse.ArgumentParser) -> None:
@@ -145,6 +146,16 @@ def _seconds_arg(value: str) -> float:
     return seconds
 
 
+def _count_arg(value: str) -> int:
+    try:
+        count = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"{value!r}: must be >= 0")
+    return count
+
+
 def _add_run_args(p: argparse.ArgumentParser) -> None:
     known = ", ".join(CONTROLLERS.names()) or "none registered yet"
     p.add_argument("--kubeconfig", metavar="PATH",
@@ -176,6 +187,10 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                    help="rewrite a budget's status at least this often while its pods run, so `kubectl get gwb` "
                         "stays fresh between pod changes (0: only on changes; the metrics are exact at scrape "
                         "time either way; default %(default)s)")
+    p.add_argument("--autoprovision-min-warm-gpus", type=_count_arg, default=0, metavar="N",
+                   help="GPUs of powered-on, idle GPUNodeGroup machines kept warm for the next pods (default 0)")
+    p.add_argument("--autoprovision-max-concurrent-power-offs", type=_count_arg, default=10, metavar="N",
+                   help="machines draining or powering off at once, at most (default %(default)s)")
     p.add_argument("--log-format", choices=["json", "console"],
                    help="log format (default: json unless stderr is a terminal)")
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO",
@@ -210,7 +225,9 @@ async def _run_manager(args: argparse.Namespace) -> int:
                 metrics_bind_address=args.metrics_bind_address,
                 health_probe_bind_address=args.health_probe_bind_address,
                 graceful_shutdown_timeout=args.graceful_shutdown_timeout,
-                settings={"budget_status_refresh": args.budget_status_refresh},
+                settings={"budget_status_refresh": args.budget_status_refresh,
+                          "autoprovision_min_warm_gpus": args.autoprovision_min_warm_gpus,
+                          "autoprovision_max_concurrent_power_offs": args.autoprovision_max_concurrent_power_offs},
             )
         except ValueError as e:
             print(f"gpuops run: {e}", file=sys.stderr)

@@ -81,6 +81,7 @@ __all__ = [
     "PodTemplateSpec",
     "Quantity",
     "ResourceRequirements",
+    "Secret",
     "Taint",
     "Toleration",
     "decode",
@@ -704,6 +705,14 @@ class ConfigMap(_Model):
     data: dict[str, str] | None = None
     binary_data: dict[str, str] | None = None
     immutable: bool | None = None
+
+
+class Secret(_Model):
+    """`data` values are base64, as on the wire; `string_data` is write-only upstream (never read back)."""
+
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    data: dict[str, str] | None = None
+    type: str = ""
 
 
 # ---------------------------------------------------------------------------------------------- codec helpers

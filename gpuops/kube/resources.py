@@ -26,6 +26,7 @@ __all__ = [
     "NODES",
     "PDBS",
     "PODS",
+    "SECRETS",
     "ResourceType",
 ]
 
@@ -91,6 +92,7 @@ NODES = ResourceType("", "v1", "nodes", "Node", False, objects.Node)
 EVENTS = ResourceType("", "v1", "events", "Event", True, objects.Event)
 NAMESPACES = ResourceType("", "v1", "namespaces", "Namespace", False, objects.Namespace)
 CONFIGMAPS = ResourceType("", "v1", "configmaps", "ConfigMap", True, objects.ConfigMap)
+SECRETS = ResourceType("", "v1", "secrets", "Secret", True, objects.Secret)
 LEASES = ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True, objects.Lease)
 PDBS = ResourceType("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, objects.PodDisruptionBudget)
 JOBS = ResourceType("batch", "v1", "jobs", "Job", True, objects.Job)

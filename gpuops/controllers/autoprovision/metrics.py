@@ -1,0 +1,70 @@
+"""Autoprovision metrics: groups by state (computed at scrape time from the informer), planning time, and the
+GPU-seconds machines spent powered on with no GPU pods (the cost the controller exists to cut). Webhook
+request counts and durations live with the client (`power.py`)."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+from prometheus_client import REGISTRY, Histogram
+from prometheus_client import Counter as PromCounter
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from .api import STATES, GPUNodeGroup
+
+__all__ = ["IDLE_GPU_SECONDS", "PLAN_SECONDS", "STATE_COLLECTOR", "StateCollector"]
+
+PLAN_SECONDS = Histogram(
+    "gpuops_autoprovision_plan_seconds",
+    "Time to compute one power plan (demand -> machines to power on and off).",
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+)
+IDLE_GPU_SECONDS = PromCounter(
+    "gpuops_autoprovision_idle_gpu_seconds",
+    "GPU-seconds of powered-on managed machines with no GPU pods (Ready, idle), summed over machines.",
+)
+
+
+class StateCollector(Collector):
+    """gpuops_autoprovision_node_groups{state}: every state reported, 0 included, so alerts can use absent()."""
+
+    def __init__(self) -> None:
+        self._sources: list[Callable[[], Iterable[GPUNodeGroup]]] = []
+        self._lock = threading.Lock()
+
+    def register(self, source: Callable[[], Iterable[GPUNodeGroup]]) -> Callable[[], None]:
+        with self._lock:
+            self._sources.append(source)
+
+        def unregister() -> None:
+            with self._lock:
+                if source in self._sources:
+                    self._sources.remove(source)
+
+        return unregister
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        return [self._family()]
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily("gpuops_autoprovision_node_groups", "GPUNodeGroups by power state.",
+                                 labels=["state"])
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        with self._lock:
+            sources = list(self._sources)
+        counts: Counter[str] = Counter()
+        for source in sources:
+            counts.update((g.status.state or "Off") for g in source())
+        family = self._family()
+        for state in STATES:
+            family.add_metric([state], counts.get(state, 0))
+        return [family]
+
+
+STATE_COLLECTOR = StateCollector()
+REGISTRY.register(STATE_COLLECTOR)

@@ -1,0 +1,498 @@
+"""Power GPU machines on for pending GPU pods and off when idle: one planner, one state machine per group.
+
+Two kinds of work items share the controller's queue:
+  PLAN     the cluster-wide decision (`gpuops.accounting.capacity`): which Off groups to power on for the
+           unschedulable GPU pods (per-pod packing, smallest sufficient machine first, machines already powering
+           on counted until their boot deadline) and which idle Ready groups to power off (largest first, every
+           one in time, a warm minimum and a cap on concurrent power-offs). A decision is written to the group's
+           status (state, a PendingTransition with its Idempotency-Key) before anything is sent, so a restart or
+           a retry never sends a second transition for one decision.
+  <group>  that group's state machine, driving what the plan decided:
+           PoweringOn  POST scale-up (once: `transition.sent`), then Ready when the Node is Ready with its GPUs
+                       allocatable (a Ready node with 0 GPUs is still booting); past bootDeadline -> Failed.
+           Failed      backs off (5 min doubling to 30 min), then Off: offered to the planner again.
+           Draining    taint NoSchedule, evict the node's remaining non-DaemonSet pods (Eviction API), then POST
+                       scale-down -> PoweringOff; a GPU pod landing meanwhile aborts back to Ready.
+           PoweringOff Off once the Node is NotReady or gone.
+           Off/Ready   follow the Node (powered on or off by someone else).
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import msgspec
+import structlog
+
+from gpuops.accounting.capacity import (
+    GpuNode,
+    NodeState,
+    ScaleDownPolicy,
+    plan_scale_down,
+    plan_scale_up,
+)
+from gpuops.accounting.quantity import parse_quantity
+from gpuops.kube import conditions as cond
+from gpuops.kube.client import Client
+from gpuops.kube.controller import Request, Result
+from gpuops.kube.errors import ApiError, Conflict, NotFound
+from gpuops.kube.events import EventRecorder
+from gpuops.kube.informer import INDEX_NODE, Informer
+from gpuops.kube.objects import Condition, Node, Pod, Taint
+from gpuops.kube.resources import NODES, SECRETS
+from gpuops.kube.times import format_time, parse_time
+
+from .api import (
+    API_VERSION,
+    GROUPS,
+    KIND,
+    GPUNodeGroup,
+    GroupStatus,
+    LastWebhook,
+    PendingTransition,
+    SpecError,
+    Webhook,
+    check_spec,
+)
+from .demand import NodeView, demand, gpu_request, is_unschedulable, uses_gpus
+from .metrics import IDLE_GPU_SECONDS, PLAN_SECONDS
+from .power import Endpoint, Outcome, PowerClient, Transition, idempotency_key
+
+__all__ = ["DRAIN_TAINT", "PLAN", "Autoprovisioner", "Observed", "Settings", "wall_clock"]
+
+log = structlog.get_logger("gpuops.controllers.autoprovision")
+
+PLAN = Request("", "~plan")
+"""The planner's work item ("~" cannot start a group name, so it never collides with one)."""
+DRAIN_TAINT = "gpuops.io/power-off"
+INDEX_GROUP_NODE = "gpuops.io/group-node"
+_SECOND = 1_000_000
+_STATE = {"Off": NodeState.OFF, "PoweringOn": NodeState.POWERING_ON, "Ready": NodeState.READY,
+          "Draining": NodeState.DRAINING, "PoweringOff": NodeState.POWERING_OFF}
+
+
+def wall_clock() -> int:
+    return time.time_ns() // 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Cluster-wide knobs (flags of `gpuops run`)."""
+
+    min_warm_gpus: int = 0
+    max_concurrent_power_offs: int = 10
+    boot_backoff_base: float = 300.0
+    boot_backoff_max: float = 1800.0
+    drain_recheck: float = 2.0
+    off_recheck: float = 5.0
+    webhook_retry: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    node: Node | None
+    ready: bool
+    gpus: Fraction
+    """Allocatable GPUs of the group's resource (0 until the device plugin is up)."""
+    gpu_pods: int
+    used: Fraction
+
+
+def _node_ready(node: Node | None) -> bool:
+    return node is not None and cond.is_true(node.status.conditions, "Ready")
+
+
+class Autoprovisioner:
+    def __init__(
+        self,
+        client: Client,
+        groups: Informer[GPUNodeGroup],
+        nodes: Informer[Node],
+        pods: Informer[Pod],
+        recorder: EventRecorder,
+        power: PowerClient,
+        *,
+        settings: Settings | None = None,
+        clock: Callable[[], int] = wall_clock,
+    ) -> None:
+        self.client = client
+        self.groups = groups
+        self.nodes = nodes
+        self.pods = pods
+        self.recorder = recorder
+        self.power = power
+        self.settings = settings or Settings()
+        self.clock = clock
+        self._idle_mark: dict[str, int] = {}
+        groups.add_index(INDEX_GROUP_NODE, lambda g: (g.spec.node_name,) if g.spec.node_name else ())
+
+    # ------------------------------------------------------------------------------------------ mappers
+
+    def _group_of(self, node_name: str) -> list[Request]:
+        return [Request("", g.metadata.name) for g in self.groups.store.by_index(INDEX_GROUP_NODE, node_name)]
+
+    def map_pod(self, pod: Pod) -> list[Request]:
+        """Unschedulable pods are demand; pods on a managed node change its business (idle, draining)."""
+        out = self._group_of(pod.spec.node_name) if pod.spec.node_name else []
+        if out or is_unschedulable(pod):
+            out.append(PLAN)
+        return out
+
+    def map_node(self, node: Node) -> list[Request]:
+        out = self._group_of(node.metadata.name)
+        return [*out, PLAN] if out else []
+
+    @staticmethod
+    def map_group(group: GPUNodeGroup) -> list[Request]:
+        return [Request("", group.metadata.name), PLAN]
+
+    # ------------------------------------------------------------------------------------------ observing
+
+    def observe(self, group: GPUNodeGroup) -> Observed:
+        spec = group.spec
+        node = self.nodes.store.get(spec.node_name)
+        gpus = Fraction(0)
+        if node is not None:
+            raw = (node.status.allocatable or {}).get(spec.gpu_resource_name)
+            if raw is not None:
+                try:
+                    gpus = parse_quantity(str(raw))
+                except Exception:
+                    gpus = Fraction(0)
+        busy = [p for p in self.pods.store.by_index(INDEX_NODE, spec.node_name) if uses_gpus(p, spec.gpu_resource_name)]
+        used = sum((gpu_request(p, spec.gpu_resource_name) for p in busy), Fraction(0))
+        return Observed(node, _node_ready(node), gpus, len(busy), used)
+
+    # ------------------------------------------------------------------------------------------ reconcile
+
+    async def reconcile(self, req: Request) -> Result | None:
+        if req == PLAN:
+            return await self.plan()
+        group = self.groups.store.get(req.name)
+        if group is None or group.metadata.deletion_timestamp:
+            return None
+        try:
+            check_spec(group.spec)
+        except SpecError as e:
+            await self._write(group, self._with_condition(group, "Ready", "False", "InvalidSpec", str(e)))
+            return None
+        return await self.drive(group)
+
+    # ------------------------------------------------------------------------------------------ the planner
+
+    async def plan(self) -> Result | None:
+        now = self.clock()
+        s = self.settings
+        valid: list[GPUNodeGroup] = []
+        for g in self.groups.store.list():
+            try:
+                check_spec(g.spec)
+            except SpecError:
+                continue
+            if not g.metadata.deletion_timestamp:
+                valid.append(g)
+        by_node = {g.spec.node_name: g for g in valid}
+        last_up = max((t for g in valid if (t := _t(g.status.last_scale_up)) is not None), default=None)
+        nodes: list[GpuNode] = []
+        views: list[NodeView] = []
+        wake: list[int] = []
+        for g in valid:
+            st, spec = g.status, g.spec
+            state = st.state or "Off"
+            if state == "Failed":
+                until = _t(st.backoff_until)
+                if until is not None and now < until:
+                    wake.append(until)
+                    continue
+                state = "Off"
+            obs = self.observe(g)
+            capacity = obs.gpus if obs.ready and obs.gpus > 0 else Fraction(spec.gpu_count)
+            idle_since = _t(st.idle_since) if state == "Ready" and obs.gpu_pods == 0 else None
+            if idle_since is not None:  # this group's own thresholds decide when it may go
+                due = idle_since + spec.scale_down_unneeded_seconds * _SECOND
+                if last_up is not None:
+                    due = max(due, last_up + spec.scale_down_delay_after_scale_up_seconds * _SECOND)
+                if now < due:
+                    wake.append(due)
+                    idle_since = None
+            nodes.append(GpuNode(name=spec.node_name, capacity=capacity, state=_STATE[state], used=obs.used,
+                                 gpu_pods=obs.gpu_pods, idle_since=idle_since))
+            views.append(NodeView.of(g.metadata.name, spec.node_name, spec.gpu_resource_name, obs.node,
+                                     spec.template.labels, spec.template.taints, DRAIN_TAINT))
+        pending = demand(self.pods.store.list(), views)
+        started = time.perf_counter()
+        up = plan_scale_up(nodes, pending)
+        policy = ScaleDownPolicy(min_warm_gpus=s.min_warm_gpus, max_concurrent_power_offs=s.max_concurrent_power_offs,
+                                 unneeded_time=0, scale_up_cooldown=0)
+        down = plan_scale_down(nodes, now=now, policy=policy, needed=set(up.placements.values()))
+        PLAN_SECONDS.observe(time.perf_counter() - started)
+        for name in up.power_on:
+            g = by_node[name]
+            pods = sorted(p for p, n in up.placements.items() if n == name)
+            await self._decide(g, "up", now, f"{len(pods)} pending pod(s) fit: {', '.join(pods[:5])}")
+        for name in down.power_off:
+            await self._decide(by_node[name], "down", now, "no GPU pods for scaleDownUnneededSeconds")
+        for u in up.unschedulable:
+            log.debug("pending pod fits no managed node", pod=u.pod, reason=str(u.reason))
+        wake += await self._track_idle(valid, now)
+        return _requeue(now, wake)
+
+    async def _decide(self, group: GPUNodeGroup, direction: str, now: int, why: str) -> None:
+        spec = group.spec
+        stamp = format_time(now)
+        key = idempotency_key(spec.node_name, direction, group.metadata.generation, stamp)
+        transition = PendingTransition(direction="up" if direction == "up" else "down", key=key, decided_at=stamp)
+        if direction == "up":
+            status = msgspec.structs.replace(
+                group.status, state="PoweringOn", since=stamp, transition=transition, last_scale_up=stamp,
+                boot_deadline=format_time(now + spec.boot_timeout_seconds * _SECOND), idle_since=None)
+            reason, message = "PowerOnDecided", f"powering on {spec.node_name} ({spec.gpu_count} GPUs): {why}"
+        else:
+            status = msgspec.structs.replace(group.status, state="Draining", since=stamp, transition=transition)
+            reason, message = "PowerOffDecided", f"powering off {spec.node_name}: {why}"
+        if await self._write(group, status):
+            self.recorder.record(group, "Normal", reason, message, kind=KIND, api_version=API_VERSION)
+            log.info("power transition decided", group=group.metadata.name, node=spec.node_name,
+                     direction=direction, key=key, why=why)
+
+    async def _track_idle(self, groups: list[GPUNodeGroup], now: int) -> list[int]:
+        """Persist since when each Ready group has had no GPU pods (a restart keeps the count), and add the idle
+        GPU-seconds since the last plan to IDLE_GPU_SECONDS. Returns when newly idle groups may be powered off."""
+        wake: list[int] = []
+        for g in groups:
+            name = g.metadata.name
+            if (g.status.state or "Off") != "Ready":
+                self._idle_mark.pop(name, None)
+                continue
+            idle = self.observe(g).gpu_pods == 0
+            since = _t(g.status.idle_since)
+            if idle and since is not None:
+                mark = max(since, self._idle_mark.get(name, since))
+                if now > mark:
+                    IDLE_GPU_SECONDS.inc(g.spec.gpu_count * (now - mark) / _SECOND)
+                self._idle_mark[name] = now
+            else:
+                self._idle_mark.pop(name, None)
+            if idle and g.status.idle_since is None:
+                await self._write(g, msgspec.structs.replace(g.status, idle_since=format_time(now)))
+                wake.append(now + g.spec.scale_down_unneeded_seconds * _SECOND)
+            elif not idle and g.status.idle_since is not None:
+                await self._write(g, msgspec.structs.replace(g.status, idle_since=None))
+        return wake
+
+    # ------------------------------------------------------------------------------------------ one group
+
+    async def drive(self, group: GPUNodeGroup) -> Result | None:
+        now = self.clock()
+        st = group.status
+        state = st.state or "Off"
+        obs = self.observe(group)
+        up = obs.ready and obs.gpus > 0
+        if state == "PoweringOn":
+            tr = st.transition
+            if tr is not None and tr.direction == "up" and not tr.sent and not up:
+                outcome = await self._send(group, group.spec.scale_up, tr)
+                if not outcome.ok:
+                    return await self._webhook_failed(group, tr, outcome, now)
+                return None  # the status write brings us back
+            if up:
+                await self._become(group, now, "Ready", "NodeReady",
+                                   f"{group.spec.node_name} is Ready with {obs.gpus} GPUs allocatable",
+                                   transition=None, boot_deadline=None, failures=0, backoff_until=None)
+                await self._untaint(obs.node)
+                return None
+            deadline = _t(st.boot_deadline)
+            if deadline is not None and now >= deadline:
+                failures = st.failures + 1
+                pause = min(self.settings.boot_backoff_max, self.settings.boot_backoff_base * 2 ** (failures - 1))
+                await self._become(group, now, "Failed", "BootTimeout",
+                                   f"{group.spec.node_name} was not Ready with GPUs within "
+                                   f"{group.spec.boot_timeout_seconds}s of the power-on; another machine may be "
+                                   f"tried; this one is offered again in {pause:g}s", warning=True,
+                                   transition=None, failures=failures,
+                                   backoff_until=format_time(now + round(pause * _SECOND)))
+                return None
+            return _requeue(now, [deadline])
+        if state == "Failed":
+            if up:
+                await self._become(group, now, "Ready", "NodeReady", f"{group.spec.node_name} came up late")
+                return None
+            until = _t(st.backoff_until)
+            if until is None or now >= until:
+                await self._become(group, now, "Off", "BackoffOver", "offered to the planner again")
+                return None
+            return _requeue(now, [until])
+        if state == "Draining":
+            return await self._drain(group, obs, now)
+        if state == "PoweringOff":
+            tr = st.transition
+            if tr is not None and tr.direction == "down" and not tr.sent:
+                outcome = await self._send(group, group.spec.scale_down, tr)
+                if not outcome.ok:
+                    return await self._webhook_failed(group, tr, outcome, now)
+                return None
+            if obs.node is None or not obs.ready:
+                await self._become(group, now, "Off", "PoweredOff", f"{group.spec.node_name} is down",
+                                   transition=None, idle_since=None)
+                return None
+            return Result(requeue_after=self.settings.off_recheck)
+        # Off and Ready follow the node
+        if state == "Off" and up:
+            await self._become(group, now, "Ready", "NodeReady", f"{group.spec.node_name} is up (not by us)")
+        elif state == "Ready" and obs.node is None:
+            await self._become(group, now, "Off", "NodeGone", f"{group.spec.node_name} left the cluster",
+                               idle_since=None)
+        return None
+
+    async def _drain(self, group: GPUNodeGroup, obs: Observed, now: int) -> Result | None:
+        tr = group.status.transition
+        if obs.gpu_pods > 0:  # a GPU pod got there first: keep the node
+            await self._untaint(obs.node)
+            await self._become(group, now, "Ready", "PowerOffAborted",
+                               f"a GPU pod is on {group.spec.node_name}; it stays on", transition=None)
+            return None
+        node = obs.node
+        if node is not None:
+            await self._taint(node)
+            left = [p for p in self.pods.store.by_index(INDEX_NODE, node.metadata.name)
+                    if p.status.phase not in ("Succeeded", "Failed") and not _daemon(p)]
+            for p in left:
+                if p.metadata.deletion_timestamp:
+                    continue
+                try:
+                    await self.client.evict(p.metadata.name, p.metadata.namespace)
+                except NotFound:
+                    pass
+                except ApiError as e:
+                    log.info("eviction refused while draining", pod=f"{p.metadata.namespace}/{p.metadata.name}",
+                             error=str(e))
+            if left:
+                return Result(requeue_after=self.settings.drain_recheck)
+        if tr is None or tr.direction != "down":
+            return None
+        await self._become(group, now, "PoweringOff", "Drained", f"{group.spec.node_name} has no pods left")
+        return None
+
+    # ------------------------------------------------------------------------------------------ side effects
+
+    async def _send(self, group: GPUNodeGroup, hook: Webhook, tr: PendingTransition) -> Outcome:
+        endpoint = await self._endpoint(hook)
+        outcome = await self.power.send(endpoint, Transition(group.spec.node_name, tr.direction, tr.key,
+                                                             first_attempt=tr.attempts + 1))
+        done = msgspec.structs.replace(tr, attempts=tr.attempts + outcome.attempts, sent=outcome.ok)
+        last = LastWebhook(direction=tr.direction, url=endpoint.display_url, code=outcome.status,
+                           time=format_time(round(outcome.finished_at * _SECOND)), attempt=done.attempts,
+                           error=outcome.error)
+        status = msgspec.structs.replace(group.status, transition=done, last_webhook=last)
+        if outcome.ok:
+            status = _condition(status, group, "WebhookFailing", "False", "Accepted",
+                                f"{tr.direction} request accepted (HTTP {outcome.status})")
+        await self._write(group, status)
+        return outcome
+
+    async def _webhook_failed(self, group: GPUNodeGroup, tr: PendingTransition, outcome: Outcome,
+                              now: int) -> Result | None:
+        fresh = self.groups.store.get(group.metadata.name) or group
+        status = _condition(fresh.status, fresh, "WebhookFailing", "True",
+                            "Retrying" if outcome.retryable else "Refused", outcome.error)
+        await self._write(fresh, status)
+        self.recorder.record(group, "Warning", "WebhookFailed", outcome.error, kind=KIND, api_version=API_VERSION)
+        if not outcome.retryable:  # a configuration problem: say so, retry rarely
+            return Result(requeue_after=self.settings.boot_backoff_base)
+        wait = max(self.settings.webhook_retry, outcome.retry_after or 0.0)
+        return Result(requeue_after=wait)
+
+    async def _endpoint(self, hook: Webhook) -> Endpoint:
+        token: str | None = None
+        key: bytes | None = None
+        ref = hook.secret_ref
+        if ref is not None:
+            secret = await self.client.get(SECRETS, ref.name, ref.namespace)
+            data = secret.data or {}
+            if ref.token_key in data:
+                token = base64.b64decode(data[ref.token_key]).decode().strip()
+            if ref.hmac_key_key in data:
+                key = base64.b64decode(data[ref.hmac_key_key])
+        return Endpoint(hook.url, headers=dict(hook.headers or {}), token=token, hmac_key=key,
+                        timeout=float(hook.timeout_seconds))
+
+    async def _taint(self, node: Node) -> None:
+        taints = list(node.spec.taints or ())
+        if any(t.key == DRAIN_TAINT for t in taints):
+            return
+        taints.append(Taint(key=DRAIN_TAINT, value="draining", effect="NoSchedule"))
+        await self._set_taints(node, taints)
+
+    async def _untaint(self, node: Node | None) -> None:
+        if node is None or not any(t.key == DRAIN_TAINT for t in node.spec.taints or ()):
+            return
+        await self._set_taints(node, [t for t in node.spec.taints or () if t.key != DRAIN_TAINT])
+
+    async def _set_taints(self, node: Node, taints: list[Taint]) -> None:
+        body = {"metadata": {"resourceVersion": node.metadata.resource_version},
+                "spec": {"taints": msgspec.to_builtins(taints) or None}}
+        try:
+            await self.client.patch(NODES, node.metadata.name, body)
+        except (Conflict, NotFound) as e:
+            log.debug("node taint update skipped", node=node.metadata.name, error=str(e))
+
+    async def _become(self, group: GPUNodeGroup, now: int, state: str, reason: str, message: str, *,
+                      warning: bool = False, **changes: Any) -> None:
+        stamp = format_time(now)
+        status = msgspec.structs.replace(group.status, state=state, since=stamp, **changes)
+        status = _condition(status, group, "Ready", "True" if state == "Ready" else "False", reason, message)
+        if await self._write(group, status):
+            self.recorder.record(group, "Warning" if warning else "Normal", reason, message, kind=KIND,
+                                 api_version=API_VERSION)
+            log.info("node group state", group=group.metadata.name, state=state, reason=reason)
+
+    def _with_condition(self, group: GPUNodeGroup, type: str, status: str, reason: str, message: str) -> GroupStatus:
+        return _condition(group.status, group, type, status, reason, message)
+
+    async def _write(self, group: GPUNodeGroup, status: GroupStatus) -> bool:
+        """Write the whole status, guarded by resourceVersion; False if the group changed or went (its event
+        brings us back)."""
+        status = msgspec.structs.replace(status, observed_generation=group.metadata.generation)
+        if status == group.status:
+            return True
+        # PUT, not a merge patch: our types leave defaults out, and a merge patch would keep the old values of
+        # every field that went back to its default (a new transition inheriting the last one's `sent`)
+        try:
+            await self.client.replace(GROUPS, msgspec.structs.replace(group, status=status), subresource="status")
+        except (Conflict, NotFound) as e:
+            log.debug("group status write skipped", group=group.metadata.name, error=str(e))
+            return False
+        return True
+
+
+def _condition(status: GroupStatus, group: GPUNodeGroup, type: str, value: str, reason: str,
+               message: str) -> GroupStatus:
+    items = cond.set_condition(status.conditions, type, value, reason, message, group.metadata.generation,
+                               now=format_time(wall_clock() // _SECOND * _SECOND))
+    return msgspec.structs.replace(status, conditions=msgspec.convert(items, tuple[Condition, ...]))
+
+
+def _daemon(pod: Pod) -> bool:
+    return any(r.kind == "DaemonSet" and r.controller for r in pod.metadata.owner_references or ())
+
+
+def _t(text: str | None) -> int | None:
+    if not text:
+        return None
+    try:
+        return parse_time(text)
+    except ValueError:
+        return None
+
+
+def _requeue(now: int, instants: Sequence[int | None]) -> Result | None:
+    due = [t for t in instants if t is not None]
+    if not due:
+        return None
+    return Result(requeue_after=max(0.0, (min(due) - now) / _SECOND) + 0.001)
+

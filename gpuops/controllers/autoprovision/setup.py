@@ -1,0 +1,105 @@
+"""Wiring: informers (pods and nodes shared with other controllers, groups), the webhook client, the
+Controller, Events and metrics, all added to a `Manager`; the seed's GPU_NODE_<n>_* environment variables
+become GPUNodeGroup objects at start. `gpuops run` calls `setup` through its ControllerRegistry."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import structlog
+
+from gpuops.kube.controller import Controller, Predicate, resource_version_changed
+from gpuops.kube.errors import AlreadyExists
+from gpuops.kube.events import EventRecorder
+from gpuops.kube.informer import INDEX_NODE, pods_by_node
+from gpuops.kube.manager import Manager
+from gpuops.kube.resources import NODES, PODS
+
+from .api import API_VERSION, GROUPS, KIND, GPUNodeGroup, groups_from_env
+from .metrics import STATE_COLLECTOR
+from .power import PowerClient
+from .reconciler import Autoprovisioner, Settings, wall_clock
+
+__all__ = ["COMPONENT", "CONTROLLER_NAME", "AutoprovisionController", "install", "setup"]
+
+CONTROLLER_NAME = "autoprovision"
+COMPONENT = "gpuops-autoprovision-controller"
+FIELD_MANAGER = "gpuops-autoprovision-env"
+log = structlog.get_logger("gpuops.controllers.autoprovision")
+
+
+@dataclass(frozen=True, slots=True)
+class AutoprovisionController:
+    reconciler: Autoprovisioner
+    controller: Controller
+    recorder: EventRecorder
+    power: PowerClient
+
+
+def _spec_or_meta_changed(old: GPUNodeGroup, new: GPUNodeGroup) -> bool:
+    """Our own status writes wake the group's state machine only through the explicit requeues."""
+    a, b = old.metadata, new.metadata
+    return (a.generation, a.deletion_timestamp, a.labels) != (b.generation, b.deletion_timestamp, b.labels) or \
+        (old.status.state, old.status.transition) != (new.status.state, new.status.transition)
+
+
+def install(
+    manager: Manager,
+    *,
+    settings: Settings | None = None,
+    clock: Callable[[], int] = wall_clock,
+    power: PowerClient | None = None,
+    env: Mapping[str, str] | None = None,
+    **controller_options: Any,
+) -> AutoprovisionController:
+    pods = manager.informer(PODS)
+    pods.add_index(INDEX_NODE, pods_by_node)
+    nodes = manager.informer(NODES)
+    groups = manager.informer(GROUPS)
+    recorder = EventRecorder(manager.client, COMPONENT)
+    client = power or PowerClient()
+    reconciler = Autoprovisioner(manager.client, groups, nodes, pods, recorder, client, settings=settings,
+                                 clock=clock)
+    controller = Controller(CONTROLLER_NAME, reconciler.reconcile, client=manager.client, **controller_options)
+    controller.watch(groups, reconciler.map_group, predicates=[Predicate(update=_spec_or_meta_changed)])
+    controller.watch(nodes, reconciler.map_node, predicates=[resource_version_changed()])
+    controller.watch(pods, reconciler.map_pod, predicates=[resource_version_changed()])
+    manager.add(controller)
+    seed_groups = groups_from_env(os.environ if env is None else env)
+
+    async def side_tasks() -> None:
+        unregister = STATE_COLLECTOR.register(groups.store.list)
+        recorder.start()
+        try:
+            for g in seed_groups:  # the seed's environment variables, as objects users can see and edit
+                body = {"apiVersion": API_VERSION, "kind": KIND,
+                        "metadata": {"name": g.spec.node_name, "labels": {"gpuops.io/from-env": g.prefix.lower()}},
+                        "spec": msgspec.to_builtins(g.spec)}
+                try:
+                    await manager.client.create(GROUPS, body, field_manager=FIELD_MANAGER)
+                    log.info("node group created from environment", group=g.spec.node_name, prefix=g.prefix)
+                except AlreadyExists:
+                    pass  # created by an earlier start (or by hand): the object is the truth now
+            await asyncio.Event().wait()
+        finally:
+            unregister()
+            await recorder.stop(timeout=2.0)
+            await client.close()
+
+    manager.add_runnable(f"{CONTROLLER_NAME}-events-and-metrics", side_tasks)
+    return AutoprovisionController(reconciler, controller, recorder, client)
+
+
+async def setup(manager: Manager) -> None:
+    """The ControllerRegistry entry. Reads `autoprovision_min_warm_gpus` and
+    `autoprovision_max_concurrent_power_offs` from the manager's settings (`gpuops run` flags)."""
+    s = manager.settings
+    install(manager, settings=Settings(
+        min_warm_gpus=int(s.get("autoprovision_min_warm_gpus", 0)),
+        max_concurrent_power_offs=int(s.get("autoprovision_max_concurrent_power_offs", 10)),
+    ))

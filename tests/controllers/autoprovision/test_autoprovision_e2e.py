@@ -1,0 +1,156 @@
+"""The autoprovision controller on the emulated cluster with the emulated power API: a pending 2-GPU pod wakes
+the smallest machine that fits (and nothing else), the machine is POSTed once while it boots, the pod runs, and
+the idle machine is drained and powered off; a 16-GPU pod with 8-GPU machines is not demand."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+from gpuops.controllers.autoprovision import install
+from gpuops.controllers.autoprovision.api import GROUPS, GPUNodeGroup
+from gpuops.controllers.autoprovision.reconciler import Settings
+from gpuops.kube.client import Client
+from gpuops.kube.errors import ApiError
+from gpuops.kube.manager import Manager
+from gpuops.kube.resources import PODS
+from gpuops.sim.cluster.cluster import SimCluster
+from gpuops.sim.scenario import parse
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parents[3]
+CRD = ROOT / "manifests" / "crds" / "gpunodegroups.gpuops.io.yaml"
+NS = "work"
+
+pytestmark = pytest.mark.anyio
+
+SCENARIO = {
+    "name": "autoprovision-tests",
+    "namespaces": [NS],
+    "kubelet": {"startLatencySeconds": 0.05, "leaseSeconds": 0.3, "nodeStatusSeconds": 5, "events": False},
+    "scheduler": {"events": False},
+    "nodeLifecycle": {"nodeMonitorGraceSeconds": 1.0, "podGcOrphanSeconds": 2.0},
+    "nodeGroups": [
+        {"name": "small", "gpuModel": "A100-80GB", "gpusPerNode": 2, "count": 1, "poweredOff": 1,
+         "bootSeconds": 0.4, "devicePluginSeconds": 0.2, "shutdownSeconds": 0.2},
+        {"name": "big", "gpuModel": "A100-80GB", "gpusPerNode": 8, "count": 1, "poweredOff": 1,
+         "bootSeconds": 0.4, "devicePluginSeconds": 0.2, "shutdownSeconds": 0.2},
+    ],
+}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def until(what: str, probe: Callable[[], Awaitable[T | None]], within: float = 20.0) -> T:
+    deadline = time.monotonic() + within
+    while True:
+        got = await probe()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def gpu_pod(name: str, gpus: int, runtime: float) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "annotations": {"sim.gpuops.io/runtime-seconds": str(runtime)}},
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
+                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                     "containers": [{"name": "main", "image": "cuda",
+                                     "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}}
+
+
+def group(cluster: SimCluster, machine: str, gpus: int) -> dict[str, Any]:
+    base = f"{cluster.cloud.url}/power/v1/machines/{machine}"
+    return {"apiVersion": "gpuops.io/v1alpha1", "kind": "GPUNodeGroup", "metadata": {"name": machine},
+            "spec": {"nodeName": machine, "gpuCount": gpus, "scaleUp": {"url": f"{base}/start"},
+                     "scaleDown": {"url": f"{base}/stop"}, "bootTimeoutSeconds": 30,
+                     "scaleDownUnneededSeconds": 1, "scaleDownDelayAfterScaleUpSeconds": 0,
+                     "template": {"taints": [{"key": "nvidia.com/gpu", "value": "present",
+                                              "effect": "NoSchedule"}]}}}
+
+
+@asynccontextmanager
+async def running(tmp_path: Path) -> AsyncIterator[tuple[SimCluster, Client]]:
+    async with SimCluster(parse(SCENARIO), workload=False) as cluster:
+        cluster.write_kubeconfig(tmp_path / "k")
+        client = await Client.from_kubeconfig(str(tmp_path / "k"))
+        await client.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+                             body=json.dumps(yaml.safe_load(CRD.read_text())).encode(),
+                             content_type="application/json")
+
+        async def served() -> bool:
+            try:
+                await client.list(GROUPS)
+            except ApiError:
+                return False
+            return True
+
+        await until("CRD served", served, 10)
+        mgr = Manager(client, metrics_bind_address="0", health_probe_bind_address="0")
+        install(mgr, settings=Settings(drain_recheck=0.2, off_recheck=0.2), env={})
+        task = asyncio.create_task(mgr.run())
+        try:
+            yield cluster, client
+        finally:
+            mgr.request_stop()
+            await asyncio.wait_for(task, 15)
+            await client.close()
+
+
+async def state_of(client: Client, name: str) -> str:
+    g: GPUNodeGroup = await client.get(GROUPS, name)
+    return g.status.state
+
+
+async def test_smallest_fit_once_then_idle_power_off(tmp_path: Path) -> None:
+    async with running(tmp_path) as (cluster, client):
+        small, big = "small-0", "big-0"
+        await client.create(GROUPS, group(cluster, small, 2))
+        await client.create(GROUPS, group(cluster, big, 8))
+        await client.create(PODS, gpu_pod("job", 2, 1.5), NS)
+
+        async def pod_ran() -> bool:
+            p = await client.get(PODS, "job", NS)
+            return p.status.phase == "Succeeded"
+
+        await until("the pod ran on the woken machine", pod_ran)
+        fleet = cluster.fleet.machines
+        assert fleet[small].power_cycles == 1  # one power-on, never re-POSTed while booting
+        assert fleet[big].power_cycles == 0  # the smallest sufficient machine, not the big one
+
+        async def powered_off() -> bool:
+            return await state_of(client, small) == "Off" and not fleet[small].powered
+
+        await until("the idle machine drained and powered off", powered_off)
+        g: GPUNodeGroup = await client.get(GROUPS, small)
+        assert g.status.last_webhook is not None and g.status.last_webhook.code == 202  # the sim answers 202
+        assert g.status.last_webhook.direction == "down"
+        assert await state_of(client, big) == "Off"
+
+
+async def test_a_pod_larger_than_every_machine_is_not_demand(tmp_path: Path) -> None:
+    async with running(tmp_path) as (cluster, client):
+        await client.create(GROUPS, group(cluster, "big-0", 8))
+        await client.create(PODS, gpu_pod("huge", 16, 1.0), NS)
+
+        async def unschedulable() -> bool:
+            p = await client.get(PODS, "huge", NS)
+            return any(c.reason == "Unschedulable" for c in p.status.conditions or ())
+
+        await until("the scheduler gave up on the pod", unschedulable)
+        await asyncio.sleep(1.0)  # give the planner every chance to (wrongly) act
+        assert cluster.fleet.machines["big-0"].power_cycles == 0
+        assert await state_of(client, "big-0") == "Off"
