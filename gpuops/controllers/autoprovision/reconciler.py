@@ -381,7 +381,12 @@ class Autoprovisioner:
     # ------------------------------------------------------------------------------------------ side effects
 
     async def _send(self, group: GPUNodeGroup, hook: Webhook, tr: PendingTransition) -> Outcome:
-        endpoint = await self._endpoint(hook)
+        try:
+            endpoint = await self._endpoint(hook)
+        except (ValueError, ApiError) as e:  # a bad URL, header or Secret: nothing is sent, the user must fix it
+            where = "spec.scaleUp" if tr.direction == "up" else "spec.scaleDown"
+            return Outcome(ok=False, status=None, attempts=0, retryable=isinstance(e, ApiError),
+                           error=f"{where}: cannot call the webhook: {e}", finished_at=time.time())
         outcome = await self.power.send(endpoint, Transition(group.spec.node_name, tr.direction, tr.key,
                                                              first_attempt=tr.attempts + 1))
         done = msgspec.structs.replace(tr, attempts=tr.attempts + outcome.attempts, sent=outcome.ok)
@@ -392,15 +397,14 @@ class Autoprovisioner:
         if outcome.ok:
             status = _condition(status, group, "WebhookFailing", "False", "Accepted",
                                 f"{tr.direction} request accepted (HTTP {outcome.status})")
-        await self._write(group, status)
+        else:
+            status = _condition(status, group, "WebhookFailing", "True",
+                                "Retrying" if outcome.retryable else "Refused", outcome.error)
+        await self._write(group, status)  # one write: what was sent, and how it went
         return outcome
 
     async def _webhook_failed(self, group: GPUNodeGroup, tr: PendingTransition, outcome: Outcome,
                               now: int) -> Result | None:
-        fresh = self.groups.store.get(group.metadata.name) or group
-        status = _condition(fresh.status, fresh, "WebhookFailing", "True",
-                            "Retrying" if outcome.retryable else "Refused", outcome.error)
-        await self._write(fresh, status)
         self.recorder.record(group, "Warning", "WebhookFailed", outcome.error, kind=KIND, api_version=API_VERSION)
         if not outcome.retryable:  # a configuration problem: say so, retry rarely
             return Result(requeue_after=self.settings.boot_backoff_base)
@@ -414,10 +418,16 @@ class Autoprovisioner:
         if ref is not None:
             secret = await self.client.get(SECRETS, ref.name, ref.namespace)
             data = secret.data or {}
-            if ref.token_key in data:
-                token = base64.b64decode(data[ref.token_key]).decode().strip()
-            if ref.hmac_key_key in data:
-                key = base64.b64decode(data[ref.hmac_key_key])
+            if ref.token_key not in data and ref.hmac_key_key not in data:
+                raise ValueError(f"Secret {ref.namespace}/{ref.name} has neither key {ref.token_key!r} nor "
+                                 f"{ref.hmac_key_key!r}; add one, or set secretRef.tokenKey/hmacKeyKey")
+            try:
+                if ref.token_key in data:
+                    token = base64.b64decode(data[ref.token_key], validate=True).decode().strip()
+                if ref.hmac_key_key in data:
+                    key = base64.b64decode(data[ref.hmac_key_key], validate=True)
+            except (ValueError, UnicodeDecodeError) as e:
+                raise ValueError(f"Secret {ref.namespace}/{ref.name}: a value is not valid base64 text: {e}") from None
         return Endpoint(hook.url, headers=dict(hook.headers or {}), token=token, hmac_key=key,
                         timeout=float(hook.timeout_seconds))
 

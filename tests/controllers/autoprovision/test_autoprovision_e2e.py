@@ -5,6 +5,7 @@ the idle machine is drained and powered off; a 16-GPU pod with 8-GPU machines is
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,10 +19,11 @@ import yaml
 from gpuops.controllers.autoprovision import install
 from gpuops.controllers.autoprovision.api import GROUPS, GPUNodeGroup
 from gpuops.controllers.autoprovision.reconciler import Settings
+from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
 from gpuops.kube.errors import ApiError
 from gpuops.kube.manager import Manager
-from gpuops.kube.resources import PODS
+from gpuops.kube.resources import PODS, SECRETS
 from gpuops.sim.cluster.cluster import SimCluster
 from gpuops.sim.scenario import parse
 
@@ -154,3 +156,42 @@ async def test_a_pod_larger_than_every_machine_is_not_demand(tmp_path: Path) -> 
         await asyncio.sleep(1.0)  # give the planner every chance to (wrongly) act
         assert cluster.fleet.machines["big-0"].power_cycles == 0
         assert await state_of(client, "big-0") == "Off"
+
+
+async def test_a_refused_webhook_is_shown_and_the_fixed_spec_sends_the_same_transition(tmp_path: Path) -> None:
+    """The power API wants a bearer token: without it the 401 is a condition and a Warning Event, nothing is
+    retried in a loop, the pod stays pending; adding the Secret reference sends the same transition (its
+    Idempotency-Key unchanged) and the machine powers on once."""
+    async with running(tmp_path) as (cluster, client):
+        cluster.cloud.options.token = "s3cret-token"
+        await client.create(SECRETS, {"metadata": {"name": "bmc", "namespace": NS},
+                                      "data": {"token": base64.b64encode(b"s3cret-token").decode()}}, NS)
+        await client.create(GROUPS, group(cluster, "small-0", 2))
+        await client.create(PODS, gpu_pod("job", 1, 30.0), NS)
+
+        async def refused() -> GPUNodeGroup | None:
+            g: GPUNodeGroup = await client.get(GROUPS, "small-0")
+            c = cond.get_condition(g.status.conditions, "WebhookFailing")
+            return g if c is not None and c.status == "True" and c.reason == "Refused" else None
+
+        g = await until("the 401 shown as WebhookFailing=Refused", refused)
+        assert g.status.last_webhook is not None and g.status.last_webhook.code == 401
+        assert "s3cret" not in (g.status.last_webhook.error or "")
+        assert g.status.transition is not None and not g.status.transition.sent
+        key = g.status.transition.key
+        events = json.loads(await client.request("GET", "/api/v1/events"))["items"]
+        assert any(e.get("reason") == "WebhookFailed" for e in events)
+        assert cluster.fleet.machines["small-0"].power_cycles == 0
+
+        fixed = {"spec": {"scaleUp": {"url": g.spec.scale_up.url, "secretRef": {"name": "bmc", "namespace": NS}}}}
+        await client.patch(GROUPS, "small-0", fixed)
+
+        async def running_pod() -> bool:
+            return (await client.get(PODS, "job", NS)).status.phase == "Running"
+
+        await until("the pod running on the machine powered on with the token", running_pod)
+        g = await client.get(GROUPS, "small-0")
+        assert g.status.last_webhook is not None and g.status.last_webhook.code == 202
+        assert cluster.fleet.machines["small-0"].power_cycles == 1
+        assert g.status.state == "Ready" and cond.is_false(g.status.conditions, "WebhookFailing")
+        assert cluster.cloud.power.replay(key, "start small-0") is not None  # the decision's key, unchanged
