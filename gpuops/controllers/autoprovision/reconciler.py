@@ -42,9 +42,10 @@ from gpuops.kube.client import Client
 from gpuops.kube.controller import Request, Result
 from gpuops.kube.errors import ApiError, Conflict, NotFound
 from gpuops.kube.events import EventRecorder
-from gpuops.kube.informer import INDEX_NODE, Informer
-from gpuops.kube.objects import Condition, Node, Pod, Taint
+from gpuops.kube.informer import INDEX_NAMESPACE, INDEX_NODE, Informer
+from gpuops.kube.objects import Condition, Node, Pod, PodDisruptionBudget, Taint
 from gpuops.kube.resources import NODES, SECRETS
+from gpuops.kube.selectors import SelectorError, compile_selector
 from gpuops.kube.times import format_time, parse_time
 
 from .api import (
@@ -70,6 +71,9 @@ log = structlog.get_logger("gpuops.controllers.autoprovision")
 PLAN = Request("", "~plan")
 """The planner's work item ("~" cannot start a group name, so it never collides with one)."""
 DRAIN_TAINT = "gpuops.io/power-off"
+SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+SCALE_DOWN_DISABLED = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
 INDEX_GROUP_NODE = "gpuops.io/group-node"
 _SECOND = 1_000_000
 _STATE = {"Off": NodeState.OFF, "PoweringOn": NodeState.POWERING_ON, "Ready": NodeState.READY,
@@ -117,6 +121,7 @@ class Autoprovisioner:
         recorder: EventRecorder,
         power: PowerClient,
         *,
+        pdbs: Informer[PodDisruptionBudget] | None = None,
         settings: Settings | None = None,
         clock: Callable[[], int] = wall_clock,
     ) -> None:
@@ -124,6 +129,7 @@ class Autoprovisioner:
         self.groups = groups
         self.nodes = nodes
         self.pods = pods
+        self.pdbs = pdbs
         self.recorder = recorder
         self.power = power
         self.settings = settings or Settings()
@@ -167,6 +173,32 @@ class Autoprovisioner:
         busy = [p for p in self.pods.store.by_index(INDEX_NODE, spec.node_name) if uses_gpus(p, spec.gpu_resource_name)]
         used = sum((gpu_request(p, spec.gpu_resource_name) for p in busy), Fraction(0))
         return Observed(node, _node_ready(node), gpus, len(busy), used)
+
+    def blocker(self, group: GPUNodeGroup) -> str | None:
+        """Why this idle node must not be drained (cluster-autoscaler's and Karpenter's rules), or None."""
+        node = self.nodes.store.get(group.spec.node_name)
+        if node is not None and (node.metadata.annotations or {}).get(SCALE_DOWN_DISABLED) == "true":
+            return f"node annotation {SCALE_DOWN_DISABLED}=true"
+        for pod in self.pods.store.by_index(INDEX_NODE, group.spec.node_name):
+            if pod.status.phase in ("Succeeded", "Failed") or _daemon(pod):
+                continue
+            ann = pod.metadata.annotations or {}
+            ref = f"{pod.metadata.namespace}/{pod.metadata.name}"
+            if ann.get(SAFE_TO_EVICT) == "false":
+                return f"pod {ref} has {SAFE_TO_EVICT}=false"
+            if ann.get(DO_NOT_DISRUPT) == "true":
+                return f"pod {ref} has {DO_NOT_DISRUPT}=true"
+            if self.pdbs is not None:
+                for pdb in self.pdbs.store.by_index(INDEX_NAMESPACE, pod.metadata.namespace):
+                    if pdb.status.disruptions_allowed > 0 or pdb.spec.selector is None:
+                        continue
+                    try:
+                        selector = compile_selector(pdb.spec.selector, allow_empty=True)
+                    except SelectorError:
+                        continue
+                    if selector.matches(pod.metadata.labels):
+                        return f"pod {ref} is protected by PodDisruptionBudget {pdb.metadata.name} (0 allowed)"
+        return None
 
     # ------------------------------------------------------------------------------------------ reconcile
 
@@ -229,7 +261,11 @@ class Autoprovisioner:
         up = plan_scale_up(nodes, pending)
         policy = ScaleDownPolicy(min_warm_gpus=s.min_warm_gpus, max_concurrent_power_offs=s.max_concurrent_power_offs,
                                  unneeded_time=0, scale_up_cooldown=0)
-        down = plan_scale_down(nodes, now=now, policy=policy, needed=set(up.placements.values()))
+        held = {n.name: why for n in nodes if n.state is NodeState.READY and n.gpu_pods == 0
+                and (why := self.blocker(by_node[n.name])) is not None}
+        for name, why in held.items():
+            log.debug("idle node kept on", node=name, reason=why)
+        down = plan_scale_down(nodes, now=now, policy=policy, needed={*up.placements.values(), *held})
         PLAN_SECONDS.observe(time.perf_counter() - started)
         for name in up.power_on:
             g = by_node[name]

@@ -16,9 +16,9 @@ import structlog
 from gpuops.kube.controller import Controller, Predicate, resource_version_changed
 from gpuops.kube.errors import AlreadyExists
 from gpuops.kube.events import EventRecorder
-from gpuops.kube.informer import INDEX_NODE, pods_by_node
+from gpuops.kube.informer import INDEX_NAMESPACE, INDEX_NODE, by_namespace, pods_by_node
 from gpuops.kube.manager import Manager
-from gpuops.kube.resources import NODES, PODS
+from gpuops.kube.resources import NODES, PDBS, PODS
 
 from .api import API_VERSION, GROUPS, KIND, GPUNodeGroup, groups_from_env
 from .metrics import STATE_COLLECTOR
@@ -61,10 +61,12 @@ def install(
     pods.add_index(INDEX_NODE, pods_by_node)
     nodes = manager.informer(NODES)
     groups = manager.informer(GROUPS)
+    pdbs = manager.informer(PDBS)
+    pdbs.add_index(INDEX_NAMESPACE, by_namespace)
     recorder = EventRecorder(manager.client, COMPONENT)
     client = power or PowerClient()
-    reconciler = Autoprovisioner(manager.client, groups, nodes, pods, recorder, client, settings=settings,
-                                 clock=clock)
+    reconciler = Autoprovisioner(manager.client, groups, nodes, pods, recorder, client, pdbs=pdbs,
+                                 settings=settings, clock=clock)
     controller = Controller(CONTROLLER_NAME, reconciler.reconcile, client=manager.client, **controller_options)
     controller.watch(groups, reconciler.map_group, predicates=[Predicate(update=_spec_or_meta_changed)])
     controller.watch(nodes, reconciler.map_node, predicates=[resource_version_changed()])

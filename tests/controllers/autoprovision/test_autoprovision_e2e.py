@@ -195,3 +195,33 @@ async def test_a_refused_webhook_is_shown_and_the_fixed_spec_sends_the_same_tran
         assert cluster.fleet.machines["small-0"].power_cycles == 1
         assert g.status.state == "Ready" and cond.is_false(g.status.conditions, "WebhookFailing")
         assert cluster.cloud.power.replay(key, "start small-0") is not None  # the decision's key, unchanged
+
+
+async def test_an_idle_node_with_a_do_not_evict_pod_stays_on_until_it_goes(tmp_path: Path) -> None:
+    async with running(tmp_path) as (cluster, client):
+        await client.create(GROUPS, group(cluster, "small-0", 2))
+        await client.create(PODS, gpu_pod("job", 1, 0.5), NS)
+
+        async def finished() -> bool:
+            return (await client.get(PODS, "job", NS)).status.phase == "Succeeded"
+
+        await until("the GPU pod ran", finished)
+        keeper = gpu_pod("keeper", 1, 600.0)
+        keeper["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] = "false"
+        keeper["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "100m"}}  # no GPU: not "busy"
+        keeper["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "small-0"}
+        await client.create(PODS, keeper, NS)
+
+        async def keeper_running() -> bool:
+            return (await client.get(PODS, "keeper", NS)).status.phase == "Running"
+
+        await until("the do-not-evict pod running on the idle machine", keeper_running)
+        await asyncio.sleep(2.5)  # well past scaleDownUnneededSeconds (1 s): it must stay on
+        assert await state_of(client, "small-0") == "Ready"
+        assert cluster.fleet.machines["small-0"].powered
+        await client.delete(PODS, "keeper", NS)
+
+        async def off() -> bool:
+            return await state_of(client, "small-0") == "Off"
+
+        await until("powered off once the blocker left", off)
