@@ -85,7 +85,7 @@ def group(cluster: SimCluster, machine: str, gpus: int) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def running(tmp_path: Path) -> AsyncIterator[tuple[SimCluster, Client]]:
+async def running(tmp_path: Path, **settings: float) -> AsyncIterator[tuple[SimCluster, Client]]:
     async with SimCluster(parse(SCENARIO), workload=False) as cluster:
         cluster.write_kubeconfig(tmp_path / "k")
         client = await Client.from_kubeconfig(str(tmp_path / "k"))
@@ -102,7 +102,7 @@ async def running(tmp_path: Path) -> AsyncIterator[tuple[SimCluster, Client]]:
 
         await until("CRD served", served, 10)
         mgr = Manager(client, metrics_bind_address="0", health_probe_bind_address="0")
-        install(mgr, settings=Settings(drain_recheck=0.2, off_recheck=0.2), env={})
+        install(mgr, settings=Settings(**{"drain_recheck": 0.2, "off_recheck": 0.2, **settings}), env={})
         task = asyncio.create_task(mgr.run())
         try:
             yield cluster, client
@@ -225,3 +225,32 @@ async def test_an_idle_node_with_a_do_not_evict_pod_stays_on_until_it_goes(tmp_p
             return await state_of(client, "small-0") == "Off"
 
         await until("powered off once the blocker left", off)
+
+
+async def test_a_machine_that_never_boots_fails_backs_off_and_another_is_tried(tmp_path: Path) -> None:
+    """'ghost' (1 GPU, the smallest fit, so tried first) answers its power-on but never joins: after its boot
+    timeout it is Failed with a BootTimeout Event, and the pod gets the next machine that fits."""
+    async with running(tmp_path, boot_backoff_base=30.0) as (cluster, client):
+        ghost = group(cluster, "big-0", 1)
+        ghost["metadata"]["name"] = "ghost"
+        ghost["spec"]["scaleUp"]["url"] = ghost["spec"]["scaleDown"]["url"]  # 2xx, and powers nothing on
+        ghost["spec"].update({"nodeName": "ghost", "bootTimeoutSeconds": 1})  # its node never appears
+        await client.create(GROUPS, ghost)
+        await client.create(GROUPS, group(cluster, "big-0", 8))
+        await client.create(PODS, gpu_pod("job", 1, 30.0), NS)
+
+        async def failed() -> GPUNodeGroup | None:
+            g: GPUNodeGroup = await client.get(GROUPS, "ghost")
+            return g if g.status.state == "Failed" else None
+
+        g = await until("ghost Failed after its boot timeout", failed)
+        assert g.status.failures == 1 and g.status.backoff_until is not None
+
+        async def pod_running() -> bool:
+            return (await client.get(PODS, "job", NS)).status.phase == "Running"
+
+        await until("the pod running on the next machine", pod_running)
+        assert (await client.get(PODS, "job", NS)).spec.node_name == "big-0"
+        events = json.loads(await client.request("GET", "/api/v1/events"))["items"]
+        assert any(e.get("reason") == "BootTimeout" for e in events)
+        assert await state_of(client, "ghost") == "Failed"  # still backing off (30 s here)
