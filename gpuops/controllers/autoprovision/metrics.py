@@ -15,12 +15,17 @@ from prometheus_client.registry import Collector
 
 from .api import STATES, GPUNodeGroup
 
-__all__ = ["IDLE_GPU_SECONDS", "PLAN_SECONDS", "STATE_COLLECTOR", "StateCollector"]
+__all__ = ["DECISION_SECONDS", "IDLE_GPU_SECONDS", "PLAN_SECONDS", "STATE_COLLECTOR", "StateCollector"]
 
 PLAN_SECONDS = Histogram(
     "gpuops_autoprovision_plan_seconds",
     "Time to compute one power plan (demand -> machines to power on and off).",
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+)
+DECISION_SECONDS = Histogram(
+    "gpuops_autoprovision_decision_seconds",
+    "From the controller seeing a pod Unschedulable to its power-on decision being persisted, per pod.",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
 )
 IDLE_GPU_SECONDS = PromCounter(
     "gpuops_autoprovision_idle_gpu_seconds",

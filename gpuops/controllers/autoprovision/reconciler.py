@@ -61,7 +61,7 @@ from .api import (
     check_spec,
 )
 from .demand import NodeView, demand, gpu_request, is_unschedulable, uses_gpus
-from .metrics import IDLE_GPU_SECONDS, PLAN_SECONDS
+from .metrics import DECISION_SECONDS, IDLE_GPU_SECONDS, PLAN_SECONDS
 from .power import Endpoint, Outcome, PowerClient, Transition, idempotency_key
 
 __all__ = ["DRAIN_TAINT", "PLAN", "Autoprovisioner", "Observed", "Settings", "wall_clock"]
@@ -135,6 +135,8 @@ class Autoprovisioner:
         self.settings = settings or Settings()
         self.clock = clock
         self._idle_mark: dict[str, int] = {}
+        self._pending_since: dict[str, float] = {}
+        """When this process first saw each pending pod Unschedulable (monotonic), for DECISION_SECONDS."""
         groups.add_index(INDEX_GROUP_NODE, lambda g: (g.spec.node_name,) if g.spec.node_name else ())
 
     # ------------------------------------------------------------------------------------------ mappers
@@ -145,9 +147,19 @@ class Autoprovisioner:
     def map_pod(self, pod: Pod) -> list[Request]:
         """Unschedulable pods are demand; pods on a managed node change its business (idle, draining)."""
         out = self._group_of(pod.spec.node_name) if pod.spec.node_name else []
-        if out or is_unschedulable(pod):
+        key = f"{pod.metadata.namespace}/{pod.metadata.name}"
+        pending = is_unschedulable(pod)
+        if pending:
+            self._pending_since.setdefault(key, time.monotonic())
+        else:
+            self._pending_since.pop(key, None)
+        if out or pending:
             out.append(PLAN)
         return out
+
+    def map_deleted_pod(self, pod: Pod) -> list[Request]:
+        self._pending_since.pop(f"{pod.metadata.namespace}/{pod.metadata.name}", None)
+        return self.map_pod(pod) if pod.spec.node_name else [PLAN]
 
     def map_node(self, node: Node) -> list[Request]:
         out = self._group_of(node.metadata.name)
@@ -270,7 +282,11 @@ class Autoprovisioner:
         for name in up.power_on:
             g = by_node[name]
             pods = sorted(p for p, n in up.placements.items() if n == name)
-            await self._decide(g, "up", now, f"{len(pods)} pending pod(s) fit: {', '.join(pods[:5])}")
+            if await self._decide(g, "up", now, f"{len(pods)} pending pod(s) fit: {', '.join(pods[:5])}"):
+                decided = time.monotonic()
+                for p in pods:
+                    if (seen := self._pending_since.pop(p, None)) is not None:
+                        DECISION_SECONDS.observe(decided - seen)
         for name in down.power_off:
             await self._decide(by_node[name], "down", now, "no GPU pods for scaleDownUnneededSeconds")
         for u in up.unschedulable:
@@ -278,7 +294,7 @@ class Autoprovisioner:
         wake += await self._track_idle(valid, now)
         return _requeue(now, wake)
 
-    async def _decide(self, group: GPUNodeGroup, direction: str, now: int, why: str) -> None:
+    async def _decide(self, group: GPUNodeGroup, direction: str, now: int, why: str) -> bool:
         spec = group.spec
         stamp = format_time(now)
         key = idempotency_key(spec.node_name, direction, group.metadata.generation, stamp)
@@ -291,10 +307,12 @@ class Autoprovisioner:
         else:
             status = msgspec.structs.replace(group.status, state="Draining", since=stamp, transition=transition)
             reason, message = "PowerOffDecided", f"powering off {spec.node_name}: {why}"
-        if await self._write(group, status):
-            self.recorder.record(group, "Normal", reason, message, kind=KIND, api_version=API_VERSION)
-            log.info("power transition decided", group=group.metadata.name, node=spec.node_name,
-                     direction=direction, key=key, why=why)
+        if not await self._write(group, status):
+            return False
+        self.recorder.record(group, "Normal", reason, message, kind=KIND, api_version=API_VERSION)
+        log.info("power transition decided", group=group.metadata.name, node=spec.node_name,
+                 direction=direction, key=key, why=why)
+        return True
 
     async def _track_idle(self, groups: list[GPUNodeGroup], now: int) -> list[int]:
         """Persist since when each Ready group has had no GPU pods (a restart keeps the count), and add the idle

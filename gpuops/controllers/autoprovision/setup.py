@@ -48,6 +48,10 @@ def _spec_or_meta_changed(old: GPUNodeGroup, new: GPUNodeGroup) -> bool:
         (old.status.state, old.status.transition) != (new.status.state, new.status.transition)
 
 
+def _never(*_: Any) -> bool:
+    return False
+
+
 def install(
     manager: Manager,
     *,
@@ -70,7 +74,8 @@ def install(
     controller = Controller(CONTROLLER_NAME, reconciler.reconcile, client=manager.client, **controller_options)
     controller.watch(groups, reconciler.map_group, predicates=[Predicate(update=_spec_or_meta_changed)])
     controller.watch(nodes, reconciler.map_node, predicates=[resource_version_changed()])
-    controller.watch(pods, reconciler.map_pod, predicates=[resource_version_changed()])
+    controller.watch(pods, reconciler.map_pod, predicates=[Predicate(delete=_never), resource_version_changed()])
+    controller.watch(pods, reconciler.map_deleted_pod, predicates=[Predicate(create=_never, update=_never)])
     manager.add(controller)
     seed_groups = groups_from_env(os.environ if env is None else env)
 

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import pytest
 import yaml
+from prometheus_client import REGISTRY
 
 from gpuops.controllers.autoprovision import install
 from gpuops.controllers.autoprovision.api import GROUPS, GPUNodeGroup
@@ -132,6 +133,9 @@ async def test_smallest_fit_once_then_idle_power_off(tmp_path: Path) -> None:
         fleet = cluster.fleet.machines
         assert fleet[small].power_cycles == 1  # one power-on, never re-POSTed while booting
         assert fleet[big].power_cycles == 0  # the smallest sufficient machine, not the big one
+        decisions = REGISTRY.get_sample_value("gpuops_autoprovision_decision_seconds_count") or 0.0
+        assert decisions >= 1.0
+        assert (REGISTRY.get_sample_value("gpuops_autoprovision_node_groups", {"state": "Ready"}) or 0) >= 1
 
         async def powered_off() -> bool:
             return await state_of(client, small) == "Off" and not fleet[small].powered
