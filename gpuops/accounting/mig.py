@@ -5,7 +5,8 @@ starts, so where a slice goes decides what can still be created next to it. Firs
 (what DAS does) rejects batches that fit, e.g. `[2g.10gb, 4g.20gb]` on an A100-40GB. Here a batch is
 solved jointly (the answer depends on the multiset, never on the order; a batch fits iff some valid
 layout holds it), and among all layouts that hold it we keep the one that keeps the most placements
-possible (see `place`). Across a node's GPUs, partly used GPUs fill first (`place_on_node`).
+possible (see `place`). Across a node's GPUs, partly used GPUs fill first, busy ones before nearly
+empty ones (`place_on_node`).
 
 Geometry comes from NVIDIA's placement tables (`nvidia-smi mig -lgipp`), keyed by the nvidia-smi
 profile ID and the size in memory slices; names are derived per model (1g.5gb on A100-40GB is the
@@ -21,6 +22,7 @@ Model names are normalised (see `normalize_model`): the canonical keys are `KNOW
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -619,9 +621,29 @@ class NodePlacement(msgspec.Struct, frozen=True):
 
 
 # A node decision minimises a cost, compared lexicographically: how many empty GPUs it starts using (so
-# partly used GPUs fill first), then the loss of `_value` summed over the GPUs it touches.
+# partly used GPUs fill first), then the loss of `_value`'s weighted capacity plus the emptying delay of
+# each GPU it touches (`_emptying_delay`), in 1/_SCALE compute slice, then the rest of `_value`'s loss.
 _Cost = tuple[int, int, int, int]
 _NO_COST: _Cost = (0, 0, 0, 0)
+# An instance takes at least one memory slice, so a GPU that can take one more holds n < slices of them and
+# 1/(n+1) is exact in these units.
+_SCALE = math.lcm(*range(1, max(g.slices for g in _GEOMETRIES.values()) + 1))
+
+
+@cache
+def _emptying_delay(model: str, held: int) -> int:
+    """What putting a pod's slices on a GPU that holds `held` instances costs that GPU's chance to empty.
+
+    Only an empty GPU takes a whole-GPU profile, and a GPU empties only when its last instance leaves. With
+    independent lifetimes the wait for n of them to all leave grows like the harmonic number H(n), so one
+    more lifetime (a pod's slices leave together, so one per pod, however many slices it puts there) delays
+    it by about 1/(n+1) lifetimes: cheap on a busy GPU, dear on a nearly empty one. It is priced at the
+    whole GPU's compute per lifetime, in 1/_SCALE compute slice. The weighted-capacity loss alone sees only
+    what is free now, so it would as soon put a 1g next to one lone instance as on a busy GPU with the same
+    free shape; this keeps pods on busy GPUs and lets quiet ones drain. In bench/accounting.py's churn it
+    raises acceptance on every row (0.2 to 0.7 points), and by 0.3/0.5 points at load 0.8 on ten other seeds.
+    """
+    return _GEOMETRIES[model].compute_slices * _SCALE // (held + 1)
 
 
 def _add(a: _Cost, b: _Cost) -> _Cost:
@@ -693,7 +715,7 @@ def _gpu_choices(model: str, mask: int, counts: tuple[int, ...], reqmap: tuple[i
         assert placed is not None
         m2, c2 = _after(c, mask, counts, placed)
         after = _value(c, m2, c2)
-        cost = (int(mask == 0), before[0] - after[0], before[1] - after[1], before[2] - after[2])
+        cost = (int(mask == 0), (before[0] - after[0]) * _SCALE, before[1] - after[1], before[2] - after[2])
         out.append((tuple(share), cost, sum(c.geom.profiles[p].compute for p, _ in placed)))
     out.sort(key=lambda x: (-x[2], x[1], x[0]))
     return tuple(out)
@@ -708,6 +730,17 @@ def _after(c: _Compiled, mask: int, counts: tuple[int, ...], placed: Iterable[tu
     return mask, counts
 
 
+def _priced(v: _GPUView, need: tuple[int, ...]) -> list[tuple[tuple[int, ...], _Cost, int]]:
+    """`_gpu_choices` plus the emptying delay, which depends on how many instances the GPU holds (the
+    cached state, a mask and counts, does not say)."""
+    model = v.c.geom.model
+    delay = _emptying_delay(model, len(v.gpu.slices))
+    return [
+        (share, (cost[0], cost[1] + delay, cost[2], cost[3]) if any(share) else cost, compute)
+        for share, cost, compute in _gpu_choices(model, v.mask, v.counts, v.reqmap, need)
+    ]
+
+
 def _node_plan(gpus: Sequence[GPU], requests: Sequence[str]) -> tuple[_Cost, tuple[GPUPlacement, ...]] | None:
     kinds, of = _request_kinds(requests)
     if not requests:
@@ -715,8 +748,7 @@ def _node_plan(gpus: Sequence[GPU], requests: Sequence[str]) -> tuple[_Cost, tup
     need = tuple(of.count(k) for k in range(len(kinds)))
     views = _views(gpus, kinds)
     order = sorted(range(len(views)), key=lambda i: (views[i].mask == 0, -views[i].mask.bit_count(), i))
-    choices = [_gpu_choices(views[i].c.geom.model, views[i].mask, views[i].counts, views[i].reqmap, need)
-               for i in order]
+    choices = [_priced(views[i], need) for i in order]
     zero = (0,) * len(need)
     # best[j][r]: the cheapest way for GPUs order[j:] to take request vector r: ((cost, -compute on GPU j), share).
     # Exact: every split of the batch over the GPUs is considered, so a batch that fits somehow is placed.
@@ -767,10 +799,12 @@ def place_on_node(gpus: Sequence[GPU], requests: Sequence[str]) -> tuple[GPUPlac
 
     Exact over splits: if the batch fits on these GPUs in any way, it is placed. Among the ways, the
     decision starts using as few empty GPUs as possible (partly used GPUs fill first), then loses the
-    least placement capacity summed over the GPUs it touches (see `place`), then puts the larger share on
-    the fuller GPU. A profile name means what it means on each GPU's model; a GPU whose model does not
-    offer it simply does not take it. Malformed names raise ProfileError, unknown models
-    UnknownGPUModelError, impossible existing layouts PlacementError.
+    least placement capacity summed over the GPUs it touches (see `place`), each touched GPU also charged
+    for delaying the moment it can empty again, which is dearer the fewer instances it holds (so pods
+    gather on busy GPUs and quiet ones drain), then puts the larger share on the fuller GPU. A profile
+    name means what it means on each GPU's model; a GPU whose model does not offer it simply does not
+    take it. Malformed names raise ProfileError, unknown models UnknownGPUModelError, impossible existing
+    layouts PlacementError.
     """
     plan = _node_plan(gpus, requests)
     return None if plan is None else plan[1]
@@ -780,8 +814,8 @@ def place_in_cluster(nodes: Sequence[Node], requests: Sequence[str]) -> NodePlac
     """The node (and its GPUs and slices) for a batch, or None if no node can hold it.
 
     Same cost as `place_on_node` across nodes, so a node where the batch lands on partly used GPUs wins
-    over one where it must start an empty GPU; then the least capacity lost; then the fullest node
-    (fewest free memory slices); then the node name.
+    over one where it must start an empty GPU; then the least capacity lost plus emptying delay; then
+    the fullest node (fewest free memory slices); then the node name.
     """
     best: tuple[tuple[_Cost, int, str], NodePlacement] | None = None
     for node in nodes:
