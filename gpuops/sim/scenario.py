@@ -181,7 +181,8 @@ class Scenario(_Spec, kw_only=True):
     apiserver: APIServerSpec = msgspec.field(default_factory=APIServerSpec)
     workload: list[WorkloadSpec] = []
     faults: list[Fault] = []
-    # Objects created at start, after the namespaces and CRDs (e.g. GPUWorkloadBudgets for the demo).
+    # Objects created at start, after the namespaces and CRDs (e.g. GPUWorkloadBudgets for the demo); "${SIM_CLOUD_URL}"
+    # in their strings becomes the emulated cloud's URL (GPUNodeGroup webhooks at its power API).
     objects: list[dict[str, Any]] = []
 
 

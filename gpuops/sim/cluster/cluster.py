@@ -167,14 +167,14 @@ class SimCluster:
             for doc in yaml.safe_load_all(path.read_text()):
                 if isinstance(doc, dict) and doc.get("kind"):
                     await self._create_once(doc)
+        await self.cloud.start()  # before the objects: they may name its URL
         for obj in self.scenario.objects:
-            await self._create_once(obj)
+            await self._create_once(_with_cloud_url(obj, self.cloud.url))
         for loop in self._loops:
             loop.start()
         for group in self.scenario.node_groups:
             for m in machines_of(group):
                 self.fleet.add(m)
-        await self.cloud.start()
         if self.workload is not None:
             self.workload.start()
         if self.fault_plan is not None:
@@ -341,3 +341,18 @@ def _pod_gpus(p: dict[str, Any]) -> int:
         if req:
             total += int(parse_quantity(req))
     return total
+
+
+CLOUD_URL = "${SIM_CLOUD_URL}"
+"""In a scenario object's strings, replaced by the emulated cloud's URL (its port is chosen at start), so a
+GPUNodeGroup can point its webhooks at the cloud's power API."""
+
+
+def _with_cloud_url(value: Any, url: str) -> Any:
+    if isinstance(value, str):
+        return value.replace(CLOUD_URL, url)
+    if isinstance(value, dict):
+        return {k: _with_cloud_url(v, url) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_with_cloud_url(v, url) for v in value]
+    return value
