@@ -37,6 +37,7 @@ import msgspec
 from msgspec.structs import force_setattr as _set
 
 __all__ = [
+    "Affinity",
     "Condition",
     "ConfigMap",
     "Container",
@@ -62,7 +63,11 @@ __all__ = [
     "NamespaceStatus",
     "Node",
     "NodeAddress",
+    "NodeAffinity",
     "NodeCondition",
+    "NodeSelector",
+    "NodeSelectorRequirement",
+    "NodeSelectorTerm",
     "NodeSpec",
     "NodeStatus",
     "ObjectList",
@@ -283,6 +288,35 @@ class LabelSelector(_Model):
     match_expressions: tuple[LabelSelectorRequirement, ...] | None = None
 
 
+class NodeSelectorRequirement(_Frozen, frozen=True):
+    """Operators In, NotIn, Exists, DoesNotExist, Gt, Lt (Gt/Lt compare one integer value)."""
+
+    key: str = ""
+    operator: str = ""
+    values: tuple[str, ...] | None = None
+
+
+class NodeSelectorTerm(_Frozen, frozen=True):
+    match_expressions: tuple[NodeSelectorRequirement, ...] | None = None
+    match_fields: tuple[NodeSelectorRequirement, ...] | None = None
+
+
+class NodeSelector(_Frozen, frozen=True):
+    node_selector_terms: tuple[NodeSelectorTerm, ...] | None = None
+
+
+class NodeAffinity(_Frozen, frozen=True):
+    """Only the required part: preferences do not decide whether a pod can run on a node."""
+
+    required_during_scheduling_ignored_during_execution: NodeSelector | None = None
+
+
+class Affinity(_Frozen, frozen=True):
+    """Pod (anti-)affinity is not modelled: it depends on other pods, not on the node."""
+
+    node_affinity: NodeAffinity | None = None
+
+
 class ObjectReference(_Model):
     api_version: str = ""
     kind: str = ""
@@ -351,6 +385,7 @@ class PodSpec(_Model):
     scheduler_name: str = ""
     restart_policy: str = ""
     termination_grace_period_seconds: int | None = None
+    affinity: Affinity | None = None
 
     def __post_init__(self) -> None:
         # Replicas of a workload have equal containers: keep one tuple of them, however many pods there are.

@@ -4,7 +4,7 @@ Demand is a pod the scheduler gave up on (PodScheduled=False, reason Unschedulab
 bound, asking for a group's GPU resource (its effective request: init containers, sidecars and overhead as
 the scheduler counts them). Pods bound to a node and still starting are not demand; they make their node busy.
 A pod may go to a group when the node's labels (its Node's once it has joined, else the template's) satisfy
-the pod's nodeSelector and the pod tolerates the node's NoSchedule/NoExecute taints.
+the pod's nodeSelector and required node affinity, and the pod tolerates the node's NoSchedule/NoExecute taints.
 """
 
 from __future__ import annotations
@@ -15,9 +15,17 @@ from fractions import Fraction
 from gpuops.accounting.capacity import PendingPod
 from gpuops.accounting.errors import AccountingError
 from gpuops.accounting.requests import Container, PodSpecRequests, pod_request
-from gpuops.kube.objects import Node, Pod, Taint, Toleration
+from gpuops.kube.objects import Node, NodeSelectorRequirement, Pod, Taint, Toleration
 
-__all__ = ["NodeView", "demand", "gpu_request", "is_unschedulable", "tolerates_all", "uses_gpus"]
+__all__ = [
+    "NodeView",
+    "demand",
+    "gpu_request",
+    "is_unschedulable",
+    "required_affinity_holds",
+    "tolerates_all",
+    "uses_gpus",
+]
 
 _TERMINAL = ("Succeeded", "Failed")
 _BLOCKING = ("NoSchedule", "NoExecute")
@@ -70,6 +78,44 @@ def _tolerated(taint: Taint, tolerations: Iterable[Toleration]) -> bool:
     return False
 
 
+def _requirement_holds(req: NodeSelectorRequirement, value: str | None) -> bool:
+    values = req.values or ()
+    op = req.operator
+    if op == "In":
+        return value is not None and value in values
+    if op == "NotIn":
+        return value is None or value not in values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    if op in ("Gt", "Lt") and value is not None and len(values) == 1:
+        try:
+            have, bound = int(value), int(values[0])
+        except ValueError:
+            return False
+        return have > bound if op == "Gt" else have < bound
+    return False
+
+
+def required_affinity_holds(pod: Pod, node_name: str, labels: Mapping[str, str]) -> bool:
+    """requiredDuringSchedulingIgnoredDuringExecution: any term whose expressions (labels) and fields
+    (metadata.name, the only field the scheduler supports) all hold; no terms at all match nothing."""
+    affinity = pod.spec.affinity
+    required = affinity.node_affinity.required_during_scheduling_ignored_during_execution \
+        if affinity is not None and affinity.node_affinity is not None else None
+    if required is None:
+        return True
+    for term in required.node_selector_terms or ():
+        if not (term.match_expressions or term.match_fields):
+            continue  # an empty term matches no node
+        if all(_requirement_holds(r, labels.get(r.key)) for r in term.match_expressions or ()) and all(
+            _requirement_holds(r, node_name if r.key == "metadata.name" else None) for r in term.match_fields or ()
+        ):
+            return True
+    return False
+
+
 def tolerates_all(pod: Pod, taints: Iterable[Taint]) -> bool:
     tolerations = pod.spec.tolerations or ()
     return all(_tolerated(t, tolerations) for t in taints if t.effect in _BLOCKING)
@@ -101,7 +147,8 @@ class NodeView:
 
     def admits(self, pod: Pod) -> bool:
         selector = pod.spec.node_selector or {}
-        return all(self.labels.get(k) == v for k, v in selector.items()) and tolerates_all(pod, self.taints)
+        return (all(self.labels.get(k) == v for k, v in selector.items()) and tolerates_all(pod, self.taints)
+                and required_affinity_holds(pod, self.name, self.labels))
 
 
 def demand(pods: Iterable[Pod], views: Sequence[NodeView]) -> list[PendingPod]:
