@@ -121,7 +121,8 @@ class LastWebhook(_Api):
 
 class GroupStatus(_Api):
     observed_generation: int = 0
-    state: str = "Off"
+    state: str = ""
+    """Empty until the controller has seen the group (then always written, so `kubectl get gng` shows Off)."""
     since: str | None = None
     boot_deadline: str | None = None
     idle_since: str | None = None

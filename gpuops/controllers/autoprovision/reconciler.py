@@ -347,6 +347,13 @@ class Autoprovisioner:
         state = st.state or "Off"
         obs = self.observe(group)
         up = obs.ready and obs.gpus > 0
+        if not st.state:  # first sight: say where it stands
+            if up:
+                await self._become(group, now, "Ready", "NodeReady", f"{group.spec.node_name} is up")
+            else:
+                await self._become(group, now, "Off", "Observed", f"{group.spec.node_name} is not up; it is powered"
+                                   " on when pending GPU pods need it")
+            return None
         if state == "PoweringOn":
             tr = st.transition
             if tr is not None and tr.direction == "up" and not tr.sent and not up:
@@ -521,7 +528,8 @@ class Autoprovisioner:
     async def _write(self, group: GPUNodeGroup, status: GroupStatus) -> bool:
         """Write the whole status, guarded by resourceVersion; False if the group changed or went (its event
         brings us back)."""
-        status = msgspec.structs.replace(status, observed_generation=group.metadata.generation)
+        status = msgspec.structs.replace(status, observed_generation=group.metadata.generation,
+                                         state=status.state or "Off")
         if status == group.status:
             return True
         # PUT, not a merge patch: our types leave defaults out, and a merge patch would keep the old values of
