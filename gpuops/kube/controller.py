@@ -738,3 +738,14 @@ class Controller:
             self._check_gates()
             if not self._gates:
                 self._gate_pending.clear()
+
+
+def requeue_at(now: int, instants: Iterable[int | None]) -> Result | None:
+    """A Result that brings the key back at the earliest of `instants` (microseconds; None entries ignored).
+
+    1 ms late on purpose: at the instant itself the answer has changed, not a microsecond before.
+    """
+    due = [t for t in instants if t is not None]
+    if not due:
+        return None
+    return Result(requeue_after=max(0.0, (min(due) - now) / 1_000_000) + 0.001)

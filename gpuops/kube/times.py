@@ -7,9 +7,10 @@ metav1.Time is whole seconds and MicroTime has six decimals; both parse here, an
 from __future__ import annotations
 
 import re
+import time
 from datetime import UTC, datetime, timedelta
 
-__all__ = ["format_time", "parse_time"]
+__all__ = ["format_time", "parse_time", "parse_time_or_none", "wall_clock"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _RFC3339 = re.compile(
@@ -34,3 +35,18 @@ def format_time(micros: int) -> str:
     seconds, fraction = divmod(micros, 1_000_000)
     text = (_EPOCH + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S")
     return f"{text}.{fraction:06d}Z" if fraction else f"{text}Z"
+
+
+def parse_time_or_none(text: str | None) -> int | None:
+    """`parse_time` for optional status fields: None for a missing or unreadable stamp."""
+    if not text:
+        return None
+    try:
+        return parse_time(text)
+    except ValueError:
+        return None
+
+
+def wall_clock() -> int:
+    """Now, in integer microseconds since the epoch (the unit of `gpuops.accounting`)."""
+    return time.time_ns() // 1000

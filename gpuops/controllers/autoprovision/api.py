@@ -14,6 +14,7 @@ from typing import Final, Literal
 
 import msgspec
 
+from gpuops.controllers.errors import SpecError
 from gpuops.kube.objects import Condition, ObjectMeta, Taint
 from gpuops.kube.resources import ResourceType
 
@@ -144,14 +145,6 @@ GROUPS: Final = ResourceType(GROUP, VERSION, PLURAL, KIND, False, GPUNodeGroup)
 
 
 # ---------------------------------------------------------------------------------------------- checks
-
-
-class SpecError(ValueError):
-    """A spec the controller cannot act on: `field` is its JSON path, the message says how to fix it."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
 
 _URL = re.compile(r"https?://[^\s/$.?#][^\s]*", re.IGNORECASE)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -39,14 +39,15 @@ from gpuops.accounting.capacity import (
 from gpuops.accounting.quantity import parse_quantity
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
-from gpuops.kube.controller import Request, Result
+from gpuops.kube.controller import Request, Result, requeue_at
 from gpuops.kube.errors import ApiError, Conflict, NotFound
 from gpuops.kube.events import EventRecorder
 from gpuops.kube.informer import INDEX_NAMESPACE, INDEX_NODE, Informer
 from gpuops.kube.objects import Condition, Node, Pod, PodDisruptionBudget, Taint
 from gpuops.kube.resources import NODES, SECRETS
 from gpuops.kube.selectors import SelectorError, compile_selector
-from gpuops.kube.times import format_time, parse_time
+from gpuops.kube.times import format_time, wall_clock
+from gpuops.kube.times import parse_time_or_none as _t
 
 from .api import (
     API_VERSION,
@@ -79,9 +80,6 @@ _SECOND = 1_000_000
 _STATE = {"Off": NodeState.OFF, "PoweringOn": NodeState.POWERING_ON, "Ready": NodeState.READY,
           "Draining": NodeState.DRAINING, "PoweringOff": NodeState.POWERING_OFF}
 
-
-def wall_clock() -> int:
-    return time.time_ns() // 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,7 +290,7 @@ class Autoprovisioner:
         for u in up.unschedulable:
             log.debug("pending pod fits no managed node", pod=u.pod, reason=str(u.reason))
         wake += await self._track_idle(valid, now)
-        return _requeue(now, wake)
+        return requeue_at(now, wake)
 
     async def _decide(self, group: GPUNodeGroup, direction: str, now: int, why: str) -> bool:
         spec = group.spec
@@ -378,7 +376,7 @@ class Autoprovisioner:
                                    transition=None, failures=failures,
                                    backoff_until=format_time(now + round(pause * _SECOND)))
                 return None
-            return _requeue(now, [deadline])
+            return requeue_at(now, [deadline])
         if state == "Failed":
             if up:
                 await self._become(group, now, "Ready", "NodeReady", f"{group.spec.node_name} came up late")
@@ -387,7 +385,7 @@ class Autoprovisioner:
             if until is None or now >= until:
                 await self._become(group, now, "Off", "BackoffOver", "offered to the planner again")
                 return None
-            return _requeue(now, [until])
+            return requeue_at(now, [until])
         if state == "Draining":
             return await self._drain(group, obs, now)
         if state == "PoweringOff":
@@ -553,18 +551,5 @@ def _daemon(pod: Pod) -> bool:
     return any(r.kind == "DaemonSet" and r.controller for r in pod.metadata.owner_references or ())
 
 
-def _t(text: str | None) -> int | None:
-    if not text:
-        return None
-    try:
-        return parse_time(text)
-    except ValueError:
-        return None
 
-
-def _requeue(now: int, instants: Sequence[int | None]) -> Result | None:
-    due = [t for t in instants if t is not None]
-    if not due:
-        return None
-    return Result(requeue_after=max(0.0, (min(due) - now) / _SECOND) + 0.001)
 

@@ -20,6 +20,7 @@ import msgspec
 from gpuops.accounting.errors import AccountingError
 from gpuops.accounting.gpuhours import MICROS_PER_HOUR
 from gpuops.accounting.quantity import parse_quantity
+from gpuops.controllers.errors import SpecError
 from gpuops.kube.objects import Condition, LabelSelector, ObjectMeta
 from gpuops.kube.resources import ResourceType
 from gpuops.kube.selectors import Selector, SelectorError
@@ -173,14 +174,6 @@ BUDGETS: Final = ResourceType(GROUP, VERSION, PLURAL, KIND, True, GPUWorkloadBud
 
 
 # ---------------------------------------------------------------------------------------------- selectors
-
-
-class SpecError(ValueError):
-    """A spec the controller cannot act on: `field` is its JSON path, the message says how to fix it."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
 
 def compile_selector(selector: LabelSelector | None, field: str = "spec.selector") -> Selector:

@@ -45,7 +45,6 @@ window), the end of the enforcement delay, and enforcement's own timers; events 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -70,12 +69,14 @@ from gpuops.accounting.quantity import format_quantity, parse_quantity, round_up
 from gpuops.accounting.requests import Container, PodSpecRequests, pod_request
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
-from gpuops.kube.controller import Controller, Request, Result
+from gpuops.kube.controller import Controller, Request, Result, requeue_at
 from gpuops.kube.errors import Conflict, NotFound
 from gpuops.kube.informer import INDEX_NAMESPACE, Informer, by_namespace
 from gpuops.kube.objects import Condition, Job, Pod
 from gpuops.kube.resources import PODS
 from gpuops.kube.selectors import anchors_of
+from gpuops.kube.times import parse_time_or_none as _t
+from gpuops.kube.times import wall_clock
 
 from .api import (
     BUDGETS,
@@ -136,10 +137,6 @@ def _label_index(key: str) -> Callable[[Pod], tuple[str, ...]]:
     return index
 
 
-def wall_clock() -> int:
-    """Now, in integer microseconds since the epoch (the unit of `gpuops.accounting.gpuhours`)."""
-    return time.time_ns() // 1000
-
 
 @dataclass(frozen=True, slots=True)
 class Options:
@@ -164,14 +161,6 @@ class PodSpan(NamedTuple):
     end: int | None
     final: bool
 
-
-def _t(text: str | None) -> int | None:
-    if not text:
-        return None
-    try:
-        return parse_time(text)
-    except ValueError:
-        return None
 
 
 def pod_span(pod: Pod) -> PodSpan:
@@ -692,7 +681,7 @@ class BudgetReconciler:
             wake.append(now + round(opts.status_refresh * _SECOND))
         log.debug("budget reconciled", budget=key, consumed=format_gpu_hours(usage.consumed),
                   over=usage.over_quota, members=len(members), ledger=len(ledger.entries))
-        return _requeue(now, wake)
+        return requeue_at(now, wake)
 
     def _status(
         self,
@@ -906,10 +895,4 @@ def _departed_entry(
     return LedgerEntry(uid=pod.metadata.uid, start=span.start, end=max(span.start, end), gpus=gpus)
 
 
-def _requeue(now: int, instants: list[int | None]) -> Result | None:
-    due = [t for t in instants if t is not None]
-    if not due:
-        return None
-    # 1 ms late on purpose: at the instant itself the answer has changed, not a microsecond before
-    return Result(requeue_after=max(0.0, (min(due) - now) / _SECOND) + 0.001)
 
