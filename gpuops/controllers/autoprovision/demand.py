@@ -29,6 +29,7 @@ __all__ = [
 
 _TERMINAL = ("Succeeded", "Failed")
 _BLOCKING = ("NoSchedule", "NoExecute")
+_CONDITION_TAINTS = ("node.kubernetes.io/", "node.cloudprovider.kubernetes.io/")
 
 
 def _container(c: object) -> Container:
@@ -136,10 +137,14 @@ class NodeView:
 
     @classmethod
     def of(cls, group: str, name: str, resource: str, node: Node | None, template_labels: Mapping[str, str] | None,
-           template_taints: Sequence[Taint] | None, ignore_taint: str) -> NodeView:
+           template_taints: Sequence[Taint] | None, ignore_taint: str, *, ready: bool = True) -> NodeView:
+        """A node that is not Ready (off, booting) is judged without the taints Kubernetes puts on it for being
+        down (node.kubernetes.io/*, the cloud provider's shutdown taint): the machine we would power on will not
+        have them, as cluster-autoscaler treats its template nodes. Our own drain taint is ours: ignored."""
         if node is not None:
             labels: Mapping[str, str] = node.metadata.labels or {}
-            taints = [t for t in node.spec.taints or () if t.key != ignore_taint]  # our own drain taint is ours
+            taints = [t for t in node.spec.taints or ()
+                      if t.key != ignore_taint and (ready or not t.key.startswith(_CONDITION_TAINTS))]
         else:
             labels = {"kubernetes.io/hostname": name, **(template_labels or {})}
             taints = list(template_taints or ())

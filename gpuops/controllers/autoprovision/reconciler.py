@@ -265,7 +265,7 @@ class Autoprovisioner:
             nodes.append(GpuNode(name=spec.node_name, capacity=capacity, state=_STATE[state], used=obs.used,
                                  gpu_pods=obs.gpu_pods, idle_since=idle_since))
             views.append(NodeView.of(g.metadata.name, spec.node_name, spec.gpu_resource_name, obs.node,
-                                     spec.template.labels, spec.template.taints, DRAIN_TAINT))
+                                     spec.template.labels, spec.template.taints, DRAIN_TAINT, ready=obs.ready))
         pending = demand(self.pods.store.list(), views)
         started = time.perf_counter()
         up = plan_scale_up(nodes, pending)

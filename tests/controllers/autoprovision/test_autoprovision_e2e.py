@@ -146,6 +146,15 @@ async def test_smallest_fit_once_then_idle_power_off(tmp_path: Path) -> None:
         assert g.status.last_webhook.direction == "down"
         assert await state_of(client, big) == "Off"
 
+        # the powered-off machine keeps its (unreachable-tainted) Node; it is woken again for new work
+        await client.create(PODS, gpu_pod("again", 2, 1.0), NS)
+
+        async def ran_again() -> bool:
+            return (await client.get(PODS, "again", NS)).status.phase in ("Running", "Succeeded")
+
+        await until("the same machine powered on a second time", ran_again)
+        assert fleet[small].power_cycles == 2 and fleet[big].power_cycles == 0
+
 
 async def test_a_pod_larger_than_every_machine_is_not_demand(tmp_path: Path) -> None:
     async with running(tmp_path) as (cluster, client):

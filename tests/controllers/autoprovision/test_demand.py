@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from gpuops.controllers.autoprovision.demand import NodeView, demand, gpu_request, is_unschedulable
-from gpuops.kube.objects import Pod, Taint
+from gpuops.kube.objects import Node, Pod, Taint
 
 GPU = "nvidia.com/gpu"
 UNSCHEDULABLE = {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}
@@ -79,3 +79,18 @@ def test_demand_lists_eligible_nodes_and_keeps_pods_that_fit_none() -> None:
     assert set(by_name) == {"ns/a", "ns/b"}  # a pod asking for no GPU is not GPU demand
     assert by_name["ns/a"].eligible == frozenset({"big"})
     assert by_name["ns/b"].eligible == frozenset({"small", "big"})
+
+
+def test_a_powered_off_node_is_judged_without_the_taints_of_being_down() -> None:
+    """A machine powered off keeps its Node, tainted unreachable/shutdown: the machine we would wake will
+    not have those taints (the bench found machines never powered on twice because of them)."""
+    node = msgspec.convert({"metadata": {"name": "g8", "labels": {"tier": "a100"}}, "spec": {"taints": [
+        {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"},
+        {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"},
+        {"key": "node.cloudprovider.kubernetes.io/shutdown", "effect": "NoSchedule"},
+        {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}]}}, Node)
+    down = NodeView.of("g8", "g8", GPU, node, None, None, "gpuops.io/power-off", ready=False)
+    up = NodeView.of("g8", "g8", GPU, node, None, None, "gpuops.io/power-off", ready=True)
+    ml = pod(tolerations=[{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}])
+    assert down.admits(ml) and not down.admits(pod())  # the user's own taint still counts
+    assert not up.admits(ml)  # a Ready node with those taints really is closed
