@@ -101,7 +101,8 @@ class GpuNode(msgspec.Struct, frozen=True, kw_only=True):
 
     `used` is the GPUs requested by pods bound to the node (Running or still starting), `gpu_pods` their
     number; a node with either non-zero is never powered off. `idle_since` is the instant (microseconds)
-    since which the node has had no GPU pods, None when unknown or busy.
+    since which the node has had no GPU pods, None when unknown or busy. `priority`: among Off nodes that fit
+    equally well (same size, same waste), the higher is powered on first.
     """
 
     name: str
@@ -110,6 +111,7 @@ class GpuNode(msgspec.Struct, frozen=True, kw_only=True):
     used: Fraction | int = 0
     gpu_pods: int = 0
     idle_since: int | None = None
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -117,6 +119,8 @@ class GpuNode(msgspec.Struct, frozen=True, kw_only=True):
         msgspec.structs.force_setattr(self, "capacity", _gpus(self.capacity, f"GpuNode {self.name!r}.capacity"))
         msgspec.structs.force_setattr(self, "used", _gpus(self.used, f"GpuNode {self.name!r}.used"))
         _count(self.gpu_pods, f"GpuNode {self.name!r}.gpu_pods")
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+            raise CapacityInputError(f"GpuNode {self.name!r}.priority must be an int, got {self.priority!r}")
         if not isinstance(self.state, NodeState):
             raise CapacityInputError(
                 f"GpuNode {self.name!r}.state must be a NodeState ({', '.join(s.value for s in NodeState)}),"
@@ -217,13 +221,14 @@ class _Packing:
             left[node] -= self.size[pod]
         return left
 
-    def _open_key(self, pod: str, node: str, unplaced_after: list[str]) -> tuple[int, int, str]:
-        """Smallest sufficient node first; on equal size the one the following pods would fill best."""
+    def _open_key(self, pod: str, node: str, unplaced_after: list[str]) -> tuple[int, int, int, str]:
+        """Smallest sufficient node first; on equal size the one the following pods would fill best, then the
+        higher priority."""
         waste = self.free[node] - self.size[pod]
         for other in unplaced_after:
             if node in self.eligible[other] and self.size[other] <= waste:
                 waste -= self.size[other]
-        return (self.free[node], waste, node)
+        return (self.free[node], waste, -self.nodes[node].priority, node)
 
     def fill(self) -> None:
         """Place every unplaced pod: online capacity, then nodes already powered on by us, then a new one."""
@@ -293,7 +298,7 @@ class _Packing:
                 and all(m in self.eligible[p] for p in pods)
             ]
             if smaller:
-                target = min(smaller, key=lambda m: (self.free[m], m))
+                target = min(smaller, key=lambda m: (self.free[m], -self.nodes[m].priority, m))
                 for p in pods:
                     self.where[p] = target
                 self.chosen.discard(node)

@@ -650,3 +650,16 @@ def test_nodes_needed_by_pending_pods_stay_on() -> None:
     plan = plan_scale_down(nodes, now=NOW, needed=set(up.placements.values()))
     assert plan.power_off == ("b",)
     assert plan.blocked[0].node == "a" and plan.blocked[0].reason is BlockReason.NEEDED_BY_PENDING
+
+
+def test_priority_breaks_ties_among_equally_good_off_nodes_only() -> None:
+    """spec.priority of a GPUNodeGroup: the higher is woken first when machines fit equally well; it never
+    overrides smallest-sufficient."""
+    pod = PendingPod(name="p", gpus=1, eligible=frozenset({"a", "b", "big"}))
+    nodes = [GpuNode(name="a", capacity=2, state=NodeState.OFF),
+             GpuNode(name="b", capacity=2, state=NodeState.OFF, priority=5),
+             GpuNode(name="big", capacity=8, state=NodeState.OFF, priority=100)]
+    assert plan_scale_up(nodes, [pod]).power_on == ("b",)
+    assert plan_scale_up([nodes[0], nodes[2]], [pod]).power_on == ("a",)  # smaller beats a higher priority
+    with pytest.raises(CapacityInputError, match="priority"):
+        GpuNode(name="x", capacity=1, state=NodeState.OFF, priority=1.5)  # type: ignore[arg-type]

@@ -39,7 +39,7 @@ from gpuops.accounting.capacity import (
 from gpuops.accounting.quantity import parse_quantity
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
-from gpuops.kube.controller import Request, Result, requeue_at
+from gpuops.kube.controller import Controller, Request, Result, requeue_at
 from gpuops.kube.errors import ApiError, Conflict, NotFound
 from gpuops.kube.events import EventRecorder
 from gpuops.kube.informer import INDEX_NAMESPACE, INDEX_NODE, Informer
@@ -132,6 +132,8 @@ class Autoprovisioner:
         self.power = power
         self.settings = settings or Settings()
         self.clock = clock
+        self.controller: Controller | None = None
+        """Set by `install`: decisions enqueue the group they concern at once."""
         self._idle_mark: dict[str, int] = {}
         self._pending_since: dict[str, float] = {}
         """When this process first saw each pending pod Unschedulable (monotonic), for DECISION_SECONDS."""
@@ -263,7 +265,7 @@ class Autoprovisioner:
                     wake.append(due)
                     idle_since = None
             nodes.append(GpuNode(name=spec.node_name, capacity=capacity, state=_STATE[state], used=obs.used,
-                                 gpu_pods=obs.gpu_pods, idle_since=idle_since))
+                                 gpu_pods=obs.gpu_pods, idle_since=idle_since, priority=spec.priority))
             views.append(NodeView.of(g.metadata.name, spec.node_name, spec.gpu_resource_name, obs.node,
                                      spec.template.labels, spec.template.taints, DRAIN_TAINT, ready=obs.ready))
         pending = demand(self.pods.store.list(), views)
@@ -307,6 +309,8 @@ class Autoprovisioner:
             reason, message = "PowerOffDecided", f"powering off {spec.node_name}: {why}"
         if not await self._write(group, status):
             return False
+        if self.controller is not None:  # do not wait for the status event alone to bring the group's turn
+            self.controller.enqueue(Request("", group.metadata.name), trigger=f"power {direction} decided")
         self.recorder.record(group, "Normal", reason, message, kind=KIND, api_version=API_VERSION)
         log.info("power transition decided", group=group.metadata.name, node=spec.node_name,
                  direction=direction, key=key, why=why)

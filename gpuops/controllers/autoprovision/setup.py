@@ -76,6 +76,7 @@ def install(
     controller.watch(nodes, reconciler.map_node, predicates=[resource_version_changed()])
     controller.watch(pods, reconciler.map_pod, predicates=[Predicate(delete=_never), resource_version_changed()])
     controller.watch(pods, reconciler.map_deleted_pod, predicates=[Predicate(create=_never, update=_never)])
+    reconciler.controller = controller
     manager.add(controller)
     seed_groups = groups_from_env(os.environ if env is None else env)
 

@@ -86,7 +86,7 @@ def group(cluster: SimCluster, machine: str, gpus: int) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def running(tmp_path: Path, **settings: float) -> AsyncIterator[tuple[SimCluster, Client]]:
+async def running(tmp_path: Path, **settings: Any) -> AsyncIterator[tuple[SimCluster, Client]]:
     async with SimCluster(parse(SCENARIO), workload=False) as cluster:
         cluster.write_kubeconfig(tmp_path / "k")
         client = await Client.from_kubeconfig(str(tmp_path / "k"))
@@ -121,6 +121,8 @@ async def state_of(client: Client, name: str) -> str:
 async def test_smallest_fit_once_then_idle_power_off(tmp_path: Path) -> None:
     async with running(tmp_path) as (cluster, client):
         small, big = "small-0", "big-0"
+        ups_before = REGISTRY.get_sample_value("gpuops_autoprovision_webhook_requests_total",
+                                               {"direction": "up", "code": "202"}) or 0.0
         await client.create(GROUPS, group(cluster, small, 2))
         await client.create(GROUPS, group(cluster, big, 8))
         await client.create(PODS, gpu_pod("job", 2, 1.5), NS)
@@ -133,6 +135,9 @@ async def test_smallest_fit_once_then_idle_power_off(tmp_path: Path) -> None:
         fleet = cluster.fleet.machines
         assert fleet[small].power_cycles == 1  # one power-on, never re-POSTed while booting
         assert fleet[big].power_cycles == 0  # the smallest sufficient machine, not the big one
+        posts = REGISTRY.get_sample_value("gpuops_autoprovision_webhook_requests_total",
+                                          {"direction": "up", "code": "202"}) or 0.0
+        assert posts - ups_before == 1  # one POST for one decision: none re-sent while the machine booted
         decisions = REGISTRY.get_sample_value("gpuops_autoprovision_decision_seconds_count") or 0.0
         assert decisions >= 1.0
         assert (REGISTRY.get_sample_value("gpuops_autoprovision_node_groups", {"state": "Ready"}) or 0) >= 1
@@ -267,3 +272,29 @@ async def test_a_machine_that_never_boots_fails_backs_off_and_another_is_tried(t
         events = json.loads(await client.request("GET", "/api/v1/events"))["items"]
         assert any(e.get("reason") == "BootTimeout" for e in events)
         assert await state_of(client, "ghost") == "Failed"  # still backing off (30 s here)
+
+
+async def test_every_idle_machine_goes_off_in_time_largest_first(tmp_path: Path) -> None:
+    """The seed could only ever power off the single largest idle node: here both go, one at a time (the cap
+    on concurrent power-offs is 1), the 8-GPU machine first."""
+    async with running(tmp_path, max_concurrent_power_offs=1) as (cluster, client):
+        await client.create(GROUPS, group(cluster, "small-0", 2))
+        await client.create(GROUPS, group(cluster, "big-0", 8))
+        await client.create(PODS, gpu_pod("small-job", 2, 1.0), NS)
+        await client.create(PODS, gpu_pod("big-job", 8, 1.0), NS)
+
+        async def both_ran() -> bool:
+            return all([(await client.get(PODS, n, NS)).status.phase == "Succeeded" for n in ("small-job", "big-job")])
+
+        await until("both pods ran", both_ran)
+
+        async def both_off() -> list[GPUNodeGroup] | None:
+            groups = [await client.get(GROUPS, n) for n in ("small-0", "big-0")]
+            return groups if all(g.status.state == "Off" for g in groups) else None
+
+        small, big = await until("both idle machines powered off", both_off, within=40)
+        fleet = cluster.fleet.machines
+        assert fleet["small-0"].power_cycles == 1 and fleet["big-0"].power_cycles == 1
+        assert small.status.last_webhook is not None and big.status.last_webhook is not None
+        assert small.status.last_webhook.direction == big.status.last_webhook.direction == "down"
+        assert big.status.last_webhook.time < small.status.last_webhook.time  # largest first
