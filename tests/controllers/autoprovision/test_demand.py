@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from gpuops.controllers.autoprovision.demand import NodeView, demand, gpu_request, is_unschedulable
+from gpuops.controllers.autoprovision.demand import NodeView, demand, gpu_request, is_unschedulable, uses_gpus
 from gpuops.kube.objects import Node, Pod, Taint
 
 GPU = "nvidia.com/gpu"
@@ -94,3 +94,14 @@ def test_a_powered_off_node_is_judged_without_the_taints_of_being_down() -> None
     ml = pod(tolerations=[{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}])
     assert down.admits(ml) and not down.admits(pod())  # the user's own taint still counts
     assert not up.admits(ml)  # a Ready node with those taints really is closed
+
+
+def test_a_pod_bound_and_still_starting_keeps_its_node_busy() -> None:
+    """The seed powered off nodes whose pods were still pulling images: a bound pod that has not finished holds
+    its GPUs, whatever its phase, so its node is never idle."""
+    starting = msgspec.convert({"metadata": {"name": "s", "namespace": "ns"}, "spec": {
+        "nodeName": "g1", "containers": [{"name": "c", "resources": {"limits": {GPU: "1"}}}]},
+        "status": {"phase": "Pending"}}, Pod)
+    assert uses_gpus(starting, GPU)
+    done = msgspec.structs.replace(starting, status=msgspec.convert({"phase": "Succeeded"}, type(starting.status)))
+    assert not uses_gpus(done, GPU)
