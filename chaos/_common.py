@@ -345,12 +345,15 @@ def figures_table(figures: Mapping[str, float | int], notes: Mapping[str, str] |
 
 def write_results(name: str, figures: dict[str, float | int], md: str, *, passed: bool, summary: dict[str, str],
                   extra: dict[str, Any]) -> Path:
-    """<name>.json and <name>.md under chaos/results, then SUMMARY.md from every results file there.
+    """<name>.json and <name>.md under chaos/results, then SUMMARY.md from every results file there; prints the
+    summary and the path.
 
     `summary`: injected, checked, key (one line each) for SUMMARY.md."""
     path: Path = _BENCH.write_results(name, figures, md, {"passed": int(passed), "summary": summary, **extra},
                                       folder=RESULTS)
     write_summary()
+    print(md)
+    print(f"wrote {path}")
     return path
 
 

@@ -158,10 +158,8 @@ Command: `{command("autoprovision_apiserver_faults.py", args)}`
                f"{figures['seconds_to_all_pods_running']:g} s, all off after "
                f"{figures['seconds_to_all_machines_off']:g} s",
     }
-    path = write_results(NAME, figures, md, passed=ok, summary=summary,
-                         extra={"mode": mode, "seed": args.seed, **detail})
-    print(md)
-    print(f"wrote {path}")
+    write_results(NAME, figures, md, passed=ok, summary=summary,
+                  extra={"mode": mode, "seed": args.seed, **detail})
     return ok
 
 

@@ -179,10 +179,8 @@ Command: `{command("autoprovision_operator_kill.py", args)}`
                f"{figures.get('while_booting_start_requests_after_restart', '-')} (replayed "
                f"{figures.get('while_booting_replayed', '-')}), duplicates {figures['duplicate_transitions']}",
     }
-    path = write_results(NAME, figures, md, passed=ok, summary=summary,
-                         extra={"mode": mode, "seed": args.seed, **detail})
-    print(md)
-    print(f"wrote {path}")
+    write_results(NAME, figures, md, passed=ok, summary=summary,
+                  extra={"mode": mode, "seed": args.seed, **detail})
     return ok
 
 

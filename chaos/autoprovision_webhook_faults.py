@@ -131,7 +131,7 @@ async def main() -> bool:
 Injected on the emulated power API (start and stop): 500 before the operation, hang before it ({HANG:g} s,
 webhook timeout {WEBHOOK_TIMEOUT} s), 500 after it took effect, hang after it; each {RULE_RATE:.1%} of calls
 (~30 % together). Workload: {PODS} pods x {GPUS} GPUs over {MACHINES} powered-off 8-GPU machines \
-({"one burst" if mode == "quick" else "two bursts, the second once every machine is off again"}). Compressed
+(two bursts, the second once every machine is off again). Compressed
 timings: boot {t['boot_seconds']:g} s, pod runtime {t['pod_runtime_seconds']:g} s, scaleDownUnneededSeconds
 {t['scale_down_unneeded_seconds']} s.
 
@@ -160,10 +160,8 @@ Command: `{command("autoprovision_webhook_faults.py", args)}`
                f"{figures['seconds_to_all_pods_running']:g} s, all off after "
                f"{figures['seconds_to_all_machines_off']:g} s",
     }
-    path = write_results(NAME, figures, md, passed=ok, summary=summary,
-                         extra={"mode": mode, "seed": args.seed, **detail})
-    print(md)
-    print(f"wrote {path}")
+    write_results(NAME, figures, md, passed=ok, summary=summary,
+                  extra={"mode": mode, "seed": args.seed, **detail})
     return ok
 
 

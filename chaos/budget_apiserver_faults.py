@@ -227,10 +227,8 @@ Command: `{command("budget_apiserver_faults.py", args)}`
                f"{figures['last_pod_end_to_status_seconds']:g} s; converge "
                f"{figures['converge_after_faults_stop_seconds']:g} s",
     }
-    path = write_results(NAME, figures, md, passed=ok, summary=summary,
-                         extra={"mode": mode, "seed": args.seed, "namespace": NS, **extra})
-    print(md)
-    print(f"wrote {path}")
+    write_results(NAME, figures, md, passed=ok, summary=summary,
+                  extra={"mode": mode, "seed": args.seed, "namespace": NS, **extra})
     return ok
 
 

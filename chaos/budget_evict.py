@@ -262,10 +262,8 @@ Command: `{command("budget_evict.py", args)}`
                f"{figures['evict_retain_largest_metric_drop_gpu_seconds']:g} GPU-s; final acc "
                f"{figures['evict_final_accuracy_status']:g}/{figures['evict_retain_final_accuracy_status']:g}",
     }
-    path = write_results(NAME, figures, md, passed=ok, summary=summary,
-                         extra={"mode": mode, "seed": args.seed, "namespace": NS, **extra})
-    print(md)
-    print(f"wrote {path}")
+    write_results(NAME, figures, md, passed=ok, summary=summary,
+                  extra={"mode": mode, "seed": args.seed, "namespace": NS, **extra})
     return ok
 
 

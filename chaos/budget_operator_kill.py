@@ -270,10 +270,8 @@ Command: `{command("budget_operator_kill.py", args)}`
                f"first status {figures['retain_restart_to_first_status_seconds']:g}/"
                f"{figures['plain_restart_to_first_status_seconds']:g} s after spawn",
     }
-    path = write_results(NAME, figures, md, passed=ok, summary=summary,
-                         extra={"mode": mode, "seed": args.seed, "namespace": NS, **extra})
-    print(md)
-    print(f"wrote {path}")
+    write_results(NAME, figures, md, passed=ok, summary=summary,
+                  extra={"mode": mode, "seed": args.seed, "namespace": NS, **extra})
     return ok
 
 
