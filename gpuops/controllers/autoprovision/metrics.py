@@ -4,7 +4,6 @@ request counts and durations live with the client (`power.py`)."""
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
 
@@ -12,6 +11,8 @@ from prometheus_client import REGISTRY, Histogram
 from prometheus_client import Counter as PromCounter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from gpuops.kube.sources import Sources
 
 from .api import STATES, GPUNodeGroup
 
@@ -37,19 +38,8 @@ class StateCollector(Collector):
     """gpuops_autoprovision_node_groups{state}: every state reported, 0 included, so alerts can use absent()."""
 
     def __init__(self) -> None:
-        self._sources: list[Callable[[], Iterable[GPUNodeGroup]]] = []
-        self._lock = threading.Lock()
-
-    def register(self, source: Callable[[], Iterable[GPUNodeGroup]]) -> Callable[[], None]:
-        with self._lock:
-            self._sources.append(source)
-
-        def unregister() -> None:
-            with self._lock:
-                if source in self._sources:
-                    self._sources.remove(source)
-
-        return unregister
+        self.sources: Sources[Callable[[], Iterable[GPUNodeGroup]]] = Sources()
+        self.register = self.sources.register
 
     def describe(self) -> Iterable[GaugeMetricFamily]:
         return [self._family()]
@@ -60,8 +50,7 @@ class StateCollector(Collector):
                                  labels=["state"])
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        with self._lock:
-            sources = list(self._sources)
+        sources = self.sources.current()
         counts: Counter[str] = Counter()
         for source in sources:
             counts.update((g.status.state or "Off") for g in source())

@@ -12,8 +12,7 @@ outlive the budget).
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Protocol
@@ -23,6 +22,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gpuops.accounting.gpuhours import Interval, Ledger, window_usage
+from gpuops.kube.sources import Sources
 
 __all__ = ["COLLECTOR", "ENFORCEMENT_ACTIONS", "BudgetCollector", "Published", "Snapshot", "SnapshotSource"]
 
@@ -68,20 +68,8 @@ _GAUGES = (
 
 class BudgetCollector(Collector):
     def __init__(self) -> None:
-        self._sources: list[SnapshotSource] = []
-        self._lock = threading.Lock()  # scrapes run on the HTTP server's thread in some setups
-
-    def register(self, source: SnapshotSource) -> Callable[[], None]:
-        """Start reporting `source`; returns the function that stops it."""
-        with self._lock:
-            self._sources.append(source)
-
-        def unregister() -> None:
-            with self._lock:
-                if source in self._sources:
-                    self._sources.remove(source)
-
-        return unregister
+        self.sources: Sources[SnapshotSource] = Sources()
+        self.register = self.sources.register
 
     def _families(self) -> list[GaugeMetricFamily]:
         return [GaugeMetricFamily(name, text, labels=["namespace", "name"]) for name, text in _GAUGES]
@@ -90,8 +78,7 @@ class BudgetCollector(Collector):
         return self._families()
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        with self._lock:
-            sources = list(self._sources)
+        sources = self.sources.current()
         rows: dict[tuple[str, str], tuple[float, float, float, float, float]] = {}
         for source in sources:
             now = source.now()
