@@ -36,6 +36,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from _common import command
 from aiohttp import web
 
 from gpuops.sim.apiserver.faults import Faults
@@ -384,3 +385,9 @@ async def burst(ap: ApRig, count: int, gpus: int, runtime: float, spacing: float
         await asyncio.sleep(max(0.0, t0 + i * spacing - time.time()))
         await ap.create_pod(f"{prefix}-{i:03d}", gpus, runtime)
     return t0
+
+
+def verdict(problems: list[str], ok: bool, script: str, args: Any) -> str:
+    """The closing lines every autoprovision report ends with: problems, the result, the command."""
+    return (f'Problems: {"; ".join(problems) or "none"}.\n\nResult: {"PASS" if ok else "FAIL"}.\n\n'
+            f"Command: `{command(script, args)}`\n")

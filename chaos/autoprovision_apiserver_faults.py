@@ -23,8 +23,8 @@ import asyncio
 import time
 from typing import Any
 
-from _autoprovision import ApRig, burst, open_ap_rig, power_report
-from _common import cli, command, figures_table, run, write_results
+from _autoprovision import ApRig, burst, open_ap_rig, power_report, verdict
+from _common import cli, figures_table, run, write_results
 
 NAME = "autoprovision_apiserver_faults"
 MACHINES, PODS, GPUS = 6, 24, 2
@@ -143,12 +143,7 @@ duplicates |
 
 {figures_table(figures, NOTES)}
 
-Problems: {"; ".join(detail["problems"]) or "none"}.
-
-Result: {"PASS" if ok else "FAIL"}.
-
-Command: `{command("autoprovision_apiserver_faults.py", args)}`
-"""
+{verdict(detail["problems"], ok, "autoprovision_apiserver_faults.py", args)}"""
     summary = {
         "injected": f"5 % API 500s, watch drops every {DROP_EVERY:g} s, compaction (410), {OUTAGE:g} s outage during "
                     f"a burst of {PODS} pods over {MACHINES} off machines (compressed: boot {t['boot_seconds']:g} s)",

@@ -18,8 +18,8 @@ import time
 from datetime import datetime
 from typing import Any
 
-from _autoprovision import Sink, group_body, open_ap_rig, power_report
-from _common import cli, command, figures_table, run, until, write_results
+from _autoprovision import Sink, group_body, open_ap_rig, power_report, verdict
+from _common import cli, figures_table, run, until, write_results
 
 NAME = "autoprovision_never_boots"
 BACKOFF_BASE = 300.0  # the operator's default boot backoff (reconciler.Settings.boot_backoff_base)
@@ -140,12 +140,7 @@ Event, one power request; the pod Running on gpu-0, powered on once, no duplicat
 
 {figures_table(figures, NOTES)}
 
-Problems: {"; ".join(detail["problems"]) or "none"}.
-
-Result: {"PASS" if ok else "FAIL"}.
-
-Command: `{command("autoprovision_never_boots.py", args)}`
-"""
+{verdict(detail["problems"], ok, "autoprovision_never_boots.py", args)}"""
     summary = {
         "injected": f"a 1-GPU group whose power-on is accepted but whose node never joins (bootTimeoutSeconds "
                     f"{t['boot_timeout_seconds']}), beside a real 8-GPU machine",

@@ -23,8 +23,8 @@ import asyncio
 import time
 from typing import Any
 
-from _autoprovision import ApRig, Call, open_ap_rig, power_report
-from _common import cli, command, figures_table, run, until, write_results
+from _autoprovision import ApRig, Call, open_ap_rig, power_report, verdict
+from _common import cli, figures_table, run, until, write_results
 
 NAME = "autoprovision_operator_kill"
 VARIANTS = (("after_boot", "gpu-0"), ("while_booting", "gpu-1"))
@@ -164,12 +164,7 @@ requests after restart | replayed | pod ran on |
 
 {figures_table(figures, NOTES)}
 
-Problems: {"; ".join(detail["problems"]) or "none"}.
-
-Result: {"PASS" if ok else "FAIL"}.
-
-Command: `{command("autoprovision_operator_kill.py", args)}`
-"""
+{verdict(detail["problems"], ok, "autoprovision_operator_kill.py", args)}"""
     summary = {
         "injected": "kill -9 inside the power-on request (machine booting, 2xx never seen); restart after the "
                     f"boot / while booting (compressed: boot {t['boot_seconds']:g} s)",

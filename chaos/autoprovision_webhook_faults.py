@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from _autoprovision import ApRig, burst, open_ap_rig, power_report
-from _common import cli, command, figures_table, run, write_results
+from _autoprovision import ApRig, burst, open_ap_rig, power_report, verdict
+from _common import cli, figures_table, run, write_results
 
 NAME = "autoprovision_webhook_faults"
 MACHINES, PODS, GPUS, SPACING = 6, 24, 2, 0.1
@@ -145,12 +145,7 @@ replayed | duplicates |
 
 {figures_table(figures, NOTES)}
 
-Problems: {"; ".join(detail["problems"]) or "none"}.
-
-Result: {"PASS" if ok else "FAIL"}.
-
-Command: `{command("autoprovision_webhook_faults.py", args)}`
-"""
+{verdict(detail["problems"], ok, "autoprovision_webhook_faults.py", args)}"""
     summary = {
         "injected": f"power API 500s + hangs (> webhook timeout), before/after the op, ~30 % of calls; {PODS} pods "
                     f"x {GPUS} GPUs over {MACHINES} off machines (compressed: boot {t['boot_seconds']:g} s)",
