@@ -18,6 +18,7 @@ CONTROLLERS = ControllerRegistry()
 informers (`manager.informer(...)`) and controllers and `manager.add(...)`s them."""
 CONTROLLERS.register("budget", "gpuops.controllers.budget:setup")
 CONTROLLERS.register("autoprovision", "gpuops.controllers.autoprovision:setup")
+CONTROLLERS.register("spotpool", "gpuops.controllers.spotpool.setup:setup")
 
 
 def _add_apiserver_args(p: argparse.ArgumentParser) -> None:
@@ -191,6 +192,9 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                    help="GPUs of powered-on, idle GPUNodeGroup machines kept warm for the next pods (default 0)")
     p.add_argument("--autoprovision-max-concurrent-power-offs", type=_count_arg, default=10, metavar="N",
                    help="machines draining or powering off at once, at most (default %(default)s)")
+    p.add_argument("--spotpool-resync", type=_seconds_arg, default=30.0, metavar="SECONDS",
+                   help="describe every SpotPool's instances at least this often, to notice reclaims no node agent "
+                        "reported (node events and pool changes describe at once; default %(default)s)")
     p.add_argument("--log-format", choices=["json", "console"],
                    help="log format (default: json unless stderr is a terminal)")
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO",
@@ -227,7 +231,8 @@ async def _run_manager(args: argparse.Namespace) -> int:
                 graceful_shutdown_timeout=args.graceful_shutdown_timeout,
                 settings={"budget_status_refresh": args.budget_status_refresh,
                           "autoprovision_min_warm_gpus": args.autoprovision_min_warm_gpus,
-                          "autoprovision_max_concurrent_power_offs": args.autoprovision_max_concurrent_power_offs},
+                          "autoprovision_max_concurrent_power_offs": args.autoprovision_max_concurrent_power_offs,
+                          "spotpool_resync": args.spotpool_resync},
             )
         except ValueError as e:
             print(f"gpuops run: {e}", file=sys.stderr)

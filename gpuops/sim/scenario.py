@@ -62,6 +62,7 @@ class CloudSpec(_Spec, kw_only=True):
     device_plugin_seconds: float = 2.0
     terminate_seconds: float = 2.0
     reclaim_notice_seconds: float = 120.0
+    notice_poll_seconds: float = 5.0  # the node agent's metadata poll: a notice reaches the Node within this
     instance_types: list[InstanceTypeSpec] = []
 
 

@@ -14,10 +14,13 @@ from typing import Any, Literal
 
 from .errors import NAMED_STATUS, STATUS_CODE, CloudError
 
-Api = Literal["power", "spot"]
+Api = Literal["power", "spot", "cvm", "ec2"]
 OPS: dict[str, tuple[str, ...]] = {
     "power": ("start", "stop", "get", "list"),
     "spot": ("run", "describe", "terminate"),
+    # the Tencent CVM and AWS EC2 front ends (`cvm.py`, `ec2.py`) over the same instances, by their action names
+    "cvm": ("RunInstances", "DescribeInstances", "TerminateInstances"),
+    "ec2": ("RunInstances", "DescribeInstances", "TerminateInstances"),
 }
 
 

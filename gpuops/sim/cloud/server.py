@@ -78,6 +78,7 @@ class CloudServer:
         r.add_delete("/sim/cloud/faults/{id}", self._control(self._faults_remove))
         r.add_get("/sim/cloud/instance-types", self._control(self._types_get))
         r.add_post("/sim/cloud/capacity", self._control(self._capacity_set))
+        r.add_post("/sim/cloud/launch-failures", self._control(self._launch_failures_set))
         r.add_get("/sim/cloud/stats", self._control(self._stats_get))
         self._closing.clear()
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
@@ -313,6 +314,13 @@ class CloudServer:
             raise bad("body: {instanceType: str, capacity: int | null}")
         self.spot.set_capacity(body["instanceType"], body["capacity"])
         return await self._types_get(request)
+
+    async def _launch_failures_set(self, request: web.Request) -> web.Response:
+        body = await _body(request)
+        if not isinstance(body, dict) or "rate" not in body:
+            raise bad("body: {rate: number from 0 to 1}")
+        self.spot.set_launch_failure_rate(body["rate"])
+        return json_response({"rate": self.spot.launch_failure_rate})
 
     async def _stats_get(self, request: web.Request) -> web.Response:
         return json_response(self.stats())

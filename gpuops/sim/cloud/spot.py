@@ -25,14 +25,20 @@ from .errors import CloudError, bad
 
 log = structlog.get_logger("gpuops.sim.cloud")
 
-InstanceState = Literal["pending", "running", "shutting-down", "terminated"]
-STATES: tuple[InstanceState, ...] = ("pending", "running", "shutting-down", "terminated")
+InstanceState = Literal["pending", "running", "shutting-down", "terminated", "launch-failed"]
+STATES: tuple[InstanceState, ...] = ("pending", "running", "shutting-down", "terminated", "launch-failed")
+CapacityType = Literal["spot", "on-demand"]
+NoticeSubscriber = Callable[["Instance"], None]
 MAX_COUNT = 500  # instances per launch call
 MAX_IDS = 100  # ids per terminate / reclaim call
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+LAUNCH_OPTIONS: dict[str, type] = {"imageId": str, "subnetId": str, "vpcId": str, "securityGroupIds": list,
+                                   "userData": str, "maxPrice": str, "namePrefix": str}
+USER_DATA_LIMIT = 16384
 USER_SHUTDOWN = {"code": "Client.UserInitiatedShutdown", "message": "User initiated shutdown"}
 SPOT_RECLAIM = {"code": "Server.SpotInstanceTermination", "message": "Spot instance termination: capacity reclaimed"}
-FILTERS = ("instanceId", "state", "instanceType", "tag-key", "nodeName", "clientToken")
+LAUNCH_FAILED = {"code": "Server.InternalError", "message": "Launch failed: the host could not start the instance"}
+FILTERS = ("instanceId", "state", "instanceType", "tag-key", "nodeName", "clientToken", "zone", "capacityType")
 
 
 def iso(ts: float) -> str:
@@ -57,8 +63,11 @@ class Instance:
     zone: str
     node_labels: dict[str, str]
     node_taints: list[dict[str, Any]]
+    capacity_type: CapacityType = "spot"
+    launch_options: dict[str, Any] = field(default_factory=dict)  # image, subnet, user data...: recorded
     state: InstanceState = "pending"
     state_reason: dict[str, str] | None = None
+    counted: bool = False  # holds a unit of its spot type's capacity
     interruption: dict[str, str] | None = None
     terminated_at: float | None = None
     machine: Machine | None = None
@@ -77,7 +86,7 @@ class Instance:
             "nodeName": self.node_name,
             "providerId": self.provider_id,
             "zone": self.zone,
-            "lifecycle": "spot",
+            "lifecycle": self.capacity_type,
             "gpuModel": self.type.gpu_model,
             "gpus": self.type.gpus,
         }
@@ -87,6 +96,7 @@ class Instance:
             out["interruption"] = dict(self.interruption)
         if self.terminated_at is not None:
             out["terminatedTime"] = iso(self.terminated_at)
+        out.update(self.launch_options)
         return out
 
     def cancel_timers(self) -> None:
@@ -113,18 +123,23 @@ class LaunchRequest:
     tags: dict[str, str]
     node_labels: dict[str, str]
     node_taints: list[dict[str, Any]]
+    zone: str | None = None
+    capacity_type: CapacityType = "spot"
+    options: dict[str, Any] = field(default_factory=dict)  # imageId, subnetId, securityGroupIds, userData, maxPrice
 
     @property
     def params(self) -> tuple[Any, ...]:
         taints = tuple(sorted((t["key"], t.get("value", ""), t["effect"]) for t in self.node_taints))
         return (self.instance_type, self.count, self.min_count, tuple(sorted(self.tags.items())),
-                tuple(sorted(self.node_labels.items())), taints)
+                tuple(sorted(self.node_labels.items())), taints, self.zone, self.capacity_type,
+                repr(sorted(self.options.items())))
 
     @classmethod
     def from_json(cls, body: Any) -> LaunchRequest:
         if not isinstance(body, dict):
             raise bad("request body must be a JSON object", "InvalidRequest")
-        known = {"clientToken", "instanceType", "count", "minCount", "tags", "nodeLabels", "nodeTaints"}
+        known = {"clientToken", "instanceType", "count", "minCount", "tags", "nodeLabels", "nodeTaints", "zone",
+                 "capacityType", *LAUNCH_OPTIONS}
         unknown = sorted(set(body) - known)
         if unknown:
             raise bad(f"unknown fields {unknown}; known: {sorted(known)}", "UnknownParameter")
@@ -142,8 +157,30 @@ class LaunchRequest:
         min_count: Any = body.get("minCount", count)
         if not _is_int(min_count) or not 1 <= min_count <= count:
             raise bad("minCount must be an integer from 1 to count")
+        zone = body.get("zone")
+        if zone is not None and (not isinstance(zone, str) or not zone):
+            raise bad("zone must be a non-empty string when set")
+        capacity_type = body.get("capacityType", "spot")
+        if capacity_type not in ("spot", "on-demand"):
+            raise bad("capacityType must be 'spot' or 'on-demand'")
+        options: dict[str, Any] = {}
+        for key, kind in LAUNCH_OPTIONS.items():
+            v = body.get(key)
+            if v is None:
+                continue
+            if kind is list:
+                if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+                    raise bad(f"{key} must be a list of non-empty strings")
+                options[key] = list(v)
+            else:
+                if not isinstance(v, str):
+                    raise bad(f"{key} must be a string")
+                options[key] = v
+        if len(options.get("userData", "")) > USER_DATA_LIMIT:
+            raise bad(f"userData is {len(options['userData'])} characters; at most {USER_DATA_LIMIT}")
         return cls(token, itype, count, min_count, _str_map(body.get("tags"), "tags"),
-                   _str_map(body.get("nodeLabels"), "nodeLabels"), _taints(body.get("nodeTaints")))
+                   _str_map(body.get("nodeLabels"), "nodeLabels"), _taints(body.get("nodeTaints")),
+                   zone, capacity_type, options)
 
 
 def _is_int(v: Any) -> bool:
@@ -190,6 +227,8 @@ class SpotCloud:
         self.machine_names: set[str] = set()
         self.launched = 0
         self.reclaimed = 0
+        self.launch_failure_rate = 0.0  # share of launched instances that end LAUNCH_FAILED instead of running
+        self.notice_subscribers: list[NoticeSubscriber] = []  # told of each reclaim notice (the node agent)
         self._rng = random.Random(options.seed)
         self._next_ip = 0
 
@@ -206,8 +245,10 @@ class SpotCloud:
         itype = self.types.get(req.instance_type)
         if itype is None:
             raise bad(f"instance type {req.instance_type!r} is not offered; known: {sorted(self.types)}")
+        if req.zone is not None and req.zone != self.zone:
+            raise CloudError(400, "InvalidZone", f"zone {req.zone!r} is not offered here; known: [{self.zone!r}]")
         n = req.count
-        if itype.capacity is not None:
+        if itype.capacity is not None and req.capacity_type == "spot":  # on-demand is never short here
             free = max(0, itype.capacity - self.used[itype.name])
             if free < req.min_count:
                 raise CloudError(503, "InsufficientInstanceCapacity",
@@ -217,7 +258,6 @@ class SpotCloud:
         now = time.time()
         out = [self._create(itype, req, now) for _ in range(n)]
         self.tokens[req.client_token] = Launch(req.params, [i.id for i in out])
-        self.used[itype.name] += n
         self.launched += n
         log.info("spot launch", token=req.client_token, instance_type=itype.name, count=n,
                  ids=[i.id for i in out])
@@ -282,7 +322,7 @@ class SpotCloud:
                 raise bad("reclaim needs instanceIds or a count >= 0")
             want = dict(tags or {})
             cands = [inst for inst in self.instances.values()
-                     if inst.state == "running" and inst.interruption is None
+                     if inst.state == "running" and inst.interruption is None and inst.capacity_type == "spot"
                      and all(inst.tags.get(k) == v for k, v in want.items())]
             picked = self._rng.sample(cands, min(count, len(cands)))
         now = time.time()
@@ -292,12 +332,23 @@ class SpotCloud:
             inst.interruption = {"noticeTime": iso(now), "terminateTime": iso(now + notice)}
             self.reclaimed += 1
             log.info("spot reclaim notice", instance=inst.id, node=inst.node_name, notice_seconds=notice)
+            for fn in list(self.notice_subscribers):
+                try:
+                    fn(inst)
+                except Exception:
+                    log.exception("reclaim notice subscriber failed", instance=inst.id)
             if notice <= 0:
                 self._shut_down(inst, SPOT_RECLAIM)
             else:
                 inst.reclaim_timer = asyncio.get_running_loop().call_later(
                     notice, self._reclaim_due, inst)
         return [inst.id for inst in picked], missing
+
+    def set_launch_failure_rate(self, rate: float) -> None:
+        """From now on, this share of launched instances ends LAUNCH_FAILED instead of running (a host fault)."""
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
+            raise bad("launch failure rate must be a number from 0 to 1")
+        self.launch_failure_rate = float(rate)
 
     def set_capacity(self, instance_type: str, capacity: int | None) -> None:
         """Shrink or grow what is for sale; running instances above a new limit stay (no forced reclaim)."""
@@ -328,6 +379,10 @@ class SpotCloud:
                 got = inst.node_name
             elif key == "clientToken":
                 got = inst.client_token
+            elif key == "zone":
+                got = inst.zone
+            elif key == "capacityType":
+                got = inst.capacity_type
             elif key == "tag-key":
                 if not any(v in inst.tags for v in values):
                     return False
@@ -345,9 +400,19 @@ class SpotCloud:
         ip, node = self._allocate_ip()
         inst = Instance(iid, itype, dict(req.tags), req.client_token, now, ip, node,
                         f"sim:///{self.zone}/{iid}", self.zone, dict(req.node_labels),
-                        [dict(t) for t in req.node_taints])
+                        [dict(t) for t in req.node_taints], req.capacity_type, dict(req.options))
         self.instances[iid] = inst
+        if inst.capacity_type == "spot":
+            self.used[itype.name] += 1
+            inst.counted = True
         return inst
+
+    def _release(self, inst: Instance) -> None:
+        """Give the instance's capacity and node name back (once)."""
+        if inst.counted:
+            self.used[inst.type.name] -= 1
+            inst.counted = False
+        self.machine_names.discard(inst.node_name)
 
     def _allocate_ip(self) -> tuple[str, str]:
         """10.a.b.c with c in 4..253, never reused, so a new node never inherits a stale Node object."""
@@ -378,6 +443,12 @@ class SpotCloud:
 
     def _to_running(self, inst: Instance) -> None:
         if inst.state != "pending":
+            return
+        if self.launch_failure_rate > 0 and self._rng.random() < self.launch_failure_rate:
+            inst.state = "launch-failed"
+            inst.state_reason = dict(LAUNCH_FAILED)
+            self._release(inst)
+            log.info("spot launch failed", instance=inst.id)
             return
         inst.state = "running"
         m = self._machine(inst)
@@ -429,8 +500,7 @@ class SpotCloud:
         m = inst.machine
         if m is not None and self.fleet.get(m.name) is m:
             self.fleet.remove(m.name)
-        self.machine_names.discard(inst.node_name)
-        self.used[inst.type.name] -= 1
+        self._release(inst)
         log.debug("spot instance terminated", instance=inst.id, node=inst.node_name)
         self._after(inst, self.options.terminated_visible_seconds, self._purge)
 

@@ -29,6 +29,7 @@ from .loop import Loop
 from .machines import Fleet, Machine
 from .nodelifecycle import NodeLifecycle, NodeLifecycleOptions
 from .scheduler import Scheduler, SchedulerOptions
+from .spotagent import SpotNoticeAgent
 
 log = structlog.get_logger("gpuops.sim.cluster")
 BUDGETS = ("gpuops.io", "gpuworkloadbudgets")
@@ -151,6 +152,9 @@ class SimCluster:
             ),
         )
         self.access = ClusterAccess(self.server, "sim-workload", component="sim-workload")
+        self.spot_agent = SpotNoticeAgent(ClusterAccess(self.server, "system:node-agent", component="spot-agent"),
+                                          c.notice_poll_seconds, scenario.seed)
+        self.cloud.spot.notice_subscribers.append(self.spot_agent.on_notice)
         self.workload = WorkloadDriver(self.access, scenario.workload, scenario.seed) if workload else None
         self.fault_plan = FaultPlan(self, scenario.faults) if faults and scenario.faults else None
         self._loops: list[Loop] = [self.kubelets, self.node_lifecycle, self.scheduler, self.jobs]
@@ -193,6 +197,7 @@ class SimCluster:
         for loop in (self.fault_plan, self.workload, *reversed(self._loops)):
             if loop is not None:
                 await loop.stop()
+        await self.spot_agent.stop()
         with contextlib.suppress(Exception):
             await self.cloud.stop()
         self.fleet.close()

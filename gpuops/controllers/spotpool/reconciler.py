@@ -1,0 +1,699 @@
+"""Reconcile a SpotPool: describe what it owns, settle the pending launch, plan, act, write status.
+
+One reconcile, in order:
+  1. Deletion: terminate (or retain) every owned instance, then drop the finalizer.
+  2. Spec check, the credentials Secret, the provider (cached per pool until the spec or the Secret changes).
+  3. Describe by ownership tag; match instances to Nodes; give joined nodes the pool's label and taints.
+  4. The pending launch (`status.pendingLaunch`): resolved once describe lists what it bought; until the cloud
+     has answered, it is resent with the same client token and parameters, so it is bought once.
+  5. Plan (`gpuops.accounting.pool.plan_pool`): instances under a reclaim notice or leaving are not capacity,
+     so their replacement is launched in the same reconcile that first sees the notice. A new launch intent
+     (token derived from the pool's UID and `status.launchSequence`) is written to status before the call.
+  6. Scale-in retires the chosen instances after cordon and drain (or drainTimeoutSeconds); LAUNCH_FAILED and
+     stopped instances are terminated; nodes under a reclaim notice are drained.
+  7. Status (size, ready, instances, conditions) in one write; Events for what a user must see.
+"""
+
+from __future__ import annotations
+
+import base64
+import random
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+import msgspec
+import structlog
+
+from gpuops.accounting.pool import InstanceState, PoolInstance, plan_pool
+from gpuops.accounting.pool import PoolSpec as PlanSpec
+from gpuops.controllers.errors import SpecError
+from gpuops.controllers.scheduling import gpu_request, is_unschedulable, node_admits, uses_gpus
+from gpuops.kube import conditions as cond
+from gpuops.kube.client import Client
+from gpuops.kube.controller import Controller, Request, Result, requeue_at
+from gpuops.kube.errors import ApiError, Conflict, NotFound
+from gpuops.kube.events import EventRecorder, EventType
+from gpuops.kube.informer import INDEX_NODE, Informer
+from gpuops.kube.objects import Condition, Node, Pod
+from gpuops.kube.resources import SECRETS
+from gpuops.kube.times import format_time, wall_clock
+from gpuops.kube.times import parse_time_or_none as _t
+
+from . import nodes as nd
+from .api import (
+    API_VERSION,
+    FINALIZER,
+    KIND,
+    POOLS,
+    CapacityBackoff,
+    InstanceStatus,
+    PendingLaunch,
+    PoolStatus,
+    SpotPool,
+    check_spec,
+)
+from .metrics import LAUNCHES, REPLACEMENT_SECONDS, TERMINATIONS
+from .providers import make_provider
+from .providers.base import (
+    LAUNCH_ID_TAG,
+    MANAGED_BY,
+    MANAGED_BY_TAG,
+    POOL_TAG,
+    CloudInstance,
+    ErrorKind,
+    LaunchSpec,
+    NodeTaint,
+    Provider,
+    ProviderConfig,
+    ProviderError,
+)
+
+__all__ = ["Settings", "SpotPoolReconciler", "client_token", "owner_tags"]
+
+log = structlog.get_logger("gpuops.controllers.spotpool")
+
+_SECOND = 1_000_000
+LIVE = frozenset({InstanceState.PENDING, InstanceState.STARTING, InstanceState.RUNNING, InstanceState.REBOOTING})
+STOPPED = frozenset({InstanceState.STOPPED, InstanceState.SHUTDOWN})
+"""Not capacity and still billed for disks: terminated like LAUNCH_FAILED ones."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Knobs of `gpuops run` (`--spotpool-*`)."""
+
+    resync_seconds: float = 30.0
+    """Describe every pool at least this often: catches reclaims no node agent reported."""
+    launch_resolve_seconds: float = 300.0
+    """Instances the cloud answered but describe never lists within this are taken as lost."""
+    retry_base: float = 1.0
+    retry_max: float = 60.0
+    capacity_backoff_base: float = 30.0
+    capacity_backoff_max: float = 600.0
+    config_retry: float = 300.0
+    """Credentials, quota and invalid-request errors: retried this rarely (a fix of the Secret or spec, which
+    changes the pool or is seen on this timer, is what helps)."""
+    drain_recheck: float = 2.0
+    call_timeout: float = 15.0
+    secret_recheck: float = 5.0
+    """While the cloud refuses the keys (or the Secret is missing), the Secret is read again this often (a GET
+    on the API server); the cloud is called again only once the Secret changed, or after config_retry."""
+
+
+def owner_tags(pool: SpotPool) -> dict[str, str]:
+    return {POOL_TAG: pool.metadata.name, MANAGED_BY_TAG: MANAGED_BY}
+
+
+def client_token(pool: SpotPool, sequence: int) -> str:
+    """Deterministic and at most 64 ASCII characters (the limit of CVM and EC2): the pool's UID and the launch
+    number, so a recreated pool of the same name never replays an old pool's launch."""
+    return f"{pool.metadata.uid or pool.metadata.name}-{sequence}"[-64:]
+
+
+@dataclass
+class View:
+    """One described instance with what the cluster says about it."""
+
+    inst: CloudInstance
+    node: Node | None
+    ready: bool
+    gpu_pods: int
+    doomed_at: int | None
+    """When a reclaim notice or a state outside our control made it stop counting (None: it counts)."""
+
+
+@dataclass
+class Step:
+    """What one reconcile decided to write and when to come back."""
+
+    status: PoolStatus
+    wake: list[int | None] = field(default_factory=list)
+    events: list[tuple[EventType, str, str]] = field(default_factory=list)
+    retiring: dict[str, str] = field(default_factory=dict)
+
+    def event(self, type: EventType, reason: str, message: str) -> None:
+        self.events.append((type, reason, message))
+
+
+class SpotPoolReconciler:
+    def __init__(
+        self,
+        client: Client,
+        pools: Informer[SpotPool],
+        nodes: Informer[Node],
+        pods: Informer[Pod],
+        recorder: EventRecorder,
+        *,
+        settings: Settings | None = None,
+        clock: Callable[[], int] = wall_clock,
+        provider_factory: Callable[[str, ProviderConfig], Provider] = make_provider,
+    ) -> None:
+        self.client = client
+        self.pools = pools
+        self.nodes = nodes
+        self.pods = pods
+        self.recorder = recorder
+        self.settings = settings or Settings()
+        self.clock = clock
+        self.provider_factory = provider_factory
+        self.controller: Controller | None = None
+        self._providers: dict[str, tuple[tuple[Any, ...], Provider]] = {}
+        self._owner_of: dict[str, str] = {}  # instance id -> pool, for node events before the node is labelled
+        self._doomed: set[str] = set()  # instances seen under a reclaim notice or leaving
+        self._awaiting: dict[str, float] = {}  # of those, not replaced yet -> monotonic time first seen
+        self._bad_keys: dict[str, tuple[tuple[Any, ...], float]] = {}  # pool -> (refused fingerprint, when)
+        self._rng = random.Random()
+
+    # ------------------------------------------------------------------------------------------ event mapping
+
+    def map_pool(self, pool: SpotPool) -> list[Request]:
+        return [Request("", pool.metadata.name)]
+
+    def map_node(self, node: Node) -> list[Request]:
+        pool = (node.metadata.labels or {}).get(nd.POOL_LABEL)
+        if pool is None:
+            ids = nd.nodes_by_instance(node)
+            pool = self._owner_of.get(ids[0]) if ids else None
+        return [Request("", pool)] if pool else []
+
+    def map_pod(self, pod: Pod) -> list[Request]:
+        """A pod on a pool's node changes how busy it is; an unschedulable GPU pod is demand for the pools that
+        scale on demand and could host it."""
+        if pod.spec.node_name:
+            node = self.nodes.store.get(pod.spec.node_name)
+            pool = (node.metadata.labels or {}).get(nd.POOL_LABEL) if node is not None else None
+            return [Request("", pool)] if pool else []
+        if not is_unschedulable(pod):
+            return []
+        return [Request("", p.metadata.name) for p in self.pools.store.list()
+                if p.spec.scale_on_demand and self._admits(p, pod)]
+
+    # ------------------------------------------------------------------------------------------ reconcile
+
+    async def reconcile(self, req: Request) -> Result | None:
+        pool = self.pools.store.get(req.name)
+        if pool is None:
+            await self._forget(req.name)
+            return None
+        if pool.metadata.deletion_timestamp:
+            return await self._delete(pool)
+        if FINALIZER not in (pool.metadata.finalizers or ()):
+            await self._set_finalizer(pool, True)
+            return None  # the update brings us back
+        try:
+            check_spec(pool.spec)
+        except SpecError as e:
+            step = Step(pool.status)
+            self._condition(step, pool, "Ready", "False", "InvalidSpec", str(e))
+            step.status = msgspec.structs.replace(step.status, last_error=str(e))
+            step.event("Warning", "InvalidSpec", str(e))
+            await self._finish(pool, step)
+            return None
+        try:
+            fingerprint, provider = await self._provider(pool)
+        except (ProviderError, ApiError) as e:
+            return await self._config_error(pool, e)
+        refused = self._bad_keys.get(pool.metadata.name)
+        if refused is not None:
+            if refused[0] == fingerprint and time.monotonic() - refused[1] < self.settings.config_retry:
+                return Result(requeue_after=self.settings.secret_recheck)  # same keys: don't ask the cloud again
+            del self._bad_keys[pool.metadata.name]
+        try:
+            instances = await provider.describe(owner_tags(pool))
+        except ProviderError as e:
+            return await self._call_failed(pool, Step(pool.status), e, "DescribeInstances")
+        return await self._converge(pool, provider, instances)
+
+    async def _converge(self, pool: SpotPool, provider: Provider, instances: list[CloudInstance]) -> Result | None:
+        now = self.clock()
+        s = self.settings
+        step = Step(msgspec.structs.replace(pool.status, last_error=None))
+        for cname in ("CredentialsInvalid",):
+            self._condition(step, pool, cname, "False", "Authenticated", "the cloud accepted the credentials")
+        views = [self._view(pool, i, now) for i in instances]
+        for v in views:
+            self._owner_of[v.inst.id] = pool.metadata.name
+            if v.node is not None:
+                t = pool.spec.template
+                await nd.join(self.client, v.node, pool.metadata.name, t.labels or {}, t.taints or ())
+        listed = {v.inst.id for v in views}
+
+        # 4. the pending launch
+        pl = step.status.pending_launch
+        in_flight = 0
+        if pl is not None:
+            bought = [v for v in views if v.inst.launch_id == pl.client_token]
+            missing = [i for i in pl.instance_ids if i not in listed]
+            # resolved: everything it bought is listed, or its answer was lost but the cloud did it
+            if (pl.instance_ids and not missing) or (not pl.instance_ids and bought):
+                pl = None
+            elif pl.instance_ids and now - (_t(pl.since) or now) > s.launch_resolve_seconds * _SECOND:
+                step.event("Warning", "LaunchLost", f"instances {', '.join(missing)} of launch {pl.client_token} "
+                           f"were never listed within {s.launch_resolve_seconds:g}s; counted as lost")
+                pl = None
+            else:
+                in_flight = len(missing) if pl.instance_ids else pl.count
+            step.status = msgspec.structs.replace(step.status, pending_launch=pl)
+
+        # 5. plan
+        pending = self._demand(pool) if pool.spec.scale_on_demand else None
+        plan_instances = [PoolInstance(
+            id=v.inst.id,
+            state=InstanceState.TERMINATING if v.doomed_at is not None else v.inst.state,
+            created_at=v.inst.launched_at or 0,
+            node=v.node.metadata.name if v.node is not None else None,
+            gpu_pods=v.gpu_pods if v.node is not None else 0,
+        ) for v in views]
+        plan = plan_pool(PlanSpec(minimum=pool.spec.minimum, maximum=pool.spec.maximum,
+                                  instance_gpus=pool.spec.template.gpus_per_instance),
+                         plan_instances, in_flight=in_flight, pending=pending)
+        step.status = msgspec.structs.replace(step.status, desired=plan.target)
+        result: Result | None = None
+        if pl is not None and not pl.instance_ids:
+            pool, result = await self._launch(pool, provider, step, pl, views)
+        elif pl is not None:
+            step.wake.append(now + round(s.drain_recheck * _SECOND))  # wait for describe to list them
+        elif plan.launch > 0:
+            pool, result = await self._new_launch(pool, provider, step, plan.launch, views, now)
+
+        # 6. scale-in, cleanup, reclaimed nodes
+        await self._retire(pool, provider, step, views, {i for b in plan.retire for i in b}, now)
+        cleanup = [v.inst.id for v in views if v.inst.state is InstanceState.LAUNCH_FAILED or v.inst.state in STOPPED]
+        if cleanup:
+            await self._terminate(pool, provider, step, cleanup, "launch-failed")
+        for v in views:
+            if v.doomed_at is not None and v.node is not None and v.inst.state is not InstanceState.LAUNCH_FAILED:
+                await nd.set_retire_taint(self.client, v.node, True)
+                await nd.drain(self.client, self.pods, v.node.metadata.name)
+
+        # 7. status
+        self._summarize(pool, step, views, plan.target, plan.unfit)
+        step.wake.append(now + round(s.resync_seconds * _SECOND))
+        await self._finish(pool, step)
+        if result is not None:
+            return result
+        return requeue_at(self.clock(), step.wake)
+
+    # ------------------------------------------------------------------------------------------ views
+
+    def _view(self, pool: SpotPool, inst: CloudInstance, now: int) -> View:
+        node = nd.match(self.nodes, inst)
+        resource = pool.spec.template.gpu_resource_name
+        gpu_pods = 0
+        if node is not None:
+            gpu_pods = sum(1 for p in self.pods.store.by_index(INDEX_NODE, node.metadata.name)
+                           if uses_gpus(p, resource))
+        doomed: int | None = None
+        notice = nd.notice_at(node)
+        if notice is not None:
+            doomed = notice
+        elif inst.interruption_at is not None:
+            doomed = inst.interruption_at
+        elif inst.state not in LIVE and inst.state is not InstanceState.LAUNCH_FAILED:
+            doomed = now
+        if doomed is not None and inst.id not in self._doomed and inst.state in LIVE:
+            self._doomed.add(inst.id)
+            self._awaiting[inst.id] = time.monotonic()
+            log.info("instance reclaimed", pool=pool.metadata.name, instance=inst.id,
+                     node=node.metadata.name if node else None, state=inst.state.value)
+        return View(inst, node, inst.state is InstanceState.RUNNING and nd.ready(node, resource), gpu_pods, doomed)
+
+    def _admits(self, pool: SpotPool, pod: Pod) -> bool:
+        t = pool.spec.template
+        if gpu_request(pod, t.gpu_resource_name) <= 0:
+            return False
+        labels = {nd.POOL_LABEL: pool.metadata.name, **(t.labels or {})}
+        return node_admits(pod, "", labels, t.taints or ())
+
+    def _demand(self, pool: SpotPool) -> dict[str, Fraction]:
+        resource = pool.spec.template.gpu_resource_name
+        return {f"{p.metadata.namespace}/{p.metadata.name}": gpu_request(p, resource)
+                for p in self.pods.store.list() if is_unschedulable(p) and self._admits(pool, p)}
+
+    # ------------------------------------------------------------------------------------------ launching
+
+    def _choose(self, pool: SpotPool, step: Step, now: int) -> tuple[str, str | None, str] | None:
+        """The first (zone, type) pair in preference order not backed off after a capacity error; on-demand
+        once the fallback's error count is reached and every spot pair is backed off."""
+        t = pool.spec.template
+        zones: list[str | None] = list(t.zones) or [None]
+        backed = {(b.zone, b.instance_type, b.capacity_type): _t(b.until) or 0 for b in step.status.backoff}
+        kinds = ["spot"]
+        fb = pool.spec.on_demand_fallback
+        if fb is not None and step.status.capacity_errors >= fb.after_capacity_errors:
+            kinds.append("on-demand")
+        earliest: int | None = None
+        for kind in kinds:
+            for itype in t.instance_types:
+                for zone in zones:
+                    until = backed.get((zone or "", itype, kind), 0)
+                    if until <= now:
+                        return itype, zone, kind
+                    earliest = until if earliest is None else min(earliest, until)
+        step.wake.append(earliest)
+        return None
+
+    async def _new_launch(self, pool: SpotPool, provider: Provider, step: Step, count: int, views: list[View],
+                          now: int) -> tuple[SpotPool, Result | None]:
+        choice = self._choose(pool, step, now)
+        if choice is None:
+            self._condition(step, pool, "CapacityError", "True", "AllBackedOff",
+                            "every zone and instance type of the template is backed off after capacity errors")
+            return pool, None
+        itype, zone, kind = choice
+        seq = step.status.launch_sequence + 1
+        pl = PendingLaunch(client_token=client_token(pool, seq), count=count, since=format_time(now),
+                           instance_type=itype, zone=zone, capacity_type=kind)
+        step.status = msgspec.structs.replace(step.status, pending_launch=pl, launch_sequence=seq)
+        self._condition(step, pool, "ScalingUp", "True", "Launching",
+                        f"launching {count} {kind} {itype}" + (f" in {zone}" if zone else ""))
+        written = await self._write(pool, step.status)  # the intent is durable before the cloud hears of it
+        if written is None:
+            return pool, None
+        return await self._launch(written, provider, step, pl, views)
+
+    def _launch_spec(self, pool: SpotPool, pl: PendingLaunch) -> LaunchSpec:
+        t = pool.spec.template
+        tags = {**(t.tags or {}), **owner_tags(pool), LAUNCH_ID_TAG: pl.client_token}
+        return LaunchSpec(
+            client_token=pl.client_token, count=pl.count, instance_type=pl.instance_type, zone=pl.zone,
+            capacity_type="on-demand" if pl.capacity_type == "on-demand" else "spot", image=t.image,
+            subnet=t.subnet, vpc=t.vpc, security_groups=tuple(t.security_groups),
+            max_price=t.max_price if pl.capacity_type == "spot" else None, user_data=t.user_data, tags=tags,
+            node_labels={nd.POOL_LABEL: pool.metadata.name, **(t.labels or {})},
+            node_taints=tuple(NodeTaint(key=x.key, value=x.value, effect=x.effect) for x in t.taints or ()),
+            name_prefix=f"gpuops-{pool.metadata.name}",
+        )
+
+    async def _launch(self, pool: SpotPool, provider: Provider, step: Step, pl: PendingLaunch,
+                      views: list[View]) -> tuple[SpotPool, Result | None]:
+        name = pool.metadata.name
+        now = self.clock()
+        try:
+            ids = await provider.launch(self._launch_spec(pool, pl))
+        except ProviderError as e:
+            return pool, self._launch_failed(pool, step, pl, e, now)
+        LAUNCHES.labels(name, "ok").inc(len(ids))
+        mine = {v.inst.id for v in views}
+        for iid in [i for i in self._awaiting if i in mine][:len(ids)]:
+            REPLACEMENT_SECONDS.labels(name).observe(time.monotonic() - self._awaiting.pop(iid))
+        where = f" in {pl.zone}" if pl.zone else ""
+        step.event("Normal", "Launched", f"launched {len(ids)} of {pl.count} {pl.capacity_type} {pl.instance_type}"
+                   f"{where} (client token {pl.client_token}): {', '.join(ids)}")
+        log.info("instances launched", pool=name, token=pl.client_token, ids=ids, instance_type=pl.instance_type,
+                 capacity_type=pl.capacity_type)
+        done = msgspec.structs.replace(pl, attempts=pl.attempts + 1, instance_ids=tuple(ids))
+        backoff = tuple(b for b in step.status.backoff
+                        if (b.zone, b.instance_type, b.capacity_type) != (pl.zone or "", pl.instance_type,
+                                                                           pl.capacity_type))
+        step.status = msgspec.structs.replace(step.status, pending_launch=done if ids else None, backoff=backoff,
+                                              capacity_errors=0 if pl.capacity_type == "spot" else
+                                              step.status.capacity_errors)
+        for cname, reason in (("CapacityError", "Launched"), ("QuotaExceeded", "Launched")):
+            self._condition(step, pool, cname, "False", reason, f"the last launch succeeded ({pl.client_token})")
+        step.wake.append(now + round(self.settings.drain_recheck * _SECOND))
+        return pool, None
+
+    def _launch_failed(self, pool: SpotPool, step: Step, pl: PendingLaunch, e: ProviderError,
+                       now: int) -> Result | None:
+        name = pool.metadata.name
+        s = self.settings
+        LAUNCHES.labels(name, e.kind.value).inc(pl.count)
+        msg = f"launch {pl.client_token} ({pl.count} {pl.capacity_type} {pl.instance_type}): {e}"
+        step.status = msgspec.structs.replace(step.status, last_error=msg)
+        log.info("launch failed", pool=name, token=pl.client_token, kind=e.kind.value, code=e.code)
+        if e.kind in (ErrorKind.THROTTLED, ErrorKind.TRANSIENT):  # same token, same parameters, later
+            attempts = pl.attempts + 1
+            step.status = msgspec.structs.replace(step.status,
+                                                  pending_launch=msgspec.structs.replace(pl, attempts=attempts))
+            wait = e.retry_after or min(s.retry_max, s.retry_base * 2 ** min(attempts - 1, 16))
+            return Result(requeue_after=wait * (1 + 0.2 * self._rng.random()))
+        step.status = msgspec.structs.replace(step.status, pending_launch=None)  # definite: the token is spent
+        if e.kind is ErrorKind.CAPACITY:
+            key = (pl.zone or "", pl.instance_type, pl.capacity_type)
+            old = next((b for b in step.status.backoff if (b.zone, b.instance_type, b.capacity_type) == key), None)
+            failures = (old.failures if old else 0) + 1
+            pause = min(s.capacity_backoff_max, s.capacity_backoff_base * 2 ** (failures - 1))
+            pause *= 1 + 0.1 * self._rng.random()
+            entry = CapacityBackoff(zone=key[0], instance_type=key[1], capacity_type=key[2], failures=failures,
+                                    until=format_time(now + round(pause * _SECOND)))
+            rest = tuple(b for b in step.status.backoff if (b.zone, b.instance_type, b.capacity_type) != key)
+            step.status = msgspec.structs.replace(step.status, backoff=(*rest, entry),
+                                                  capacity_errors=step.status.capacity_errors + 1)
+            self._condition(step, pool, "CapacityError", "True", e.code or "InsufficientCapacity",
+                            f"{msg}; this zone and type rest for {pause:.0f}s, the next one is tried")
+            step.event("Warning", "CapacityError", msg)
+            return Result(requeue_after=0.05)  # the next pair, now
+        if e.kind is ErrorKind.QUOTA:
+            self._condition(step, pool, "QuotaExceeded", "True", e.code or "QuotaExceeded", msg)
+            step.event("Warning", "QuotaExceeded", msg)
+        elif e.kind is ErrorKind.CREDENTIALS:
+            self._refused(pool)
+            self._condition(step, pool, "CredentialsInvalid", "True", e.code or "AuthFailure", msg)
+            step.event("Warning", "CredentialsInvalid", msg)
+            return Result(requeue_after=s.secret_recheck)
+        elif e.kind is ErrorKind.MISMATCH:
+            step.event("Warning", "LaunchRenewed", f"{msg}; a new launch intent replaces it")
+            return Result(requeue_after=s.retry_base)
+        else:
+            self._condition(step, pool, "Ready", "False", "LaunchRejected", msg)
+            step.event("Warning", "LaunchRejected", msg)
+        return Result(requeue_after=s.config_retry)
+
+    # ------------------------------------------------------------------------------------------ scale-in
+
+    async def _retire(self, pool: SpotPool, provider: Provider, step: Step, views: list[View], chosen: set[str],
+                      now: int) -> None:
+        previous = {i.id: i.retiring_since for i in pool.status.instances if i.retiring_since}
+        retiring: dict[str, str] = {}
+        done: list[str] = []
+        for v in views:
+            iid = v.inst.id
+            if iid not in chosen:
+                if iid in previous and v.node is not None and v.doomed_at is None:
+                    await nd.set_retire_taint(self.client, v.node, False)  # needed again: back in service
+                continue
+            if v.node is None:
+                done.append(iid)
+                continue
+            since = previous.get(iid) or format_time(now)
+            retiring[iid] = since
+            await nd.set_retire_taint(self.client, v.node, True)
+            left = await nd.drain(self.client, self.pods, v.node.metadata.name)
+            timeout = (_t(since) or now) + pool.spec.drain_timeout_seconds * _SECOND
+            if left == 0 or now >= timeout:
+                done.append(iid)
+            else:
+                step.wake.append(min(timeout, now + round(self.settings.drain_recheck * _SECOND)))
+        step.retiring = retiring
+        if done:
+            step.event("Normal", "ScaleIn", f"terminating {', '.join(done)} (scale-in, drained)")
+            await self._terminate(pool, provider, step, done, "scale-in")
+
+    async def _terminate(self, pool: SpotPool, provider: Provider, step: Step, ids: list[str], reason: str) -> bool:
+        try:
+            await provider.terminate(ids)
+        except ProviderError as e:
+            TERMINATIONS.labels(pool.metadata.name, reason, e.kind.value).inc(len(ids))
+            step.status = msgspec.structs.replace(step.status, last_error=f"terminate {', '.join(ids)}: {e}")
+            step.wake.append(self.clock() + round(max(e.retry_after or 0, self.settings.drain_recheck) * _SECOND))
+            return False
+        TERMINATIONS.labels(pool.metadata.name, reason, "ok").inc(len(ids))
+        log.info("instances terminated", pool=pool.metadata.name, ids=ids, reason=reason)
+        return True
+
+    # ------------------------------------------------------------------------------------------ status
+
+    def _summarize(self, pool: SpotPool, step: Step, views: list[View], target: int, unfit: Iterable[str]) -> None:
+        retiring = step.retiring
+        items = []
+        for v in sorted(views, key=lambda x: (x.inst.launched_at or 0, x.inst.id)):
+            i = v.inst
+            items.append(InstanceStatus(
+                id=i.id, state=i.state.value, zone=i.zone, type=i.instance_type, capacity_type=i.capacity_type,
+                private_ip=i.private_ip, public_ip=i.public_ip,
+                node_name=v.node.metadata.name if v.node is not None else None,
+                launched_at=format_time(i.launched_at) if i.launched_at else None,
+                reclaim_at=format_time(v.doomed_at) if v.doomed_at else None,
+                retiring_since=retiring.get(i.id)))
+        live = [v for v in views if v.doomed_at is None and v.inst.state in LIVE]
+        ready = sum(1 for v in live if v.ready)
+        pl = step.status.pending_launch
+        step.status = msgspec.structs.replace(step.status, instances=tuple(items), size=len(live), ready=ready,
+                                              desired=target)
+        if pl is not None or len(live) < target:
+            why = f"launch {pl.client_token} in flight" if pl else f"{len(live)} of {target} instances"
+            self._condition(step, pool, "ScalingUp", "True", "Launching", why)
+        else:
+            self._condition(step, pool, "ScalingUp", "False", "AtTarget", f"{len(live)} instances, target {target}")
+        if ready >= max(pool.spec.minimum, 1 if target else 0) and ready >= min(target, len(live)):
+            self._condition(step, pool, "Ready", "True", "InstancesReady", f"{ready} of {len(live)} instances Ready")
+        else:
+            self._condition(step, pool, "Ready", "False", "InstancesNotReady",
+                            f"{ready} of {target} instances Ready (minimum {pool.spec.minimum})")
+        unfit = list(unfit)
+        if unfit:
+            log.info("pending pods larger than one instance", pool=pool.metadata.name, pods=unfit[:10])
+
+    def _condition(self, step: Step, pool: SpotPool, type: str, value: str, reason: str, message: str) -> None:
+        items = cond.set_condition(step.status.conditions, type, value, reason, message[:1024],
+                                   pool.metadata.generation, now=format_time(wall_clock() // _SECOND * _SECOND))
+        step.status = msgspec.structs.replace(step.status,
+                                              conditions=msgspec.convert(items, tuple[Condition, ...]))
+
+    async def _finish(self, pool: SpotPool, step: Step) -> None:
+        await self._write(pool, step.status)
+        for type, reason, message in step.events:
+            self.recorder.record(pool, type, reason, message[:1024], kind=KIND, api_version=API_VERSION)
+
+    async def _write(self, pool: SpotPool, status: PoolStatus) -> SpotPool | None:
+        """The whole status, guarded by resourceVersion; None if the pool changed meanwhile (its event brings us
+        back, and the pending launch, if any, is retried with its token from what was persisted)."""
+        status = msgspec.structs.replace(status, observed_generation=pool.metadata.generation)
+        if status == pool.status:
+            return pool
+        try:
+            return await self.client.replace(POOLS, msgspec.structs.replace(pool, status=status),
+                                             subresource="status")
+        except (Conflict, NotFound) as e:
+            log.debug("pool status write skipped", pool=pool.metadata.name, error=str(e))
+            return None
+
+    # ------------------------------------------------------------------------------------------ errors
+
+    async def _config_error(self, pool: SpotPool, e: Exception) -> Result:
+        step = Step(pool.status)
+        if isinstance(e, NotFound):
+            ref = pool.spec.credentials_secret_ref
+            msg = f"Secret {ref.namespace}/{ref.name} not found; create it with the provider's keys" if ref else str(e)
+            reason = "SecretNotFound"
+        elif isinstance(e, ProviderError):
+            msg, reason = str(e), e.code
+        else:
+            msg, reason = f"cannot read the credentials Secret: {e}", "SecretUnreadable"
+        kind = e.kind if isinstance(e, ProviderError) else ErrorKind.CREDENTIALS
+        ctype = "CredentialsInvalid" if kind is ErrorKind.CREDENTIALS else "Ready"
+        self._condition(step, pool, ctype, "True" if ctype == "CredentialsInvalid" else "False", reason, msg)
+        step.status = msgspec.structs.replace(step.status, last_error=msg)
+        if pool.status.last_error != msg:
+            step.event("Warning", reason, msg)
+        await self._finish(pool, step)
+        wait = self.settings.secret_recheck if kind is ErrorKind.CREDENTIALS else self.settings.config_retry
+        return Result(requeue_after=wait)
+
+    def _refused(self, pool: SpotPool) -> None:
+        cached = self._providers.get(pool.metadata.name)
+        if cached is not None:
+            self._bad_keys[pool.metadata.name] = (cached[0], time.monotonic())
+
+    async def _call_failed(self, pool: SpotPool, step: Step, e: ProviderError, op: str) -> Result:
+        msg = f"{op}: {e}"
+        step.status = msgspec.structs.replace(step.status, last_error=msg)
+        if e.kind is ErrorKind.CREDENTIALS:
+            self._condition(step, pool, "CredentialsInvalid", "True", e.code or "AuthFailure", msg)
+            if pool.status.last_error != msg:
+                step.event("Warning", "CredentialsInvalid", msg)
+            self._refused(pool)
+            await self._finish(pool, step)
+            return Result(requeue_after=self.settings.secret_recheck)
+        await self._finish(pool, step)
+        return Result(requeue_after=e.retry_after or self.settings.retry_base * (1 + self._rng.random()) * 2)
+
+    # ------------------------------------------------------------------------------------------ providers
+
+    async def _provider(self, pool: SpotPool) -> tuple[tuple[Any, ...], Provider]:
+        spec = pool.spec
+        creds: dict[str, str] = {}
+        secret_version = ""
+        ref = spec.credentials_secret_ref
+        if ref is not None:
+            secret = await self.client.get(SECRETS, ref.name, ref.namespace)
+            secret_version = f"{secret.metadata.uid}/{secret.metadata.resource_version}"
+            for k, v in (secret.data or {}).items():
+                try:
+                    creds[k] = base64.b64decode(v, validate=True).decode().strip()
+                except (ValueError, UnicodeDecodeError):
+                    raise ProviderError(ErrorKind.CREDENTIALS, "SecretUnreadable",
+                                        f"Secret {ref.namespace}/{ref.name}: key {k!r} is not valid base64 "
+                                        "text") from None
+        fingerprint = (spec.provider, spec.endpoint, spec.template.region, secret_version)
+        cached = self._providers.get(pool.metadata.name)
+        if cached is not None and cached[0] == fingerprint:
+            return cached
+        provider = self.provider_factory(spec.provider, ProviderConfig(
+            region=spec.template.region, endpoint=spec.endpoint, credentials=creds,
+            timeout_seconds=self.settings.call_timeout))
+        if cached is not None:
+            await cached[1].close()
+        self._providers[pool.metadata.name] = (fingerprint, provider)
+        return fingerprint, provider
+
+    async def _forget(self, name: str) -> None:
+        cached = self._providers.pop(name, None)
+        self._bad_keys.pop(name, None)
+        if cached is not None:
+            await cached[1].close()
+        for iid in [i for i, p in self._owner_of.items() if p == name]:
+            del self._owner_of[iid]
+            self._doomed.discard(iid)
+            self._awaiting.pop(iid, None)
+
+    async def close(self) -> None:
+        for _, provider in self._providers.values():
+            await provider.close()
+        self._providers.clear()
+
+    # ------------------------------------------------------------------------------------------ deletion
+
+    async def _set_finalizer(self, pool: SpotPool, on: bool) -> None:
+        current = list(pool.metadata.finalizers or ())
+        want = [*current, FINALIZER] if on and FINALIZER not in current else \
+            [f for f in current if f != FINALIZER]
+        if want == current:
+            return
+        body = {"metadata": {"finalizers": want, "resourceVersion": pool.metadata.resource_version}}
+        try:
+            await self.client.patch(POOLS, pool.metadata.name, body)
+        except (Conflict, NotFound) as e:
+            log.debug("pool finalizer update skipped", pool=pool.metadata.name, error=str(e))
+
+    async def _delete(self, pool: SpotPool) -> Result | None:
+        if FINALIZER not in (pool.metadata.finalizers or ()):
+            await self._forget(pool.metadata.name)
+            return None
+        name = pool.metadata.name
+        if pool.spec.deletion_policy == "Retain":
+            self.recorder.record(pool, "Normal", "Retained", "the pool's instances are left running (deletionPolicy"
+                                 " Retain); their gpuops.io/pool tag stays", kind=KIND, api_version=API_VERSION)
+            await self._set_finalizer(pool, False)
+            await self._forget(name)
+            return None
+        try:
+            _, provider = await self._provider(pool)
+            instances = await provider.describe(owner_tags(pool))
+        except (ProviderError, ApiError) as e:
+            return await self._config_error(pool, e) if not isinstance(e, ProviderError) or \
+                e.kind in (ErrorKind.CREDENTIALS, ErrorKind.INVALID) else \
+                await self._call_failed(pool, Step(pool.status), e, "DescribeInstances")
+        now = self.clock()
+        pl = pool.status.pending_launch
+        young = pl is not None and now - (_t(pl.since) or now) < 60 * _SECOND and \
+            not any(i.launch_id == pl.client_token for i in instances)
+        left = [i.id for i in instances if i.state is not InstanceState.TERMINATING]
+        if left:
+            step = Step(pool.status)
+            ok = await self._terminate(pool, provider, step, left, "deletion")
+            if ok:
+                self.recorder.record(pool, "Normal", "Terminating", f"pool deleted: terminating {len(left)} "
+                                     f"instances ({', '.join(left[:20])})", kind=KIND, api_version=API_VERSION)
+            return Result(requeue_after=self.settings.drain_recheck)
+        if young:  # a launch whose answer was lost may still surface: look again before letting go
+            return Result(requeue_after=self.settings.drain_recheck)
+        log.info("pool deleted; instances terminated", pool=name)
+        await self._set_finalizer(pool, False)
+        await self._forget(name)
+        return None
+

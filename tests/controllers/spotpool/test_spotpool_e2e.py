@@ -1,0 +1,235 @@
+"""The spot pool controller on the emulated cluster with the emulated cloud (the `sim` provider, which speaks the
+webhook contract): reaching the minimum, replacing a reclaimed instance at once, never buying twice when an
+answer is lost, falling back along instance types and to on-demand, scale-in with drain, credentials errors
+as a condition, and deletion terminating everything the pool owns."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+from gpuops.controllers.spotpool.api import POOLS, SpotPool
+from gpuops.controllers.spotpool.reconciler import Settings
+from gpuops.controllers.spotpool.setup import install
+from gpuops.kube import conditions as cond
+from gpuops.kube.client import Client
+from gpuops.kube.errors import ApiError, NotFound
+from gpuops.kube.manager import Manager
+from gpuops.kube.resources import NODES, PODS, SECRETS
+from gpuops.sim.cluster.cluster import SimCluster
+from gpuops.sim.scenario import parse
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parents[3]
+CRD = ROOT / "manifests" / "crds" / "spotpools.gpuops.io.yaml"
+NS = "work"
+
+pytestmark = pytest.mark.anyio
+
+SCENARIO = {
+    "name": "spotpool-tests",
+    "namespaces": [NS, "gpuops-system"],
+    "kubelet": {"startLatencySeconds": 0.05, "leaseSeconds": 0.3, "nodeStatusSeconds": 5, "events": False},
+    "scheduler": {"events": False},
+    "nodeLifecycle": {"nodeMonitorGraceSeconds": 1.0, "podGcOrphanSeconds": 2.0},
+    "cloud": {"launchSeconds": 0.1, "bootSeconds": 0.2, "devicePluginSeconds": 0.05, "terminateSeconds": 0.1,
+              "reclaimNoticeSeconds": 2.0, "noticePollSeconds": 0.05,
+              "instanceTypes": [{"name": "gpu.l4.1x", "gpuModel": "L4-24GB", "gpus": 1},
+                                {"name": "gpu.a100.1x", "gpuModel": "A100-40GB", "gpus": 1},
+                                {"name": "gpu.t4.1x", "gpuModel": "T4-16GB", "gpus": 1, "capacity": 0}]},
+}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def until(what: str, probe: Callable[[], Awaitable[T | None]], within: float = 20.0) -> T:
+    deadline = time.monotonic() + within
+    while True:
+        got = await probe()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def pool_body(cluster: SimCluster, name: str = "gpus", *, minimum: int = 2, maximum: int = 4,
+              types: tuple[str, ...] = ("gpu.l4.1x",), **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "gpuops.io/v1alpha1", "kind": "SpotPool", "metadata": {"name": name},
+            "spec": {"provider": "sim", "endpoint": f"{cluster.cloud.url}/spot/v1", "minimum": minimum,
+                     "maximum": maximum, "drainTimeoutSeconds": 5,
+                     "template": {"instanceTypes": list(types), "labels": {"team": "ml"},
+                                  "taints": [{"key": "spot", "value": "true", "effect": "NoSchedule"}]},
+                     **spec}}
+
+
+@asynccontextmanager
+async def running(tmp_path: Path, **settings: Any) -> AsyncIterator[tuple[SimCluster, Client]]:
+    async with SimCluster(parse(SCENARIO), workload=False) as cluster:
+        cluster.write_kubeconfig(tmp_path / "k")
+        client = await Client.from_kubeconfig(str(tmp_path / "k"))
+        await client.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+                             body=json.dumps(yaml.safe_load(CRD.read_text())).encode(),
+                             content_type="application/json")
+
+        async def served() -> bool:
+            try:
+                await client.list(POOLS)
+            except ApiError:
+                return False
+            return True
+
+        await until("CRD served", served, 10)
+        mgr = Manager(client, metrics_bind_address="0", health_probe_bind_address="0")
+        install(mgr, settings=Settings(**{"drain_recheck": 0.2, "resync_seconds": 2.0, "retry_base": 0.1,
+                                         "capacity_backoff_base": 30.0, "secret_recheck": 0.3,
+                                         **settings}))
+        task = asyncio.create_task(mgr.run())
+        try:
+            yield cluster, client
+        finally:
+            mgr.request_stop()
+            await asyncio.wait_for(task, 15)
+            await client.close()
+
+
+def live(cluster: SimCluster, pool: str = "gpus") -> list[Any]:
+    return [i for i in cluster.cloud.spot.instances.values()
+            if i.tags.get("gpuops.io/pool") == pool and i.state in ("pending", "running") and i.interruption is None]
+
+
+async def ready_pool(client: Client, name: str, n: int) -> SpotPool | None:
+    p: SpotPool = await client.get(POOLS, name)
+    return p if p.status.ready == n and p.status.size == n and cond.is_true(p.status.conditions, "Ready") else None
+
+
+async def test_minimum_reached_reclaim_replaced_scale_in_and_deletion(tmp_path: Path) -> None:
+    async with running(tmp_path) as (cluster, client):
+        await client.create(POOLS, pool_body(cluster))
+        pool = await until("2 Ready instances", lambda: ready_pool(client, "gpus", 2))
+        assert cluster.cloud.spot.launched == 2  # one launch of 2, never more
+        assert pool.metadata.finalizers == ("gpuops.io/spotpool-instances",)
+        assert pool.status.pending_launch is None and pool.status.launch_sequence == 1
+        for inst in pool.status.instances:
+            node = await client.get(NODES, inst.node_name or "")
+            assert (node.metadata.labels or {}).get("gpuops.io/spotpool") == "gpus"
+            assert (node.metadata.labels or {}).get("team") == "ml"
+            assert any(t.key == "spot" for t in node.spec.taints or ())
+            tags = cluster.cloud.spot.instances[inst.id].tags
+            assert tags["gpuops.io/managed-by"] == "gpuops" and tags["gpuops.io/launch-id"].endswith("-1")
+
+        # a reclaim notice: the replacement is launched at once, long before the 2 s notice runs out
+        victim = pool.status.instances[0].id
+        noticed = time.monotonic()
+        cluster.cloud.reclaim([victim], notice_seconds=2.0)
+        await until("a replacement launch", lambda: _true(cluster.cloud.spot.launched == 3), 5)
+        assert time.monotonic() - noticed < 1.5
+        await until("back to 2 Ready", lambda: ready_pool(client, "gpus", 2))
+        assert len(live(cluster)) == 2
+
+        # scale-in to 1: one instance is drained and terminated
+        await client.patch(POOLS, "gpus", {"spec": {"minimum": 1, "maximum": 1}})
+        await until("1 instance left", lambda: ready_pool(client, "gpus", 1))
+        assert len(live(cluster)) == 1
+
+        # deletion terminates what the pool owns, then lets the object go
+        await client.delete(POOLS, "gpus")
+
+        async def gone() -> bool:
+            try:
+                await client.get(POOLS, "gpus")
+            except NotFound:
+                return True
+            return False
+
+        await until("the pool is gone", gone)
+        assert live(cluster) == []
+        assert cluster.cloud.spot.launched == 3
+
+
+async def test_lost_answers_never_buy_twice(tmp_path: Path) -> None:
+    async with running(tmp_path) as (cluster, client):
+        # the launch happens, then the answer is lost, three times in a row
+        cluster.cloud.faults.add(api="spot", op="run", status=503, after=True, count=3)
+        await client.create(POOLS, pool_body(cluster, minimum=3, maximum=3))
+        await until("3 Ready instances", lambda: ready_pool(client, "gpus", 3))
+        assert cluster.cloud.spot.launched == 3
+        assert len(cluster.cloud.spot.tokens) == 1  # one client token for the whole launch
+
+
+async def test_capacity_error_falls_back_along_types_then_on_demand(tmp_path: Path) -> None:
+    async with running(tmp_path) as (cluster, client):
+        cluster.cloud.set_capacity("gpu.l4.1x", 0)
+        await client.create(POOLS, pool_body(cluster, minimum=1, maximum=2, types=("gpu.l4.1x", "gpu.a100.1x")))
+        pool = await until("1 Ready instance", lambda: ready_pool(client, "gpus", 1))
+        assert pool.status.instances[0].type == "gpu.a100.1x"
+        assert any(b.instance_type == "gpu.l4.1x" for b in pool.status.backoff)
+
+        cluster.cloud.set_capacity("gpu.t4.1x", 0)
+        await client.create(POOLS, pool_body(cluster, "od", minimum=1, maximum=1, types=("gpu.t4.1x",),
+                                             onDemandFallback={"afterCapacityErrors": 1}))
+        od = await until("an on-demand instance", lambda: ready_pool(client, "od", 1))
+        assert od.status.instances[0].capacity_type == "on-demand"
+        assert cond.is_true(od.status.conditions, "CapacityError") is False or od.status.capacity_errors >= 1
+
+
+async def test_credentials_secret_missing_then_fixed(tmp_path: Path) -> None:
+    async with running(tmp_path) as (cluster, client):
+        cluster.cloud.options.token = "s3cret"
+        body = pool_body(cluster, minimum=1, maximum=1,
+                         credentialsSecretRef={"name": "cloud", "namespace": "gpuops-system"})
+        await client.create(POOLS, body)
+
+        async def invalid(reason: str) -> SpotPool | None:
+            p: SpotPool = await client.get(POOLS, "gpus")
+            c = cond.get_condition(p.status.conditions, "CredentialsInvalid")
+            return p if c is not None and c.status == "True" and c.reason == reason else None
+
+        await until("CredentialsInvalid: no Secret", lambda: invalid("SecretNotFound"))
+        secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "cloud", "namespace": "gpuops-system"},
+                  "data": {"token": base64.b64encode(b"wrong").decode()}}
+        await client.create(SECRETS, secret, "gpuops-system")
+        await until("CredentialsInvalid: refused", lambda: invalid("AuthFailure"))
+        calls_before = sum(n for (api, _, _), n in cluster.cloud.calls.items() if api == "spot")
+        await asyncio.sleep(1.0)  # no hot loop while the keys are wrong
+        calls_after = sum(n for (api, _, _), n in cluster.cloud.calls.items() if api == "spot")
+        assert calls_after - calls_before <= 2
+        await client.patch(SECRETS, "cloud", {"data": {"token": base64.b64encode(b"s3cret").decode()}},
+                           namespace="gpuops-system")
+        p = await until("1 Ready instance", lambda: ready_pool(client, "gpus", 1))
+        assert not cond.is_true(p.status.conditions, "CredentialsInvalid")
+
+
+async def test_scale_on_demand_for_pending_gpu_pods(tmp_path: Path) -> None:
+    async with running(tmp_path) as (cluster, client):
+        await client.create(POOLS, pool_body(cluster, minimum=0, maximum=3, scaleOnDemand=True))
+        for i in range(2):
+            await client.create(PODS, {
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"train-{i}"},
+                "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
+                         "tolerations": [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}],
+                         "containers": [{"name": "main", "image": "cuda",
+                                         "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}, NS)
+
+        async def running_pods() -> bool:
+            pods = [await client.get(PODS, f"train-{i}", NS) for i in range(2)]
+            return all(p.status.phase == "Running" for p in pods)
+
+        await until("both pods running on pool nodes", running_pods, 30)
+        assert cluster.cloud.spot.launched == 2
+
+
+async def _true(value: bool) -> bool:
+    return value
