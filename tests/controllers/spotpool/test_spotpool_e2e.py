@@ -233,3 +233,28 @@ async def test_scale_on_demand_for_pending_gpu_pods(tmp_path: Path) -> None:
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_tencent_provider_end_to_end_through_the_real_sdk(tmp_path: Path) -> None:
+    """The same controller with the tencent provider: the real tencentcloud SDK signs TC3 requests to the CVM
+    emulator, which sells instances from the same emulated cloud, so they join as Nodes."""
+    from gpuops.sim.cloud.cvm import CvmServer
+
+    async with running(tmp_path) as (cluster, client), \
+            CvmServer(cluster.cloud, secret_id="AKIDtest", secret_key="k3y") as cvm:
+        keys = {"secretId": base64.b64encode(b"AKIDtest").decode(), "secretKey": base64.b64encode(b"k3y").decode()}
+        await client.create(SECRETS, {"apiVersion": "v1", "kind": "Secret",
+                                      "metadata": {"name": "tc", "namespace": "gpuops-system"}, "data": keys},
+                            "gpuops-system")
+        body = pool_body(cluster, "tc", minimum=2, maximum=3, provider="tencent", endpoint=cvm.url,
+                         credentialsSecretRef={"name": "tc", "namespace": "gpuops-system"})
+        body["spec"]["template"].update(region="ap-guangzhou", zones=[cluster.cloud.zone])
+        await client.create(POOLS, body)
+        pool = await until("2 Ready instances through CVM", lambda: ready_pool(client, "tc", 2), 30)
+        assert all(i.id.startswith("ins-") and i.node_name for i in pool.status.instances)
+        assert cluster.cloud.spot.launched == 2
+        # a reclaim (CVM has no notice in its API: the node agent's annotation is the signal) is replaced
+        victim = cvm.spot_id(pool.status.instances[0].id)
+        cluster.cloud.reclaim([victim], notice_seconds=2.0)
+        await until("a replacement launch", lambda: _true(cluster.cloud.spot.launched == 3), 10)
+        await until("back to 2 Ready", lambda: ready_pool(client, "tc", 2), 30)
