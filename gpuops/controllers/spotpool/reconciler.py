@@ -71,11 +71,13 @@ from .providers.base import (
     ProviderError,
 )
 
-__all__ = ["Settings", "SpotPoolReconciler", "client_token", "owner_tags"]
+__all__ = ["INDEX_UNSCHEDULABLE", "Settings", "SpotPoolReconciler", "client_token", "owner_tags", "unschedulable"]
 
 log = structlog.get_logger("gpuops.controllers.spotpool")
 
 _SECOND = 1_000_000
+INDEX_UNSCHEDULABLE = "gpuops.io/unschedulable"
+"""Pods the scheduler gave up on, under one key: demand is read from them, not from a scan of every pod."""
 LIVE = frozenset({InstanceState.PENDING, InstanceState.STARTING, InstanceState.RUNNING, InstanceState.REBOOTING})
 STOPPED = frozenset({InstanceState.STOPPED, InstanceState.SHUTDOWN})
 """Not capacity and still billed for disks: terminated like LAUNCH_FAILED ones."""
@@ -101,6 +103,10 @@ class Settings:
     secret_recheck: float = 5.0
     """While the cloud refuses the keys (or the Secret is missing), the Secret is read again this often (a GET
     on the API server); the cloud is called again only once the Secret changed, or after config_retry."""
+
+
+def unschedulable(pod: Pod) -> tuple[str, ...]:
+    return ("",) if is_unschedulable(pod) else ()
 
 
 def owner_tags(pool: SpotPool) -> dict[str, str]:
@@ -160,7 +166,10 @@ class SpotPoolReconciler:
         self.clock = clock
         self.provider_factory = provider_factory
         self.controller: Controller | None = None
-        self._providers: dict[str, tuple[tuple[Any, ...], Provider]] = {}
+        # one provider per account (provider, endpoint, region, Secret version), shared by the pools using it, so
+        # their calls share its rate-limit buckets as they share the cloud's limit
+        self._providers: dict[tuple[Any, ...], Provider] = {}
+        self._uses: dict[str, tuple[Any, ...]] = {}  # pool -> the account it uses
         self._owner_of: dict[str, str] = {}  # instance id -> pool, for node events before the node is labelled
         self._doomed: set[str] = set()  # instances seen under a reclaim notice or leaving
         self._awaiting: dict[str, float] = {}  # of those, not replaced yet -> monotonic time first seen
@@ -231,15 +240,24 @@ class SpotPoolReconciler:
         now = self.clock()
         s = self.settings
         step = Step(msgspec.structs.replace(pool.status, last_error=None))
-        for cname in ("CredentialsInvalid",):
-            self._condition(step, pool, cname, "False", "Authenticated", "the cloud accepted the credentials")
+        self._condition(step, pool, "CredentialsInvalid", "False", "Authenticated", "the cloud accepted the keys")
+        known = set(self._doomed)
         views = [self._view(pool, i, now) for i in instances]
         for v in views:
+            if v.inst.id in self._doomed and v.inst.id not in known:
+                where = f" (node {v.node.metadata.name})" if v.node is not None else ""
+                when = f" at {format_time(v.doomed_at)}" if v.doomed_at and v.doomed_at > now else ""
+                step.event("Warning", "Reclaimed", f"the cloud is taking {v.inst.id}{where} back{when}; a "
+                           "replacement is launched now and the node drained")
             self._owner_of[v.inst.id] = pool.metadata.name
             if v.node is not None:
                 t = pool.spec.template
                 await nd.join(self.client, v.node, pool.metadata.name, t.labels or {}, t.taints or ())
         listed = {v.inst.id for v in views}
+        for iid in [i for i, p in self._owner_of.items() if p == pool.metadata.name and i not in listed]:
+            del self._owner_of[iid]  # gone from the cloud: nothing to remember
+            self._doomed.discard(iid)
+            self._awaiting.pop(iid, None)
 
         # 4. the pending launch
         pl = step.status.pending_launch
@@ -331,7 +349,8 @@ class SpotPoolReconciler:
     def _demand(self, pool: SpotPool) -> dict[str, Fraction]:
         resource = pool.spec.template.gpu_resource_name
         return {f"{p.metadata.namespace}/{p.metadata.name}": gpu_request(p, resource)
-                for p in self.pods.store.list() if is_unschedulable(p) and self._admits(pool, p)}
+                for p in self.pods.store.by_index(INDEX_UNSCHEDULABLE, "")
+                if is_unschedulable(p) and self._admits(pool, p)}
 
     # ------------------------------------------------------------------------------------------ launching
 
@@ -585,9 +604,9 @@ class SpotPoolReconciler:
         return Result(requeue_after=wait)
 
     def _refused(self, pool: SpotPool) -> None:
-        cached = self._providers.get(pool.metadata.name)
-        if cached is not None:
-            self._bad_keys[pool.metadata.name] = (cached[0], time.monotonic())
+        fingerprint = self._uses.get(pool.metadata.name)
+        if fingerprint is not None:
+            self._bad_keys[pool.metadata.name] = (fingerprint, time.monotonic())
 
     async def _call_failed(self, pool: SpotPool, step: Step, e: ProviderError, op: str) -> Result:
         msg = f"{op}: {e}"
@@ -620,31 +639,40 @@ class SpotPoolReconciler:
                                         f"Secret {ref.namespace}/{ref.name}: key {k!r} is not valid base64 "
                                         "text") from None
         fingerprint = (spec.provider, spec.endpoint, spec.template.region, secret_version)
-        cached = self._providers.get(pool.metadata.name)
-        if cached is not None and cached[0] == fingerprint:
-            return cached
-        provider = self.provider_factory(spec.provider, ProviderConfig(
-            region=spec.template.region, endpoint=spec.endpoint, credentials=creds,
-            timeout_seconds=self.settings.call_timeout))
-        if cached is not None:
-            await cached[1].close()
-        self._providers[pool.metadata.name] = (fingerprint, provider)
+        provider = self._providers.get(fingerprint)
+        if provider is None:
+            provider = self.provider_factory(spec.provider, ProviderConfig(
+                region=spec.template.region, endpoint=spec.endpoint, credentials=creds,
+                timeout_seconds=self.settings.call_timeout))
+            self._providers[fingerprint] = provider
+        previous = self._uses.get(pool.metadata.name)
+        self._uses[pool.metadata.name] = fingerprint
+        if previous is not None and previous != fingerprint:
+            await self._release(previous)
         return fingerprint, provider
 
+    async def _release(self, fingerprint: tuple[Any, ...]) -> None:
+        """Close an account's provider once no pool uses it (keys rotated, pools deleted)."""
+        if fingerprint not in self._uses.values():
+            provider = self._providers.pop(fingerprint, None)
+            if provider is not None:
+                await provider.close()
+
     async def _forget(self, name: str) -> None:
-        cached = self._providers.pop(name, None)
         self._bad_keys.pop(name, None)
-        if cached is not None:
-            await cached[1].close()
+        fingerprint = self._uses.pop(name, None)
+        if fingerprint is not None:
+            await self._release(fingerprint)
         for iid in [i for i, p in self._owner_of.items() if p == name]:
             del self._owner_of[iid]
             self._doomed.discard(iid)
             self._awaiting.pop(iid, None)
 
     async def close(self) -> None:
-        for _, provider in self._providers.values():
+        for provider in self._providers.values():
             await provider.close()
         self._providers.clear()
+        self._uses.clear()
 
     # ------------------------------------------------------------------------------------------ deletion
 

@@ -22,7 +22,7 @@ from .api import POOLS, SpotPool
 from .metrics import STATE_COLLECTOR
 from .providers import make_provider
 from .providers.base import Provider, ProviderConfig
-from .reconciler import Settings, SpotPoolReconciler
+from .reconciler import INDEX_UNSCHEDULABLE, Settings, SpotPoolReconciler, unschedulable
 
 __all__ = ["COMPONENT", "CONTROLLER_NAME", "SpotPoolController", "install", "setup"]
 
@@ -64,6 +64,7 @@ def install(
 ) -> SpotPoolController:
     pods = manager.informer(PODS)
     pods.add_index(INDEX_NODE, pods_by_node)
+    pods.add_index(INDEX_UNSCHEDULABLE, unschedulable)
     nodes = manager.informer(NODES)
     nodes.add_index(nd.INDEX_INSTANCE, nd.nodes_by_instance)
     pools = manager.informer(POOLS)
