@@ -174,6 +174,7 @@ class SpotPoolReconciler:
         self._doomed: set[str] = set()  # instances seen under a reclaim notice or leaving
         self._awaiting: dict[str, float] = {}  # of those, not replaced yet -> monotonic time first seen
         self._bad_keys: dict[str, tuple[tuple[Any, ...], float]] = {}  # pool -> (refused fingerprint, when)
+        self._retry_at: dict[str, int] = {}  # pool -> when its pending launch may be resent (microseconds)
         self._rng = random.Random()
 
     # ------------------------------------------------------------------------------------------ event mapping
@@ -290,7 +291,10 @@ class SpotPoolReconciler:
                          plan_instances, in_flight=in_flight, pending=pending)
         step.status = msgspec.structs.replace(step.status, desired=plan.target)
         result: Result | None = None
-        if pl is not None and not pl.instance_ids:
+        retry_at = self._retry_at.get(pool.metadata.name, 0)
+        if pl is not None and not pl.instance_ids and now < retry_at:
+            step.wake.append(retry_at)  # backing off; node and pod events must not hurry the cloud
+        elif pl is not None and not pl.instance_ids:
             pool, result = await self._launch(pool, provider, step, pl, views)
         elif pl is not None:
             step.wake.append(now + round(s.drain_recheck * _SECOND))  # wait for describe to list them
@@ -448,8 +452,10 @@ class SpotPoolReconciler:
             attempts = pl.attempts + 1
             step.status = msgspec.structs.replace(step.status,
                                                   pending_launch=msgspec.structs.replace(pl, attempts=attempts))
-            wait = e.retry_after or min(s.retry_max, s.retry_base * 2 ** min(attempts - 1, 16))
-            return Result(requeue_after=wait * (1 + 0.2 * self._rng.random()))
+            wait = (e.retry_after or min(s.retry_max, s.retry_base * 2 ** min(attempts - 1, 16))) * \
+                (1 + 0.2 * self._rng.random())
+            self._retry_at[name] = now + round(wait * _SECOND)
+            return Result(requeue_after=wait)
         step.status = msgspec.structs.replace(step.status, pending_launch=None)  # definite: the token is spent
         if e.kind is ErrorKind.CAPACITY:
             key = (pl.zone or "", pl.instance_type, pl.capacity_type)
@@ -660,6 +666,7 @@ class SpotPoolReconciler:
 
     async def _forget(self, name: str) -> None:
         self._bad_keys.pop(name, None)
+        self._retry_at.pop(name, None)
         fingerprint = self._uses.pop(name, None)
         if fingerprint is not None:
             await self._release(fingerprint)

@@ -464,14 +464,15 @@ class SpotCloud:
             "node.kubernetes.io/instance-type": t.name,
             "topology.kubernetes.io/zone": inst.zone,
             "topology.kubernetes.io/region": self.region,
-            "gpuops.io/capacity-type": "spot",
+            "gpuops.io/capacity-type": inst.capacity_type,
         })
-        if "pool" in inst.tags:
-            labels["gpuops.io/pool"] = inst.tags["pool"]
+        pool = inst.tags.get("gpuops.io/pool") or inst.tags.get("pool")
+        if pool:
+            labels["gpuops.io/pool"] = pool
         labels.update(inst.node_labels)
         return Machine(
             name=inst.node_name, gpu_model=t.gpu_model, gpus=t.gpus, cpu=t.cpu, memory=t.memory,
-            labels=labels, taints=[dict(x) for x in inst.node_taints], group=inst.tags.get("pool") or t.name,
+            labels=labels, taints=[dict(x) for x in inst.node_taints], group=pool or t.name,
             provider_id=inst.provider_id, state="off", boot_seconds=self.options.boot_seconds,
             device_plugin_seconds=self.options.device_plugin_seconds, shutdown_seconds=0.0,
         )

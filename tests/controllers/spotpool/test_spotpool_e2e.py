@@ -169,6 +169,24 @@ async def test_lost_answers_never_buy_twice(tmp_path: Path) -> None:
         assert len(cluster.cloud.spot.tokens) == 1  # one client token for the whole launch
 
 
+async def test_launch_intent_is_in_status_before_the_cloud_hears_of_it(tmp_path: Path) -> None:
+    async with running(tmp_path, call_timeout=1.0) as (cluster, client):
+        cluster.cloud.faults.add(api="spot", op="run", hang=True, hang_seconds=5, count=1)
+        await client.create(POOLS, pool_body(cluster, minimum=2, maximum=2))
+
+        async def intent() -> SpotPool | None:
+            p: SpotPool = await client.get(POOLS, "gpus")
+            return p if p.status.pending_launch is not None else None
+
+        pool = await until("a persisted launch intent", intent)
+        pl = pool.status.pending_launch
+        assert pl is not None and pl.count == 2 and pl.client_token.endswith("-1")
+        assert cluster.cloud.spot.launched == 0  # the call hangs: nothing bought yet, the intent is already durable
+        done = await until("2 Ready instances", lambda: ready_pool(client, "gpus", 2))
+        assert done.status.launch_sequence == 1 and cluster.cloud.spot.launched == 2
+        assert {i.client_token for i in cluster.cloud.spot.instances.values()} == {pl.client_token}
+
+
 async def test_capacity_error_falls_back_along_types_then_on_demand(tmp_path: Path) -> None:
     async with running(tmp_path) as (cluster, client):
         cluster.cloud.set_capacity("gpu.l4.1x", 0)
@@ -258,3 +276,32 @@ async def test_tencent_provider_end_to_end_through_the_real_sdk(tmp_path: Path) 
         cluster.cloud.reclaim([victim], notice_seconds=2.0)
         await until("a replacement launch", lambda: _true(cluster.cloud.spot.launched == 3), 10)
         await until("back to 2 Ready", lambda: ready_pool(client, "tc", 2), 30)
+
+
+async def test_aws_provider_end_to_end_through_boto3(tmp_path: Path) -> None:
+    """The same controller with the aws provider: boto3 signs SigV4 requests to the EC2 fake, which sells
+    instances from the same emulated cloud; nodes are matched by their aws:/// providerID."""
+    from gpuops.sim.cloud.ec2 import Ec2Server
+
+    async with running(tmp_path) as (cluster, client), \
+            Ec2Server(cluster.cloud, access_key_id="AKIATEST", secret_access_key="s3cret") as ec2:
+        keys = {"accessKeyId": base64.b64encode(b"AKIATEST").decode(),
+                "secretAccessKey": base64.b64encode(b"s3cret").decode()}
+        await client.create(SECRETS, {"apiVersion": "v1", "kind": "Secret",
+                                      "metadata": {"name": "aws", "namespace": "gpuops-system"}, "data": keys},
+                            "gpuops-system")
+        body = pool_body(cluster, "ec2", minimum=2, maximum=3, provider="aws", endpoint=ec2.url,
+                         credentialsSecretRef={"name": "aws", "namespace": "gpuops-system"})
+        body["spec"]["template"].update(region="us-east-1", image="ami-12345678")
+        await client.create(POOLS, body)
+        pool = await until("2 Ready instances through EC2", lambda: ready_pool(client, "ec2", 2), 30)
+        assert all(i.id.startswith("i-") and i.node_name for i in pool.status.instances)
+        for i in pool.status.instances:
+            node = await client.get(NODES, i.node_name or "")
+            assert node.spec.provider_id.startswith("aws:///") and node.spec.provider_id.endswith(i.id)
+        assert cluster.cloud.spot.launched == 2
+        cluster.cloud.reclaim([pool.status.instances[0].id], notice_seconds=2.0)
+        await until("a replacement launch", lambda: _true(cluster.cloud.spot.launched == 3), 10)
+        await until("back to 2 Ready", lambda: ready_pool(client, "ec2", 2), 30)
+        await client.delete(POOLS, "ec2")
+        await until("everything terminated", lambda: _true(live(cluster, "ec2") == []), 20)
