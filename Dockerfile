@@ -12,7 +12,8 @@ RUN groupadd --system --gid 65532 gpuops \
 WORKDIR /src
 COPY pyproject.toml README.md constraints.txt ./
 COPY gpuops ./gpuops
-RUN pip install --no-cache-dir -c constraints.txt /src \
+# [cloud]: the Tencent Cloud and AWS SDKs of the spot pool providers
+RUN pip install --no-cache-dir -c constraints.txt "/src[cloud]" \
  && rm -rf /src/build
 
 WORKDIR /home/gpuops
