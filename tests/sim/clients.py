@@ -570,6 +570,17 @@ class OfficialClient(_PythonClient):
     def _api(self, cls: str) -> Any:
         return getattr(self.module, cls)(self.api_client)
 
+    def table(self, res: Res, ns: str | None = "default") -> tuple[list[str], list[list[str]]]:
+        # kubernetes < 37 overwrites an Accept header given as `_headers` in its generated list methods, so the
+        # Table is asked for through the client's own call_api, still its configuration, auth and transport.
+        base = f"/apis/{res.group}/{res.version}" if res.group else f"/api/{res.version}"
+        path = f"{base}/namespaces/{ns}/{res.plural}" if res.namespaced and ns else f"{base}/{res.plural}"
+        out = self.api_client.call_api(path, "GET", header_params={"Accept": TABLE_ACCEPT},
+                                       response_types_map={200: "object"},
+                                       auth_settings=["BearerToken"], _return_http_data_only=True)
+        assert out["kind"] == "Table", out
+        return _rows_from_table(out)
+
     def _call(self, cls: str, method: str, *args: Any, **kwargs: Any) -> Any:
         try:
             out = getattr(self._api(cls), method)(*args, **kwargs)
@@ -686,13 +697,6 @@ class OfficialClient(_PythonClient):
 
         watching._stop = stop
         return watching
-
-    def table(self, res: Res, ns: str | None = "default") -> tuple[list[str], list[list[str]]]:
-        # The typed call returns `object` for custom resources, so the Table body comes through as a dict.
-        cls, m, a, kw = self._args(res, "list", ns)
-        out = self._call(cls, m, *a, _headers={"Accept": TABLE_ACCEPT}, **kw)
-        assert out["kind"] == "Table", out
-        return _rows_from_table(out)
 
 
 class AsyncioClient(_PythonClient):
