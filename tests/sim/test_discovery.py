@@ -53,6 +53,23 @@ def infos() -> list[ResourceInfo]:
     return [*builtin_resources(), gwb()]
 
 
+class _GroupVersionKind:
+    """kubernetes < 37 names a model it does not ship (IoK8sApimachineryPkgApisMetaV1GroupVersionKind) as the type
+    of aggregated discovery's responseKind; this stand-in, with the three required string fields, lets the rest
+    of the document still be checked against the client's models."""
+
+    openapi_types = {"group": "str", "version": "str", "kind": "str"}
+    attribute_map = {"group": "group", "version": "version", "kind": "kind"}
+
+    def __init__(self, group: str, version: str, kind: str, local_vars_configuration: Any = None) -> None:
+        self.group, self.version, self.kind = group, version, kind
+
+
+_GVK_MODEL = "IoK8sApimachineryPkgApisMetaV1GroupVersionKind"
+if not hasattr(kubernetes.client.models, _GVK_MODEL):
+    setattr(kubernetes.client.models, _GVK_MODEL, _GroupVersionKind)
+
+
 def deserialize(data: Any, klass: str) -> Any:
     """Decode with the official client's models, which reject missing required fields."""
     client = kubernetes.client.ApiClient()
