@@ -268,6 +268,8 @@ class SpotPoolReconciler:
             missing = [i for i in pl.instance_ids if i not in listed]
             # resolved: everything it bought is listed, or its answer was lost but the cloud did it
             if (pl.instance_ids and not missing) or (not pl.instance_ids and bought):
+                if not pl.instance_ids:
+                    self._replaced(pool.metadata.name, len(bought), views)
                 pl = None
             elif pl.instance_ids and now - (_t(pl.since) or now) > s.launch_resolve_seconds * _SECOND:
                 step.event("Warning", "LaunchLost", f"instances {', '.join(missing)} of launch {pl.client_token} "
@@ -420,9 +422,7 @@ class SpotPoolReconciler:
         except ProviderError as e:
             return pool, self._launch_failed(pool, step, pl, e, now)
         LAUNCHES.labels(name, "ok").inc(len(ids))
-        mine = {v.inst.id for v in views}
-        for iid in [i for i in self._awaiting if i in mine][:len(ids)]:
-            REPLACEMENT_SECONDS.labels(name).observe(time.monotonic() - self._awaiting.pop(iid))
+        self._replaced(name, len(ids), views)
         where = f" in {pl.zone}" if pl.zone else ""
         step.event("Normal", "Launched", f"launched {len(ids)} of {pl.count} {pl.capacity_type} {pl.instance_type}"
                    f"{where} (client token {pl.client_token}): {', '.join(ids)}")
@@ -439,6 +439,15 @@ class SpotPoolReconciler:
             self._condition(step, pool, cname, "False", reason, f"the last launch succeeded ({pl.client_token})")
         step.wake.append(now + round(self.settings.drain_recheck * _SECOND))
         return pool, None
+
+    def _replaced(self, pool: str, launched: int, views: list[View]) -> None:
+        """Instances launched while reclaimed ones waited: the oldest waits end (the latency histogram). After an
+        operator restart the wait counts from when this process first saw the reclaim."""
+        mine = {v.inst.id for v in views}
+        waiting = sorted((t, i) for i, t in self._awaiting.items() if i in mine)
+        for t, iid in waiting[:launched]:
+            REPLACEMENT_SECONDS.labels(pool).observe(time.monotonic() - t)
+            del self._awaiting[iid]
 
     def _launch_failed(self, pool: SpotPool, step: Step, pl: PendingLaunch, e: ProviderError,
                        now: int) -> Result | None:
