@@ -53,3 +53,11 @@ lock: | $(BIN)/python
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache demo.kubeconfig demo-operator.log
+
+# Regenerate the committed kubelet device-plugin gRPC modules from api.proto (`make test` never needs protoc).
+DEVICEPLUGIN := gpuops/kube/deviceplugin
+.PHONY: proto
+proto: install
+	$(BIN)/python -m grpc_tools.protoc -I$(DEVICEPLUGIN) --python_out=$(DEVICEPLUGIN) --grpc_python_out=$(DEVICEPLUGIN) \
+	  $(DEVICEPLUGIN)/api.proto
+	sed -i 's/^import api_pb2 as api__pb2$$/from . import api_pb2 as api__pb2/' $(DEVICEPLUGIN)/api_pb2_grpc.py

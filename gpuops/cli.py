@@ -19,6 +19,7 @@ informers (`manager.informer(...)`) and controllers and `manager.add(...)`s them
 CONTROLLERS.register("budget", "gpuops.controllers.budget:setup")
 CONTROLLERS.register("autoprovision", "gpuops.controllers.autoprovision:setup")
 CONTROLLERS.register("spotpool", "gpuops.controllers.spotpool.setup:setup")
+CONTROLLERS.register("migslicer", "gpuops.controllers.migslicer.setup:setup")
 
 
 def _add_apiserver_args(p: argparse.ArgumentParser) -> None:

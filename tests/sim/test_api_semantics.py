@@ -1130,6 +1130,33 @@ async def test_item36_pod_spec_immutability_and_scheduling_gates(api: Api) -> No
     assert r.status == 200 and not r.body["spec"].get("schedulingGates")
 
 
+async def test_item36_gated_pod_scheduling_directives_may_only_tighten(api: Api) -> None:
+    """KEP-3838 (GA 1.30): while gated, nodeSelector and required node affinity take additions only; once the
+    last gate is gone they are frozen like the rest of the spec."""
+    await api.ok("POST", PODS, pod("g", schedulingGates=[{"name": "a"}], nodeSelector={"zone": "z1"}))
+    r = await api.patch(f"{PODS}/g", {"spec": {"nodeSelector": {"kubernetes.io/hostname": "n1"}}})
+    assert r.status == 200 and r.body["spec"]["nodeSelector"] == {"zone": "z1", "kubernetes.io/hostname": "n1"}
+    r = await api.patch(f"{PODS}/g", {"spec": {"nodeSelector": {"zone": "z2"}}})
+    assert_status(r, 422, "Invalid")
+    assert any(c["field"] == "spec.nodeSelector" for c in causes(r))
+    term = {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["a100"]}]}
+    req = "requiredDuringSchedulingIgnoredDuringExecution"
+    r = await api.patch(f"{PODS}/g", {"spec": {"affinity": {"nodeAffinity": {req: {"nodeSelectorTerms": [term]}}}}})
+    assert r.status == 200
+    more = {"matchExpressions": [*term["matchExpressions"], {"key": "mig", "operator": "Exists"}]}
+    r = await api.patch(f"{PODS}/g", {"spec": {"affinity": {"nodeAffinity": {req: {"nodeSelectorTerms": [more]}}}}})
+    assert r.status == 200
+    r = await api.patch(f"{PODS}/g", {"spec": {"affinity": {"nodeAffinity": {req: {"nodeSelectorTerms": [term]}}}}})
+    assert_status(r, 422, "Invalid")  # a requirement removed
+    # pin and ungate in one update, as a controller does
+    r = await api.patch(f"{PODS}/g", {"spec": {"nodeSelector": {"zone": "z1", "kubernetes.io/hostname": "n1",
+                                                                "pool": "p"}, "schedulingGates": None}})
+    assert r.status == 200 and not r.body["spec"].get("schedulingGates")
+    r = await api.patch(f"{PODS}/g", {"spec": {"nodeSelector": {"extra": "x"}}})
+    b = assert_status(r, 422, "Invalid")  # no longer gated: frozen
+    assert "pod updates may not change fields other than" in b["message"]
+
+
 async def test_item37_dry_run_changes_nothing(api: Api) -> None:
     await install_crds(api)
     await api.ok("POST", CMS, cm("a", meta={"finalizers": ["example.com/x"]}))

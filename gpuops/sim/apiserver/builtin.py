@@ -274,10 +274,51 @@ def _mask_mutable(spec: dict[str, Any]) -> dict[str, Any]:
     return masked
 
 
+def _gated_directives(os_: dict[str, Any], ns_: dict[str, Any]) -> list[Cause]:
+    """KEP-3838 (GA in 1.30): while a pod is scheduling-gated its node selector and required node affinity may
+    be tightened (additions only); preferred node affinity may change freely."""
+    causes: list[Cause] = []
+    old_sel, new_sel = os_.get("nodeSelector") or {}, ns_.get("nodeSelector") or {}
+    if any(new_sel.get(k) != v for k, v in old_sel.items()):
+        causes.append(Cause("FieldValueForbidden", "Forbidden: only additions to spec.nodeSelector are allowed "
+                            "(no mutations or deletions)", "spec.nodeSelector"))
+    old_na = (os_.get("affinity") or {}).get("nodeAffinity")
+    new_na = (ns_.get("affinity") or {}).get("nodeAffinity")
+    if old_na is None:
+        return causes
+    key = "requiredDuringSchedulingIgnoredDuringExecution"
+    old_terms = ((old_na or {}).get(key) or {}).get("nodeSelectorTerms") or []
+    new_terms = ((new_na or {}).get(key) or {}).get("nodeSelectorTerms") or []
+    if not old_terms:
+        return causes
+    ok = len(old_terms) == len(new_terms) and all(
+        all((nt.get(f) or [])[:len(ot.get(f) or [])] == (ot.get(f) or []) for f in ("matchExpressions", "matchFields"))
+        for ot, nt in zip(old_terms, new_terms, strict=True))
+    if not ok:
+        causes.append(Cause("FieldValueForbidden", "Forbidden: only additions are allowed (no mutations or "
+                            "deletions)", f"spec.affinity.nodeAffinity.{key}"))
+    return causes
+
+
+def _mask_gated(spec: dict[str, Any]) -> dict[str, Any]:
+    masked = dict(spec)
+    masked.pop("nodeSelector", None)
+    affinity = dict(masked.pop("affinity", None) or {})
+    affinity.pop("nodeAffinity", None)
+    if affinity:
+        masked["affinity"] = affinity
+    return masked
+
+
 def validate_pod_update(old: dict[str, Any], new: dict[str, Any]) -> list[Cause]:
     os_, ns_ = old.get("spec") or {}, new.get("spec") or {}
     causes: list[Cause] = []
-    if _mask_mutable(os_) != _mask_mutable(ns_):
+    gated = bool(os_.get("schedulingGates"))
+    old_m, new_m = _mask_mutable(os_), _mask_mutable(ns_)
+    if gated:
+        old_m, new_m = _mask_gated(old_m), _mask_gated(new_m)
+        causes.extend(_gated_directives(os_, ns_))
+    if old_m != new_m:
         causes.append(Cause("FieldValueForbidden", _POD_MUTABLE_MSG, "spec"))
     old_tol, new_tol = os_.get("tolerations") or [], ns_.get("tolerations") or []
     if any(t not in new_tol for t in old_tol):

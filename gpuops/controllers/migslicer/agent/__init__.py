@@ -1,0 +1,3 @@
+"""The MIG slicer's node agent: it creates and destroys MIG slices on its node's GPUs for the allocator's
+claims. `gpus.MigBackend` does the MIG work over NVML (the real `pynvml`, or `fakenvml.FakeNVML` when the
+node is emulated). Nothing is imported here, so importing the package stays cheap."""

@@ -1,0 +1,398 @@
+"""The MIG allocator: choose where a gated pod's slices go, have the node agent make them, then let the default
+scheduler bind the pod there.
+
+One pod, from admission to its container holding the slices:
+  1. The webhook renamed `nvidia.com/mig-<p>` to `gpuops.io/mig-<p>` and added the gate `gpuops.io/mig-slicer`.
+  2. Plan: the MigNodes' slices plus every live claim (and the claims this process created that the cache has
+     not shown yet) are the occupancy; `gpuops.accounting.mig.place_in_cluster` picks node, GPUs and starts
+     among the nodes that admit the pod (nodeSelector, required affinity, taints; Ready, schedulable, agent
+     alive). One AllocationClaim per slice, owned by the pod, labelled with the node for its agent.
+     Nothing fits: the pod stays gated with the condition `gpuops.io/MigSlices=False` and a
+     FailedMigAllocation Event saying why; any change of MigNodes or claims wakes it.
+  3. The agent creates each slice and reports the claim Created (device UUID).
+  4. Advertise: the allocator annotates the claims (`gpuops.io/advertise`); the agent's device plugin then
+     offers those slices to the kubelet and sets `status.advertised`. Only one pod per (node, profile) is in
+     this state until its containers start: the kubelet gives a container any free device of the resource, and
+     with one candidate pod the free devices are exactly that pod's slices.
+  5. Ungate: one update pins the pod to the node (nodeSelector `kubernetes.io/hostname`, allowed on gated pods
+     since Kubernetes 1.30) and removes the gate; the default scheduler binds it; the kubelet's Allocate (the
+     agent's device plugin) marks the claims Bound.
+  6. A finished pod's claims become Released (the agent destroys the slices); a deleted pod's claims are
+     garbage-collected with it (the agent destroys slices whose claim is gone after a grace period).
+A claim the agent reports Failed, or one left Pending past `pending_timeout`, is deleted and the pod planned
+again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import msgspec
+import structlog
+
+from gpuops.accounting import mig
+from gpuops.accounting.errors import AccountingError
+from gpuops.controllers.scheduling import gpu_request, node_admits
+from gpuops.kube import conditions as cond
+from gpuops.kube.client import Client
+from gpuops.kube.controller import Controller, Request, Result
+from gpuops.kube.errors import AlreadyExists, ApiError, Conflict, NotFound
+from gpuops.kube.events import EventRecorder
+from gpuops.kube.informer import Informer
+from gpuops.kube.objects import Node, Pod
+from gpuops.kube.resources import PODS
+from gpuops.kube.times import format_time, parse_time_or_none, wall_clock
+
+from .api import (
+    ADVERTISE,
+    CLAIMS,
+    GATE,
+    NODE_LABEL,
+    OUR_PREFIX,
+    POD_UID_LABEL,
+    AllocationClaim,
+    MigNode,
+    claim_name,
+    profile_of_resource,
+)
+from .metrics import ALLOCATION_SECONDS, PLAN_FAILURES
+
+__all__ = [
+    "CONDITION",
+    "INDEX_CLAIMS_BY_POD",
+    "INDEX_GATED",
+    "Allocator",
+    "Settings",
+    "claims_by_pod",
+    "gated",
+    "requested_profiles",
+]
+
+log = structlog.get_logger("gpuops.controllers.migslicer")
+
+CONDITION = "gpuops.io/MigSlices"
+INDEX_GATED = "gpuops.io/mig-gated"
+INDEX_CLAIMS_BY_POD = "gpuops.io/pod-uid"
+HOSTNAME = "kubernetes.io/hostname"
+_SECOND = 1_000_000
+_LIVE = ("Pending", "Created", "Bound")
+_DONE = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    pending_timeout: float = 60.0
+    """A claim still Pending after this (its agent is gone or stuck) is deleted and the pod planned again."""
+    agent_stale: float = 120.0
+    """A MigNode whose heartbeat is older than this is not planned on (its agent is down)."""
+    retry: float = 30.0
+    """How often a pod that fits nowhere is looked at again even without a capacity change."""
+    failed_backoff: float = 2.0
+
+
+def gated(pod: Pod) -> tuple[str, ...]:
+    """Index function: pods carrying our scheduling gate."""
+    return ("",) if any(g.name == GATE for g in pod.spec.scheduling_gates or ()) else ()
+
+
+def claims_by_pod(claim: AllocationClaim) -> tuple[str, ...]:
+    return (claim.spec.pod_uid,) if claim.spec.pod_uid else ()
+
+
+def requested_profiles(pod: Pod) -> list[str]:
+    """One profile name per slice the pod needs (its effective request of each `gpuops.io/mig-*` resource:
+    init containers and sidecars counted as the scheduler counts them)."""
+    names: set[str] = set()
+    for c in (*(pod.spec.init_containers or ()), *(pod.spec.containers or ())):
+        r = c.resources
+        if r is not None:
+            names.update(k for k in (*(r.requests or {}), *(r.limits or {})) if k.startswith(OUR_PREFIX))
+    out: list[str] = []
+    for resource in sorted(names):
+        profile = profile_of_resource(resource)
+        count = gpu_request(pod, resource)
+        if profile is None or count <= 0:
+            continue
+        out.extend([profile] * math.ceil(count))
+    return out
+
+
+class Allocator:
+    def __init__(
+        self,
+        client: Client,
+        pods: Informer[Pod],
+        nodes: Informer[Node],
+        mig_nodes: Informer[MigNode],
+        claims: Informer[AllocationClaim],
+        recorder: EventRecorder,
+        *,
+        settings: Settings | None = None,
+        clock: Callable[[], int] = wall_clock,
+    ) -> None:
+        self.client = client
+        self.pods = pods
+        self.nodes = nodes
+        self.mig_nodes = mig_nodes
+        self.claims = claims
+        self.recorder = recorder
+        self.settings = settings or Settings()
+        self.clock = clock
+        self.controller: Controller | None = None
+        # claims created by this process that the cache may not show yet: planning counts them, so two pods
+        # planned back to back never get the same slice
+        self._reserved: dict[str, AllocationClaim] = {}
+        self._seen_waiting: dict[str, int] = {}  # pod uid -> when we first saw it gated (for the metric)
+
+    # ------------------------------------------------------------------------------------------ mapping
+
+    def map_pod(self, pod: Pod) -> list[Request]:
+        if gated(pod) or self.claims.store.by_index(INDEX_CLAIMS_BY_POD, pod.metadata.uid):
+            return [Request(pod.metadata.namespace, pod.metadata.name)]
+        return []
+
+    def map_capacity(self, _obj: object) -> list[Request]:
+        """A MigNode or claim changed: every gated pod may now fit (or may now be ungated)."""
+        return [Request(p.metadata.namespace, p.metadata.name) for p in self.pods.store.by_index(INDEX_GATED, "")]
+
+    def map_claim(self, claim: AllocationClaim) -> list[Request]:
+        own = [Request(claim.metadata.namespace, claim.spec.pod_name)]
+        return own + [r for r in self.map_capacity(claim) if r != own[0]]
+
+    # ------------------------------------------------------------------------------------------ reconcile
+
+    async def reconcile(self, req: Request) -> Result | None:
+        pod = self.pods.store.get(f"{req.namespace}/{req.name}")
+        if pod is None:
+            return None  # its claims go with it (ownerReferences); the agent destroys their slices
+        claims = self._claims_of(pod)
+        if pod.status.phase in _DONE or pod.metadata.deletion_timestamp:
+            for c in claims:
+                await self._release(c)
+            return None
+        if not gated(pod):
+            return None
+        profiles = requested_profiles(pod)
+        if not profiles:
+            await self._ungate(pod, None, "the pod asks for no MIG slice")
+            return None
+        now = self.clock()
+        self._seen_waiting.setdefault(pod.metadata.uid, now)
+        live = [c for c in claims if c.status.phase in _LIVE]
+        broken = [c for c in claims if c.status.phase == "Failed" or self._stuck(c, now)]
+        if broken or (live and sorted(c.spec.profile for c in live) != sorted(profiles)):
+            why = broken[0].status.message if broken else "the pod's request changed"
+            log.info("replanning pod", pod=_key(pod), reason=why)
+            for c in claims:
+                await self._delete(c)
+            return Result(requeue_after=self.settings.failed_backoff)
+        if not live:
+            return await self._plan(pod, profiles)
+        if any(c.status.phase == "Pending" for c in live):
+            created = min(parse_time_or_none(c.metadata.creation_timestamp) or now for c in live)
+            return Result(requeue_after=max(0.1, (created + self.settings.pending_timeout * _SECOND - now) / _SECOND))
+        # every slice exists: advertise them (one pod per node and profile at a time), then ungate
+        node = live[0].spec.node_name
+        if not all(ADVERTISE in (c.metadata.annotations or {}) for c in live):
+            busy = self._in_flight(node, {c.spec.profile for c in live}, pod.metadata.uid)
+            if busy:
+                return None  # that pod's start (or deletion) wakes us through its claims
+            for c in live:
+                await self._annotate(c)
+            return None
+        if not all(c.status.advertised for c in live):
+            return None  # the agent's status write wakes us
+        await self._ungate(pod, node, f"{len(live)} slice(s) on {node}: "
+                           + ", ".join(f"{c.spec.profile}@{c.spec.gpu_uuid[:12]}/{c.spec.start}" for c in live))
+        return None
+
+    # ------------------------------------------------------------------------------------------ planning
+
+    def _claims_of(self, pod: Pod) -> list[AllocationClaim]:
+        cached = {c.metadata.name: c for c in self.claims.store.by_index(INDEX_CLAIMS_BY_POD, pod.metadata.uid)}
+        for name, c in list(self._reserved.items()):
+            if self.claims.store.get(f"{c.metadata.namespace}/{name}") is not None:
+                del self._reserved[name]  # the cache has it now
+            elif c.spec.pod_uid == pod.metadata.uid:
+                cached.setdefault(name, c)
+        return list(cached.values())
+
+    def _stuck(self, claim: AllocationClaim, now: int) -> bool:
+        if claim.status.phase != "Pending":
+            return False
+        created = parse_time_or_none(claim.metadata.creation_timestamp)
+        return created is not None and now - created > self.settings.pending_timeout * _SECOND
+
+    def _occupancy(self) -> dict[str, dict[str, set[tuple[int, int, str]]]]:
+        """node -> GPU UUID -> (start, size, profile) of every slice that exists or is claimed."""
+        out: dict[str, dict[str, set[tuple[int, int, str]]]] = {}
+        for mn in self.mig_nodes.store.list():
+            gpus = out.setdefault(mn.spec.node_name or mn.metadata.name, {})
+            for g in mn.status.gpus:
+                held = gpus.setdefault(g.uuid, set())
+                held.update((s.start, s.size, s.profile) for s in g.slices)
+        for c in [*self.claims.store.list(), *self._reserved.values()]:
+            if c.status.phase in _LIVE:
+                out.setdefault(c.spec.node_name, {}).setdefault(c.spec.gpu_uuid, set()).add(
+                    (c.spec.start, c.spec.size, c.spec.profile))
+        return out
+
+    def _candidates(self, pod: Pod, now: int) -> tuple[list[mig.Node], Counter[str]]:
+        held = self._occupancy()
+        out: list[mig.Node] = []
+        why: Counter[str] = Counter()
+        for mn in self.mig_nodes.store.list():
+            name = mn.spec.node_name or mn.metadata.name
+            node = self.nodes.store.get(name)
+            beat = parse_time_or_none(mn.status.heartbeat)
+            if node is None or not cond.is_true(node.status.conditions, "Ready"):
+                why["node not Ready"] += 1
+                continue
+            if node.spec.unschedulable:
+                why["node cordoned"] += 1
+                continue
+            if beat is None or now - beat > self.settings.agent_stale * _SECOND:
+                why["agent not reporting"] += 1
+                continue
+            if not node_admits(pod, name, node.metadata.labels or {}, node.spec.taints or ()):
+                why["node selector, affinity or taints"] += 1
+                continue
+            gpus = []
+            for g in mn.status.gpus:
+                if g.mig_mode != "Enabled":
+                    continue
+                slices = held.get(name, {}).get(g.uuid, set())
+                gpus.append(mig.GPU(g.uuid, g.model, tuple(mig.Placement(p, s, z) for s, z, p in sorted(slices))))
+            if gpus:
+                out.append(mig.Node(name, tuple(gpus)))
+            else:
+                why["no MIG-enabled GPU"] += 1
+        return out, why
+
+    async def _plan(self, pod: Pod, profiles: list[str]) -> Result | None:
+        now = self.clock()
+        candidates, why = self._candidates(pod, now)
+        try:
+            plan = mig.place_in_cluster(candidates, profiles)
+        except AccountingError as e:
+            await self._no_fit(pod, "InvalidRequest", f"cannot place {', '.join(profiles)}: {e}")
+            return None
+        if plan is None:
+            if candidates:
+                why["not enough free slices in a placement that fits"] += len(candidates)
+            reasons = "; ".join(f"{n} {w}" for w, n in why.most_common()) or "no MIG node reports"
+            await self._no_fit(pod, "NoCapacity", f"no node can hold {', '.join(profiles)} now ({reasons}); "
+                               "retried when slices are freed")
+            return Result(requeue_after=self.settings.retry)
+        uid = pod.metadata.uid
+        for i, gp in enumerate(plan.slices):
+            body = {
+                "apiVersion": "gpuops.io/v1alpha1", "kind": "AllocationClaim",
+                "metadata": {"name": claim_name(pod.metadata.name, uid, i), "namespace": pod.metadata.namespace,
+                             "labels": {NODE_LABEL: plan.node, POD_UID_LABEL: uid},
+                             "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod.metadata.name,
+                                                  "uid": uid, "controller": True, "blockOwnerDeletion": False}]},
+                "spec": {"podName": pod.metadata.name, "podUID": uid, "nodeName": plan.node, "gpuUUID": gp.gpu,
+                         "profile": gp.placement.profile, "start": gp.placement.start, "size": gp.placement.size},
+            }
+            try:
+                made = await self.client.create(CLAIMS, body, namespace=pod.metadata.namespace)
+            except AlreadyExists:
+                continue  # an earlier attempt made it: the cache brings it
+            self._reserved[made.metadata.name] = made
+        log.info("slices planned", pod=_key(pod), node=plan.node,
+                 slices=[f"{s.placement.profile}@{s.gpu}/{s.placement.start}" for s in plan.slices])
+        return None
+
+    def _in_flight(self, node: str, profiles: set[str], uid: str) -> bool:
+        """Another pod on this node holds advertised slices of one of these profiles and has not started."""
+        for c in self.claims.store.list():
+            if (c.spec.node_name != node or c.spec.pod_uid == uid or c.spec.profile not in profiles
+                    or c.status.phase != "Created" or ADVERTISE not in (c.metadata.annotations or {})):
+                continue
+            other = self.pods.store.get(f"{c.metadata.namespace}/{c.spec.pod_name}")
+            if other is not None and other.metadata.uid == c.spec.pod_uid and other.status.phase == "Pending":
+                return True
+        return False
+
+    # ------------------------------------------------------------------------------------------ writes
+
+    async def _annotate(self, claim: AllocationClaim) -> None:
+        with contextlib.suppress(NotFound):
+            await self.client.patch(CLAIMS, claim.metadata.name, {"metadata": {"annotations": {
+                ADVERTISE: format_time(self.clock())}}}, namespace=claim.metadata.namespace)
+
+    async def _release(self, claim: AllocationClaim) -> None:
+        if claim.status.phase == "Released":
+            return
+        with contextlib.suppress(NotFound):
+            await self.client.patch(CLAIMS, claim.metadata.name, {"status": {"phase": "Released",
+                                    "message": "the pod finished"}}, namespace=claim.metadata.namespace,
+                                    subresource="status")
+
+    async def _delete(self, claim: AllocationClaim) -> None:
+        self._reserved.pop(claim.metadata.name, None)
+        with contextlib.suppress(NotFound):
+            await self.client.delete(CLAIMS, claim.metadata.name, claim.metadata.namespace)
+
+    async def _ungate(self, pod: Pod, node: str | None, message: str) -> None:
+        gates = [msgspec.to_builtins(g) for g in pod.spec.scheduling_gates or () if g.name != GATE]
+        spec: dict[str, object] = {"schedulingGates": gates or None}
+        if node is not None:
+            spec["nodeSelector"] = {**(pod.spec.node_selector or {}), HOSTNAME: node}
+        try:
+            await self.client.patch(PODS, pod.metadata.name, {
+                "metadata": {"resourceVersion": pod.metadata.resource_version}, "spec": spec},
+                namespace=pod.metadata.namespace)
+        except (Conflict, NotFound) as e:
+            log.debug("ungate skipped", pod=_key(pod), error=str(e))
+            return
+        except ApiError as e:
+            await self._no_fit(pod, "UngateRefused", f"the pod could not be pinned to {node}: {e}")
+            return
+        started = self._seen_waiting.pop(pod.metadata.uid, None)
+        created = parse_time_or_none(pod.metadata.creation_timestamp)
+        if node is not None:
+            ALLOCATION_SECONDS.observe(max(0.0, (self.clock() - (created or started or self.clock())) / _SECOND))
+            await self._condition(pod, "True", "Allocated", message)
+            self.recorder.record(pod, "Normal", "MigSlicesAllocated", message)
+        log.info("pod ungated", pod=_key(pod), node=node)
+
+    async def _no_fit(self, pod: Pod, reason: str, message: str) -> None:
+        PLAN_FAILURES.labels(reason).inc()
+        changed = await self._condition(pod, "False", reason, message)
+        if changed:
+            self.recorder.record(pod, "Warning", "FailedMigAllocation", message)
+            log.info("pod waits for MIG capacity", pod=_key(pod), reason=reason, message=message)
+
+    async def _condition(self, pod: Pod, value: str, reason: str, message: str) -> bool:
+        """Set our pod condition; True when it changed (so an Event is worth sending)."""
+        items = cond.set_condition(pod.status.conditions, CONDITION, value, reason, message[:1024],
+                                   now=format_time(wall_clock() // _SECOND * _SECOND))
+        current = cond.get_condition(pod.status.conditions, CONDITION)
+        if current is not None and (current.status, current.reason, current.message) == (value, reason, message[:1024]):
+            return False
+        mine = next(c for c in items if c["type"] == CONDITION)
+        try:
+            await self.client.patch(PODS, pod.metadata.name, {"status": {"conditions": [mine]}},
+                                    namespace=pod.metadata.namespace, patch_type="strategic",
+                                    subresource="status")
+        except (NotFound, Conflict):
+            return False
+        except ApiError as e:
+            log.info("pod condition not written", pod=_key(pod), error=str(e))
+            return False
+        return True
+
+
+def _key(pod: Pod) -> str:
+    return f"{pod.metadata.namespace}/{pod.metadata.name}"
+
+
+def waiting(pods: Iterable[Pod]) -> int:
+    return sum(1 for p in pods if gated(p))
+

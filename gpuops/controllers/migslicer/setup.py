@@ -1,0 +1,84 @@
+"""Wiring of the MIG allocator into a `Manager`: informers (pods and nodes shared with the other controllers,
+MigNodes, claims), the allocator's controller, Events and metrics. `gpuops run` calls `setup` through its
+ControllerRegistry. The admission webhook is installed separately (it serves on every replica)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpuops.kube.controller import Controller, Predicate, resource_version_changed
+from gpuops.kube.events import EventRecorder
+from gpuops.kube.manager import Manager
+from gpuops.kube.resources import NODES, PODS
+from gpuops.kube.times import wall_clock
+
+from .allocator import INDEX_CLAIMS_BY_POD, INDEX_GATED, Allocator, Settings, claims_by_pod, gated
+from .api import CLAIMS, MIG_NODES, MigNode
+from .metrics import STATE_COLLECTOR
+
+__all__ = ["COMPONENT", "CONTROLLER_NAME", "MigAllocatorController", "install", "setup"]
+
+CONTROLLER_NAME = "migslicer"
+COMPONENT = "gpuops-mig-allocator"
+
+
+@dataclass(frozen=True, slots=True)
+class MigAllocatorController:
+    allocator: Allocator
+    controller: Controller
+    recorder: EventRecorder
+
+
+def _slices_changed(old: MigNode, new: MigNode) -> bool:
+    """Heartbeats alone do not wake gated pods; a change of GPUs or slices does."""
+    return old.status.gpus != new.status.gpus
+
+
+def install(
+    manager: Manager,
+    *,
+    settings: Settings | None = None,
+    clock: Callable[[], int] = wall_clock,
+    **controller_options: Any,
+) -> MigAllocatorController:
+    pods = manager.informer(PODS)
+    pods.add_index(INDEX_GATED, gated)
+    nodes = manager.informer(NODES)
+    mig_nodes = manager.informer(MIG_NODES)
+    claims = manager.informer(CLAIMS, namespace=None)
+    claims.add_index(INDEX_CLAIMS_BY_POD, claims_by_pod)
+    recorder = EventRecorder(manager.client, COMPONENT)
+    allocator = Allocator(manager.client, pods, nodes, mig_nodes, claims, recorder, settings=settings, clock=clock)
+    # one worker: plans see each other's claims at once (the in-process reservations), never the same slice
+    controller = Controller(CONTROLLER_NAME, allocator.reconcile, client=manager.client,
+                            **{"max_concurrent_reconciles": 1, **controller_options})
+    controller.watch(pods, allocator.map_pod, predicates=[resource_version_changed()])
+    controller.watch(mig_nodes, allocator.map_capacity, predicates=[Predicate(update=_slices_changed)])
+    controller.watch(claims, allocator.map_claim, predicates=[resource_version_changed()])
+    allocator.controller = controller
+    manager.add(controller)
+
+    def _gated() -> int:
+        return len(pods.store.by_index(INDEX_GATED, ""))
+
+    async def side_tasks() -> None:
+        unregister = STATE_COLLECTOR.register((mig_nodes.store.list, claims.store.list, _gated))
+        recorder.start()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            unregister()
+            await recorder.stop(timeout=2.0)
+
+    manager.add_runnable(f"{CONTROLLER_NAME}-events-and-metrics", side_tasks)
+    return MigAllocatorController(allocator, controller, recorder)
+
+
+async def setup(manager: Manager) -> None:
+    """The ControllerRegistry entry."""
+    install(manager)
+
+

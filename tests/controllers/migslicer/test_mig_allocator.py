@@ -1,0 +1,241 @@
+"""The MIG allocator on the emulated cluster, with the test playing the node agent (it reports the node's GPUs in
+a MigNode, makes claimed slices "exist", offers them to the kubelet by raising the node's allocatable, and
+frees released ones): a gated pod is planned, ungated and pinned, and runs; a pod that fits nowhere stays
+gated with a condition and an Event, and is placed once the first pod's slices are released."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+from gpuops.accounting import mig
+from gpuops.controllers.migslicer.allocator import CONDITION, Settings
+from gpuops.controllers.migslicer.api import (
+    ADVERTISE,
+    CLAIMS,
+    GATE,
+    MIG_NODES,
+    AllocationClaim,
+    resource_of_profile,
+)
+from gpuops.controllers.migslicer.setup import install
+from gpuops.kube import conditions as cond
+from gpuops.kube.client import Client
+from gpuops.kube.errors import ApiError, NotFound
+from gpuops.kube.manager import Manager
+from gpuops.kube.resources import EVENTS, NODES, PODS
+from gpuops.kube.times import format_time, wall_clock
+from gpuops.sim.cluster.cluster import SimCluster
+from gpuops.sim.scenario import parse
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parents[3]
+CRDS = [ROOT / "manifests" / "crds" / f"{n}.gpuops.io.yaml" for n in ("mignodes", "allocationclaims")]
+NS = "work"
+NODE = "mig-0"
+GPUS = [str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{NODE}/{i}")) for i in range(2)]
+
+pytestmark = pytest.mark.anyio
+
+SCENARIO = {
+    "name": "mig-allocator-tests",
+    "namespaces": [NS],
+    "kubelet": {"startLatencySeconds": 0.05, "leaseSeconds": 0.3, "nodeStatusSeconds": 5, "events": False},
+    "scheduler": {"events": False},
+    "nodeGroups": [{"name": "mig", "gpuModel": "A100-40GB", "gpusPerNode": 2, "count": 1}],
+}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def until(what: str, probe: Callable[[], Awaitable[T | None]], within: float = 15.0) -> T:
+    deadline = time.monotonic() + within
+    while True:
+        got = await probe()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+class FakeAgent:
+    """What the node agent does, reduced to its effects on the API: MigNode, claim status, node allocatable."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.slices: dict[str, tuple[str, int, int, str]] = {}  # claim key -> (gpu, start, size, profile)
+        self.offered: dict[str, int] = {}
+
+    async def publish(self) -> None:
+        gpus = []
+        for i, g in enumerate(GPUS):
+            mine = sorted((s for s in self.slices.items() if s[1][0] == g), key=lambda s: s[1][1])
+            gpus.append({"index": i, "uuid": g, "model": "A100-40GB", "migMode": "Enabled",
+                         "slices": [{"profile": p, "start": st, "size": sz, "deviceUUID": f"MIG-{k}", "claim": k}
+                                    for k, (_, st, sz, p) in mine]})
+        body = {"apiVersion": "gpuops.io/v1alpha1", "kind": "MigNode", "metadata": {"name": NODE},
+                "spec": {"nodeName": NODE}}
+        with contextlib.suppress(ApiError):
+            await self.client.create(MIG_NODES, body)
+        await self.client.patch(MIG_NODES, NODE, {"status": {"backend": "emulated", "gpus": gpus,
+                                                            "heartbeat": format_time(wall_clock())}},
+                                subresource="status")
+
+    async def step(self) -> None:
+        _, claims = await self.client.list(CLAIMS, namespace=NS)
+        changed = False
+        offered: dict[str, int] = {}
+        for c in claims:
+            key = f"{c.metadata.namespace}/{c.metadata.name}"
+            if c.status.phase == "Pending":
+                self.slices[key] = (c.spec.gpu_uuid, c.spec.start, c.spec.size, c.spec.profile)
+                await self._status(c, {"phase": "Created", "deviceUUID": f"MIG-{key}"})
+                changed = True
+            elif c.status.phase == "Released" and key in self.slices:
+                del self.slices[key]
+                changed = True
+            elif (c.status.phase == "Created" and ADVERTISE in (c.metadata.annotations or {})
+                  and not c.status.advertised):
+                await self._status(c, {"advertised": True})
+            if c.status.phase in ("Created", "Bound") and ADVERTISE in (c.metadata.annotations or {}):
+                r = resource_of_profile(c.spec.profile)
+                offered[r] = offered.get(r, 0) + 1
+        live = {f"{c.metadata.namespace}/{c.metadata.name}" for c in claims}
+        for key in [k for k in self.slices if k not in live]:
+            del self.slices[key]
+            changed = True
+        if changed:
+            await self.publish()
+        if offered != self.offered:
+            zero = {r: "0" for r in self.offered}
+            res = {**zero, **{r: str(n) for r, n in offered.items()}}
+            await self.client.patch(NODES, NODE, {"status": {"capacity": res, "allocatable": res}},
+                                    subresource="status")
+            self.offered = offered
+
+    async def _status(self, c: AllocationClaim, status: dict[str, Any]) -> None:
+        with contextlib.suppress(NotFound):
+            await self.client.patch(CLAIMS, c.metadata.name, {"status": status}, namespace=NS, subresource="status")
+
+    async def run(self) -> None:
+        while True:
+            await self.step()
+            await asyncio.sleep(0.05)
+
+
+@asynccontextmanager
+async def running(tmp_path: Path) -> AsyncIterator[tuple[SimCluster, Client, FakeAgent]]:
+    async with SimCluster(parse(SCENARIO), workload=False) as cluster:
+        cluster.write_kubeconfig(tmp_path / "k")
+        client = await Client.from_kubeconfig(str(tmp_path / "k"))
+        for crd in CRDS:
+            await client.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+                                 body=json.dumps(yaml.safe_load(crd.read_text())).encode(),
+                                 content_type="application/json")
+
+        async def served() -> bool:
+            try:
+                await client.list(CLAIMS)
+                await client.list(MIG_NODES)
+            except ApiError:
+                return False
+            return True
+
+        await until("CRDs served", served, 10)
+        agent = FakeAgent(client)
+        await agent.publish()
+        mgr = Manager(client, metrics_bind_address="0", health_probe_bind_address="0")
+        install(mgr, settings=Settings(retry=1.0))
+        task = asyncio.create_task(mgr.run())
+        agent_task = asyncio.create_task(agent.run())
+        try:
+            yield cluster, client, agent
+        finally:
+            agent_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await agent_task
+            mgr.request_stop()
+            await asyncio.wait_for(task, 15)
+            await client.close()
+
+
+def mig_pod(name: str, profiles: dict[str, int], runtime: float = 30.0) -> dict[str, Any]:
+    """A pod as the webhook leaves it: resources renamed, gate added."""
+    limits = {resource_of_profile(p): str(n) for p, n in profiles.items()}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "annotations": {"sim.gpuops.io/runtime-seconds": str(runtime)}},
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
+                     "schedulingGates": [{"name": GATE}],
+                     "containers": [{"name": "main", "image": "cuda",
+                                     "resources": {"limits": limits, "requests": limits}}]}}
+
+
+async def claims_of(client: Client, pod: str) -> list[AllocationClaim]:
+    return [c for c in (await client.list(CLAIMS, namespace=NS))[1] if c.spec.pod_name == pod]
+
+
+async def test_gated_pod_is_planned_pinned_and_runs(tmp_path: Path) -> None:
+    async with running(tmp_path) as (_cluster, client, _agent):
+        # [3g.20gb, 4g.20gb] on one A100-40GB: first-fit (DAS) puts 3g at 0 and then 4g has nowhere to go
+        await client.create(PODS, mig_pod("train", {"3g.20gb": 1, "4g.20gb": 1}), NS)
+
+        async def ran() -> bool:
+            p = await client.get(PODS, "train", NS)
+            return p.status.phase == "Running"
+
+        await until("the pod runs", ran)
+        pod = await client.get(PODS, "train", NS)
+        assert not pod.spec.scheduling_gates and pod.spec.node_selector == {"kubernetes.io/hostname": NODE}
+        assert pod.spec.node_name == NODE
+        c = cond.get_condition(pod.status.conditions, CONDITION)
+        assert c is not None and c.status == "True" and c.reason == "Allocated"
+        claims = await claims_of(client, "train")
+        assert len(claims) == 2 and len({x.spec.gpu_uuid for x in claims}) == 1  # one GPU; the other stays empty
+        layout = [mig.Placement(x.spec.profile, x.spec.start, x.spec.size) for x in claims]
+        mig.check_layout(mig.geometry("A100-40GB"), layout)  # no overlap, legal starts
+        assert all(x.metadata.owner_references and x.metadata.owner_references[0].uid == pod.metadata.uid
+                   for x in claims)
+
+
+async def test_no_fit_waits_with_a_reason_then_runs_when_capacity_frees(tmp_path: Path) -> None:
+    async with running(tmp_path) as (_cluster, client, _agent):
+        await client.create(PODS, mig_pod("big-0", {"7g.40gb": 1}, runtime=2.0), NS)
+        await client.create(PODS, mig_pod("big-1", {"7g.40gb": 1}, runtime=2.0), NS)
+        await client.create(PODS, mig_pod("big-2", {"7g.40gb": 1}, runtime=2.0), NS)
+
+        async def waiting_with_reason() -> str | None:
+            for name in ("big-0", "big-1", "big-2"):
+                p = await client.get(PODS, name, NS)
+                c = cond.get_condition(p.status.conditions, CONDITION)
+                if p.spec.scheduling_gates and c is not None and c.status == "False" and c.reason == "NoCapacity":
+                    return name
+            return None
+
+        name = await until("a third 7g pod waiting with NoCapacity", waiting_with_reason)
+        _, events = await client.list(EVENTS, namespace=NS)
+        assert any(e.reason == "FailedMigAllocation" and e.involved_object.name == name for e in events)
+
+        async def all_done() -> bool:
+            for n in ("big-0", "big-1", "big-2"):
+                p = await client.get(PODS, n, NS)
+                if p.status.phase != "Succeeded":
+                    return False
+            return True
+
+        await until("all three ran (the third after a slice was released)", all_done, 30)
+        released = [c for c in (await client.list(CLAIMS, namespace=NS))[1] if c.status.phase == "Released"]
+        assert len(released) == 3
