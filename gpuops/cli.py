@@ -111,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-operator", action="store_true", help="do not start `gpuops run`")
     run = sub.add_parser("run", help="run the controllers against a cluster (the operator's entrypoint)")
     _add_run_args(run)
+    agent = sub.add_parser("agent", help="the MIG node agent (one per MIG node: slices, device plugins, MigNode)")
+    from .controllers.migslicer.agent.main import add_arguments as _agent_args
+
+    _agent_args(agent)
     mig = sub.add_parser("mig", help="MIG planning tools (no GPU needed)")
     mig_sub = mig.add_subparsers(dest="mig_command", metavar="MIG_COMMAND")
     # `plan` parses its own arguments (gpuops.accounting.migplan): prefix_chars="+" keeps this parser from
@@ -308,6 +312,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_cluster(args)
     if args.command == "run":
         return asyncio.run(_run_manager(args))
+    if args.command == "agent":
+        from .controllers.migslicer.agent.main import run as run_agent
+
+        return asyncio.run(run_agent(args))
     if args.command == "mig" and args.mig_command == "plan":
         from . import migplan
 

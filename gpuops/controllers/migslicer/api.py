@@ -74,12 +74,13 @@ class _Api(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
 # ---------------------------------------------------------------------------------------------- MigNode
 
 
-class MigSlice(_Api):
+class MigSlice(_Api, kw_only=True):
     """One GPU instance (plus its compute instance) on a GPU."""
 
-    profile: str = ""
-    start: int = 0
-    size: int = 0
+    # required (never left out as a default): the CRD needs them, and start 0 is a real placement
+    profile: str
+    start: int
+    size: int
     device_uuid: str = msgspec.field(default="", name="deviceUUID")
     """MIG-<uuid>: what NVIDIA_VISIBLE_DEVICES names."""
     claim: str = ""
@@ -88,10 +89,10 @@ class MigSlice(_Api):
     compute_instance_id: int | None = None
 
 
-class MigGPU(_Api):
-    index: int = 0
-    uuid: str = ""
-    model: str = ""
+class MigGPU(_Api, kw_only=True):
+    index: int
+    uuid: str
+    model: str
     """Our model key (A100-40GB, H100-80GB, ...), which `gpuops.accounting.mig` knows the geometry of."""
     product: str = ""
     memory_mib: int = msgspec.field(default=0, name="memoryMiB")
@@ -125,7 +126,7 @@ MIG_NODES: Final = ResourceType(GROUP, VERSION, "mignodes", MIG_NODE_KIND, False
 # ---------------------------------------------------------------------------------------------- AllocationClaim
 
 
-class ClaimSpec(_Api):
+class ClaimSpec(_Api, kw_only=True):
     """Where one slice of one pod goes; immutable once written (a new decision is a new claim)."""
 
     pod_name: str = ""
@@ -133,7 +134,7 @@ class ClaimSpec(_Api):
     node_name: str = ""
     gpu_uuid: str = msgspec.field(default="", name="gpuUUID")
     profile: str = ""
-    start: int = 0
+    start: int
     size: int = 0
 
 
@@ -151,7 +152,7 @@ class ClaimStatus(_Api):
 
 class AllocationClaim(_Api):
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
-    spec: ClaimSpec = msgspec.field(default_factory=ClaimSpec)
+    spec: ClaimSpec = msgspec.field(default_factory=lambda: ClaimSpec(start=0))
     status: ClaimStatus = msgspec.field(default_factory=ClaimStatus)
 
 

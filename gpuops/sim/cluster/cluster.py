@@ -103,7 +103,10 @@ class SimCluster:
         faults: bool = True,
         tls: bool = False,
         manifests: Sequence[Path] = (),
+        device_plugin_root: str | Path | None = None,
     ) -> None:
+        """`device_plugin_root`: MIG-capable nodes' kubelets serve device-plugin registration on
+        `<root>/<node>/kubelet.sock` (where `gpuops agent --device-plugin-dir` points)."""
         self.scenario = scenario
         self.manifests = list(manifests)
         self.server = APIServer(
@@ -123,6 +126,7 @@ class SimCluster:
                 lease_seconds=k.lease_seconds,
                 node_status_seconds=k.node_status_seconds,
                 events=k.events,
+                device_plugin_root=None if device_plugin_root is None else str(device_plugin_root),
             ),
         )
         self.scheduler = Scheduler(self.server, SchedulerOptions(scoring=s.scoring, events=s.events))

@@ -13,6 +13,7 @@ timestamps (which Kubernetes truncates to seconds) even when the loop runs late.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import ipaddress
 import math
@@ -63,6 +64,9 @@ class KubeletOptions:
     restart_backoff_seconds: float = 10.0  # CrashLoopBackOff: first restart at once, then 10 s, 20 s, ...
     restart_backoff_max_seconds: float = 300.0
     admission: bool = True  # reject pods the node cannot hold (OutOfcpu, UnexpectedAdmissionError, ...)
+    # MIG-capable nodes get a device manager on <device_plugin_root>/<node>/kubelet.sock, where device plugins
+    # (the gpuops MIG agent) register over gRPC; None: no device plugins.
+    device_plugin_root: str | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -86,6 +90,8 @@ class _Node:
     next_ip: int = 1
     alloc_rv: str = ""
     alloc: dict[str, Fraction] = field(default_factory=dict)
+    dm: Any = None  # devicemanager.KubeletDeviceManager while the kubelet runs (MIG nodes with device plugins)
+    devices: dict[Key, dict[str, list[str]]] = field(default_factory=dict)  # pod -> resource -> device ids
 
 
 @dataclass(slots=True, eq=False)
@@ -208,6 +214,8 @@ class Kubelets(Loop):
         self.deleted = 0  # grace-0 deletes confirming a graceful deletion
         self.writes = 0
         self.write_seconds = 0.0  # time spent inside the emulator's write path
+        self.allocations: dict[Key, dict[str, str]] = {}  # pod -> the env its device plugins' Allocate returned
+        self._tasks: set[asyncio.Task[Any]] = set()
         for s in self.server.store.iter(NODES):  # keep the pod CIDRs of Nodes registered earlier
             block = self._block_of(s.obj)
             if block is not None:
@@ -439,6 +447,10 @@ class Kubelets(Loop):
 
     def _stop(self, n: _Node) -> None:
         """The kubelet dies with its machine: no more writes; the API keeps whatever it last said."""
+        if n.dm is not None:
+            self._spawn(n.dm.stop())
+            n.dm = None
+        n.devices.clear()
         n.live = False
         n.adopt = False
         n.next_lease = n.next_status = math.inf
@@ -481,9 +493,78 @@ class Kubelets(Loop):
         self.at(("status", n.name), n.next_status)
         if not n.plugin_ready:
             self.at(("plugin", n.name), n.plugin_at)
+        await self._start_device_manager(n, m)
         self._dirty_pods.update(self._by_node.get(n.name, ()))
         self.wake()
         log.info("kubelet started", node=n.name, boot=n.boot)
+
+    async def stop(self) -> None:
+        await super().stop()
+        for n in self._nodes.values():
+            if n.dm is not None:
+                await n.dm.stop()
+                n.dm = None
+        for task in list(self._tasks):
+            with contextlib.suppress(Exception):
+                await task
+
+    # ------------------------------------------------------------------------------------ device plugins
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _start_device_manager(self, n: _Node, m: Machine) -> None:
+        """The kubelet's device manager on a MIG-capable node: plugins register on its socket, their devices
+        become the node's capacity and allocatable (posted at once on every change)."""
+        root = self.options.device_plugin_root
+        if root is None or not m.gpu_model or not gpus.model(m.gpu_model).mig_capable:
+            return
+        from pathlib import Path
+
+        from .devicemanager import KubeletDeviceManager  # grpc: only with device plugins
+
+        def changed(_resource: str) -> None:
+            if n.live:
+                n.next_status = self.clock()
+                self.at(("status", n.name), n.next_status)
+                self.wake()
+
+        path = Path(root) / n.name
+        path.mkdir(parents=True, exist_ok=True)
+        n.dm = KubeletDeviceManager(path, on_change=changed)
+        await n.dm.start()
+
+    async def _allocate_devices(self, n: _Node, key: Key, req: dict[str, Fraction]) -> tuple[str, str] | None:
+        """Allocate the pod's device-plugin resources (free devices, the plugin's preference, then Allocate), as
+        the kubelet does before starting containers; (reason, message) when it cannot."""
+        dm = n.dm
+        if dm is None:
+            return None
+        wanted = {r: int(v) for r, v in req.items() if v > 0 and r in dm.devices}
+        if not wanted:
+            return None
+        taken = {d for other, got in n.devices.items() if other != key for ids in got.values() for d in ids}
+        granted: dict[str, list[str]] = {}
+        envs: dict[str, str] = {}
+        for r, need in sorted(wanted.items()):
+            free = [d for d, healthy in sorted(dm.devices[r].items()) if healthy and d not in taken]
+            if len(free) < need:
+                return ("UnexpectedAdmissionError", f"Allocate failed due to requested number of devices "
+                        f"unavailable for {r}. Requested: {need}, Available: {len(free)}, which is unexpected")
+            try:
+                ids = (await dm.preferred(r, free, [], need))[:need] or free[:need]
+                if len(ids) < need:
+                    ids = free[:need]
+                resp = await dm.allocate(r, ids)
+            except Exception as e:  # the plugin refused or went away
+                return ("UnexpectedAdmissionError", f"Allocate failed for {r}: {e}")
+            granted[r] = list(ids)
+            envs.update(resp.envs)
+        n.devices[key] = granted
+        self.allocations[key] = envs
+        return None
 
     def _host_ip(self, n: _Node, existing: dict[str, Any] | None) -> str:
         for a in ((existing or {}).get("status") or {}).get("addresses") or []:
@@ -527,6 +608,8 @@ class Kubelets(Loop):
             conds.append({"type": type_, "status": status, "lastHeartbeatTime": now,
                           "lastTransitionTime": since or now, "reason": reason, "message": message})
         conds.extend(old.values())  # conditions other agents own (NetworkUnavailable, problem detectors)
+        plugged_capacity: dict[str, int] = n.dm.capacity() if n.dm is not None else {}
+        plugged_allocatable: dict[str, int] = n.dm.allocatable() if n.dm is not None else {}
         capacity: dict[str, Any] = {
             "cpu": m.cpu,
             "memory": m.memory,
@@ -540,10 +623,14 @@ class Kubelets(Loop):
                 capacity[gpus.GPU_RESOURCE] = str(m.gpus)
             elif gpus.GPU_RESOURCE in (old_status.get("capacity") or {}):
                 capacity[gpus.GPU_RESOURCE] = "0"  # the kubelet zeroes device-plugin resources until re-registration
+        allocatable = dict(capacity)
+        for r, v in plugged_capacity.items():
+            capacity[r] = str(v)
+            allocatable[r] = str(plugged_allocatable.get(r, 0))
         machine_id = hashlib.sha256(n.name.encode()).hexdigest()[:32]
         return {
             "capacity": capacity,
-            "allocatable": dict(capacity),
+            "allocatable": allocatable,
             "conditions": conds,
             "addresses": [{"type": "InternalIP", "address": n.host_ip}, {"type": "Hostname", "address": n.name}],
             "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
@@ -671,6 +758,8 @@ class Kubelets(Loop):
         if self._pods.get(p.key) is p:
             del self._pods[p.key]
         n = self._nodes.get(p.node)
+        if n is not None:
+            n.devices.pop(p.key, None)
         if n is not None and p.claimed and p.boot == n.boot:
             for r, v in p.req.items():
                 n.used[r] = n.used.get(r, Fraction(0)) - v
@@ -799,6 +888,10 @@ class Kubelets(Loop):
             if why is not None:
                 await self._reject(n, pod, *why)
                 return
+        why = await self._allocate_devices(n, p.key, req)
+        if why is not None:
+            await self._reject(n, pod, *why)
+            return
         self._claim(n, p, spec, req)
         self._schedule(p, now + self.options.start_latency_seconds)
 

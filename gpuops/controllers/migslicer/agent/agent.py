@@ -1,0 +1,320 @@
+"""The node agent: makes the slices its node's claims ask for, offers them to the kubelet, reports the node.
+
+One reconcile per change of the node's claims (label `gpuops.io/node=<node>`) and on a heartbeat timer. It reads
+the layout from the GPUs every time (the device is the truth, not memory, so a restarted agent needs no state):
+  Pending claim    its slice is made at the claim's exact placement (or adopted, if an earlier agent made it and
+                   died before writing Created) -> Created with the device UUID. A placement taken by a slice no
+                   claim owns is freed first; one taken by another claim's slice, or any non-retryable NVML error,
+                   -> Failed with the reason (the allocator plans again). Retryable errors are retried.
+  Created claim    whose slice vanished (a reboot: MIG instances do not survive one) is made again; a Bound one
+                   (its container had the device) -> Failed: the pod lost its device.
+  advertised       claims annotated `gpuops.io/advertise` have their slice listed by the device plugin of its
+                   profile (`gpuops.io/mig-<profile>`), then status.advertised; the kubelet's Allocate of a slice
+                   marks its claim Bound.
+  orphans          slices of Released claims are destroyed at once; slices no claim names (the claim was deleted,
+                   or an agent died between making a slice and its claim going away) after `grace` seconds.
+  MigNode          GPUs, MIG mode, and the slices with their claims, written when they change and on heartbeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio.to_thread
+import msgspec
+import structlog
+
+from gpuops import __version__
+from gpuops.kube.client import Client
+from gpuops.kube.controller import Controller, Request, Result
+from gpuops.kube.deviceplugin.server import AllocationResult, Device, DevicePluginServer
+from gpuops.kube.errors import AlreadyExists, ApiError, Conflict, NotFound
+from gpuops.kube.informer import Informer
+from gpuops.kube.manager import Manager
+from gpuops.kube.times import format_time, wall_clock
+
+from ..api import (
+    ADVERTISE,
+    CLAIMS,
+    MIG_NODES,
+    NODE_LABEL,
+    AllocationClaim,
+    MigGPU,
+    MigNodeStatus,
+    MigSlice,
+    resource_of_profile,
+)
+from .gpus import GpuInfo, MigBackend, MigBackendError, SliceInfo
+from .plugins import mig_allocation
+
+__all__ = ["AgentSettings", "NodeAgent", "install"]
+
+log = structlog.get_logger("gpuops.controllers.migslicer.agent")
+T = TypeVar("T")
+_LIVE = ("Pending", "Created", "Bound")
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSettings:
+    grace: float = 30.0
+    """A slice no claim names is destroyed after this long (a claim and its slice are never made in one step)."""
+    heartbeat: float = 15.0
+    retry: float = 1.0
+    backend_name: str = "nvml"
+
+
+class NodeAgent:
+    def __init__(
+        self,
+        client: Client,
+        node: str,
+        backend: MigBackend,
+        claims: Informer[AllocationClaim],
+        *,
+        plugin_dir: str | Path | None = None,
+        settings: AgentSettings | None = None,
+        clock: Callable[[], int] = wall_clock,
+    ) -> None:
+        self.client = client
+        self.node = node
+        self.backend = backend
+        self.claims = claims
+        self.plugin_dir = Path(plugin_dir) if plugin_dir is not None else None
+        self.settings = settings or AgentSettings()
+        self.clock = clock
+        self.request = Request("", node)
+        self.plugins: dict[str, DevicePluginServer] = {}
+        self._offered: dict[str, list[str]] = {}  # resource -> device UUIDs listed by its plugin
+        self._orphans: dict[tuple[str, int], float] = {}  # (gpu, start) -> monotonic time first seen unclaimed
+        self._published: MigNodeStatus | None = None
+        self._published_at = 0.0
+        self._lock = asyncio.Lock()
+
+    def map_claim(self, _claim: AllocationClaim) -> list[Request]:
+        return [self.request]
+
+    async def _call(self, fn: Callable[[], T]) -> T:
+        return await anyio.to_thread.run_sync(fn)
+
+    # ------------------------------------------------------------------------------------------ reconcile
+
+    async def reconcile(self, _req: Request) -> Result | None:
+        async with self._lock:
+            return await self._reconcile()
+
+    async def _reconcile(self) -> Result | None:
+        gpus = await self._call(self.backend.gpus)
+        slices = await self._call(self.backend.slices)
+        claims = sorted(self.claims.store.list(), key=lambda c: (c.metadata.creation_timestamp or "", c.metadata.name))
+        retry = False
+        for c in claims:
+            if c.status.phase in ("Pending", "Created", "Bound"):
+                changed = await self._ensure(c, slices)
+                if changed is None:
+                    retry = True
+                elif changed:
+                    slices = await self._call(self.backend.slices)
+        slices = await self._clean(claims, slices)
+        await self._advertise(claims, slices)
+        await self._publish(gpus, slices, claims)
+        return Result(requeue_after=self.settings.retry if retry else self.settings.heartbeat)
+
+    @staticmethod
+    def _at(slices: Sequence[SliceInfo], c: AllocationClaim) -> SliceInfo | None:
+        return next((s for s in slices if s.gpu_uuid == c.spec.gpu_uuid and s.start == c.spec.start), None)
+
+    async def _ensure(self, c: AllocationClaim, slices: list[SliceInfo]) -> bool | None:
+        """Make the claim's slice exist; True when the layout changed, None when it should be retried."""
+        s = self._at(slices, c)
+        owners = {(x.spec.gpu_uuid, x.spec.start): x for x in self.claims.store.list() if x.status.phase in _LIVE}
+        if s is not None and s.profile == c.spec.profile and s.complete:
+            if c.status.phase == "Pending" or c.status.device_uuid != s.device_uuid:
+                await self._status(c, {"phase": "Created" if c.status.phase == "Pending" else c.status.phase,
+                                       "deviceUUID": s.device_uuid, "createdAt": format_time(self.clock()),
+                                       "message": "slice exists"})
+            return False
+        if c.status.phase == "Bound":
+            await self._status(c, {"phase": "Failed", "message": "the slice is gone (the node rebooted or the GPU "
+                                   "was reset); the pod lost its MIG device"})
+            return False
+        try:
+            if s is not None and s.profile == c.spec.profile and not s.complete:
+                made = await self._call(lambda: self.backend.finish(s.gpu_uuid, s.gpu_instance_id))
+            else:
+                if s is not None:
+                    owner = owners.get((s.gpu_uuid, s.start))
+                    if owner is not None and owner.metadata.uid != c.metadata.uid:
+                        await self._status(c, {"phase": "Failed", "message": f"placement {c.spec.gpu_uuid}/"
+                                               f"{c.spec.start} holds {owner.metadata.name}'s slice"})
+                        return False
+                    await self._call(lambda: self.backend.destroy(s.gpu_uuid, s.gpu_instance_id))
+                made = await self._call(lambda: self.backend.create(c.spec.gpu_uuid, c.spec.profile, c.spec.start))
+        except MigBackendError as e:
+            if e.retryable:
+                log.info("slice creation will be retried", claim=_key(c), error=str(e))
+                return None
+            overlap = [x for x in slices if x.gpu_uuid == c.spec.gpu_uuid and x.start < c.spec.start + c.spec.size
+                       and c.spec.start < x.start + x.size]
+            if overlap and all((x.gpu_uuid, x.start) not in owners for x in overlap):
+                for x in overlap:  # slices no claim owns overlap it: free them, make it next pass
+                    await self._destroy(x)
+                return None
+            await self._status(c, {"phase": "Failed", "message": f"cannot create {c.spec.profile} at "
+                                   f"{c.spec.gpu_uuid}/{c.spec.start}: {e}"})
+            return False
+        log.info("slice created", claim=_key(c), gpu=made.gpu_uuid, start=made.start, profile=made.profile,
+                 device=made.device_uuid)
+        await self._status(c, {"phase": "Created", "deviceUUID": made.device_uuid,
+                               "createdAt": format_time(self.clock()), "message": ""})
+        return True
+
+    async def _clean(self, claims: list[AllocationClaim], slices: list[SliceInfo]) -> list[SliceInfo]:
+        live = {(c.spec.gpu_uuid, c.spec.start): c for c in claims if c.status.phase in _LIVE}
+        released = {(c.spec.gpu_uuid, c.spec.start) for c in claims if c.status.phase in ("Released", "Failed")}
+        now = time.monotonic()
+        changed = False
+        seen: set[tuple[str, int]] = set()
+        for s in slices:
+            key = (s.gpu_uuid, s.start)
+            c = live.get(key)
+            if c is not None and c.spec.profile == s.profile:
+                continue
+            seen.add(key)
+            first = self._orphans.setdefault(key, now)
+            if key in released or now - first >= self.settings.grace:
+                try:
+                    await self._destroy(s)
+                    log.info("slice destroyed", gpu=s.gpu_uuid, start=s.start, profile=s.profile,
+                             reason="released" if key in released else "no claim")
+                    changed = True
+                except MigBackendError as e:
+                    log.info("slice not destroyed yet", gpu=s.gpu_uuid, start=s.start, error=str(e))
+        for key in [k for k in self._orphans if k not in seen]:
+            del self._orphans[key]
+        return await self._call(self.backend.slices) if changed else slices
+
+    async def _destroy(self, s: SliceInfo) -> bool:
+        return await self._call(lambda: self.backend.destroy(s.gpu_uuid, s.gpu_instance_id))
+
+    # ------------------------------------------------------------------------------------------ kubelet
+
+    async def _advertise(self, claims: list[AllocationClaim], slices: list[SliceInfo]) -> None:
+        by_place = {(s.gpu_uuid, s.start): s for s in slices if s.complete}
+        offer: dict[str, list[tuple[str, AllocationClaim]]] = {}
+        for c in claims:
+            s = by_place.get((c.spec.gpu_uuid, c.spec.start))
+            if (c.status.phase in ("Created", "Bound") and ADVERTISE in (c.metadata.annotations or {})
+                    and s is not None and s.profile == c.spec.profile):
+                offer.setdefault(resource_of_profile(c.spec.profile), []).append((s.device_uuid, c))
+        for resource in sorted(set(offer) | set(self._offered)):
+            ids = sorted(d for d, _ in offer.get(resource, []))
+            if self._offered.get(resource) != ids:
+                self._offered[resource] = ids
+                await self._plugin(resource)
+        for pairs in offer.values():
+            for _, c in pairs:
+                if not c.status.advertised:
+                    await self._status(c, {"advertised": True})
+
+    async def _plugin(self, resource: str) -> None:
+        plugin = self.plugins.get(resource)
+        if plugin is None:
+            if self.plugin_dir is None:
+                return  # no kubelet to talk to (tests of the agent alone)
+            plugin = DevicePluginServer(resource, self.plugin_dir, lambda r=resource: self._devices(r),  # type: ignore[misc]
+                                        self._allocate)
+            self.plugins[resource] = plugin
+            await plugin.start()
+            try:
+                await plugin.register()
+            except Exception as e:  # the kubelet is not up yet: the plugin registers when it appears
+                log.info("device plugin not registered yet", resource=resource, error=str(e))
+        else:
+            plugin.update()
+
+    def _devices(self, resource: str) -> list[Device]:
+        return [Device(d) for d in self._offered.get(resource, [])]
+
+    async def _allocate(self, ids: list[str]) -> AllocationResult:
+        """The kubelet gives these slices to a container: their claims are Bound."""
+        for c in self.claims.store.list():
+            if c.status.device_uuid in ids and c.status.phase == "Created":
+                await self._status(c, {"phase": "Bound", "boundAt": format_time(self.clock())})
+        return mig_allocation(ids)
+
+    # ------------------------------------------------------------------------------------------ API writes
+
+    async def _status(self, c: AllocationClaim, status: dict[str, Any]) -> None:
+        with contextlib.suppress(NotFound):
+            await self.client.patch(CLAIMS, c.metadata.name, {"status": status}, namespace=c.metadata.namespace,
+                                    subresource="status")
+
+    async def _publish(self, gpus: list[GpuInfo], slices: list[SliceInfo], claims: list[AllocationClaim]) -> None:
+        owner = {(c.spec.gpu_uuid, c.spec.start): f"{c.metadata.namespace}/{c.metadata.name}"
+                 for c in claims if c.status.phase in _LIVE}
+        report = MigNodeStatus(
+            backend=self.settings.backend_name, agent_version=__version__,
+            gpus=tuple(MigGPU(
+                index=g.index, uuid=g.uuid, model=g.model, product=g.product, memory_mib=g.memory_mib,
+                mig_mode=g.mig_mode,
+                slices=tuple(MigSlice(profile=s.profile, start=s.start, size=s.size, device_uuid=s.device_uuid,
+                                      claim=owner.get((s.gpu_uuid, s.start), ""),
+                                      gpu_instance_id=s.gpu_instance_id, compute_instance_id=s.compute_instance_id)
+                             for s in sorted(slices, key=lambda s: s.start) if s.gpu_uuid == g.uuid),
+            ) for g in gpus),
+        )
+        due = time.monotonic() - self._published_at >= self.settings.heartbeat
+        if report == self._published and not due:
+            return
+        body = {"status": {**msgspec.to_builtins(report), "heartbeat": format_time(self.clock()),
+                           "gpus": msgspec.to_builtins(report.gpus)}}
+        try:
+            await self.client.patch(MIG_NODES, self.node, body, subresource="status")
+        except NotFound:
+            with contextlib.suppress(AlreadyExists):
+                await self.client.create(MIG_NODES, {"apiVersion": "gpuops.io/v1alpha1", "kind": "MigNode",
+                                                     "metadata": {"name": self.node},
+                                                     "spec": {"nodeName": self.node}})
+            await self.client.patch(MIG_NODES, self.node, body, subresource="status")
+        except (Conflict, ApiError) as e:
+            log.info("MigNode not written", node=self.node, error=str(e))
+            return
+        self._published = report
+        self._published_at = time.monotonic()
+
+    async def close(self) -> None:
+        for plugin in self.plugins.values():
+            await plugin.stop()
+        self.plugins.clear()
+
+
+def _key(c: AllocationClaim) -> str:
+    return f"{c.metadata.namespace}/{c.metadata.name}"
+
+
+def install(manager: Manager, node: str, backend: MigBackend, *, plugin_dir: str | Path | None = None,
+            settings: AgentSettings | None = None) -> NodeAgent:
+    """The agent under a Manager of its own (every node runs one: no leader election)."""
+    claims = manager.informer(CLAIMS, namespace=None, label_selector=f"{NODE_LABEL}={node}")
+    agent = NodeAgent(manager.client, node, backend, claims, plugin_dir=plugin_dir, settings=settings)
+    controller = Controller("mig-agent", agent.reconcile, client=manager.client, max_concurrent_reconciles=1)
+    controller.watch(claims, agent.map_claim)
+    manager.add(controller)
+    backend.open()  # NVML init is quick; a node without a usable driver fails here, before anything is served
+
+    async def lifecycle() -> None:
+        controller.enqueue(agent.request, trigger="start")  # report the node even before any claim exists
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await agent.close()
+            await anyio.to_thread.run_sync(backend.close)
+
+    manager.add_runnable("mig-agent-lifecycle", lifecycle, need_leader_election=False)
+    return agent

@@ -1,0 +1,185 @@
+"""The whole MIG path on the emulated cluster: a pod asking for `nvidia.com/mig-3g.20gb` is renamed and gated by our
+webhook (over HTTPS, CA patched in by the operator), planned by the allocator, its slice made by the node agent on
+an NVML-shaped fake, offered to the simulated kubelet through the agent's device plugin (gRPC over a unix socket),
+then the pod is ungated, bound by the scheduler, and started with `NVIDIA_VISIBLE_DEVICES=MIG-<uuid>` from the
+plugin's Allocate. When it finishes, the slice is destroyed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+from gpuops.controllers.migslicer import webhook
+from gpuops.controllers.migslicer.agent import agent as mig_agent
+from gpuops.controllers.migslicer.agent.gpus import MigBackend
+from gpuops.controllers.migslicer.allocator import Settings
+from gpuops.controllers.migslicer.api import CLAIMS, GATE, MIG_NODES, AllocationClaim, MigNode
+from gpuops.controllers.migslicer.setup import install as install_allocator
+from gpuops.kube.client import Client
+from gpuops.kube.errors import ApiError
+from gpuops.kube.manager import Manager
+from gpuops.kube.resources import PODS
+from gpuops.sim.cluster.cluster import SimCluster
+from gpuops.sim.scenario import parse
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parents[3]
+CRDS = [ROOT / "manifests" / "crds" / f"{n}.gpuops.io.yaml" for n in ("mignodes", "allocationclaims")]
+WEBHOOK = ROOT / "manifests" / "webhook" / "mutatingwebhookconfiguration.yaml"
+NS = "work"
+NODES = ("mig-0", "mig-1")
+
+pytestmark = pytest.mark.anyio
+
+SCENARIO = {
+    "name": "mig-e2e",
+    "namespaces": [NS, "gpuops-system"],
+    "kubelet": {"startLatencySeconds": 0.05, "leaseSeconds": 0.3, "nodeStatusSeconds": 5, "events": False},
+    "scheduler": {"events": False},
+    "nodeGroups": [{"name": "mig", "gpuModel": "A100-40GB", "gpusPerNode": 2, "count": 2}],
+}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def until(what: str, probe: Callable[[], Awaitable[T | None]], within: float = 20.0) -> T:
+    deadline = time.monotonic() + within
+    while True:
+        got = await probe()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@asynccontextmanager
+async def running(tmp_path: Path) -> AsyncIterator[tuple[SimCluster, Client, Path]]:
+    plugins = Path(tempfile.mkdtemp(prefix="dp", dir="/tmp"))  # unix socket paths must stay short
+    state = tmp_path / "gpus"
+    state.mkdir()
+    port = free_port()
+    stack = contextlib.AsyncExitStack()
+    try:
+        cluster = await stack.enter_async_context(
+            SimCluster(parse(SCENARIO), workload=False, device_plugin_root=plugins))
+        cluster.write_kubeconfig(tmp_path / "k")
+        cluster.server.service_endpoints[("gpuops-system", "gpuops-webhook")] = f"127.0.0.1:{port}"
+        client = await Client.from_kubeconfig(str(tmp_path / "k"))
+        stack.push_async_callback(client.close)
+        for crd in CRDS:
+            await client.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+                                 body=json.dumps(yaml.safe_load(crd.read_text())).encode(),
+                                 content_type="application/json")
+        await client.request("POST", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+                             body=json.dumps(yaml.safe_load(WEBHOOK.read_text())).encode(),
+                             content_type="application/json")
+
+        async def served() -> bool:
+            try:
+                await client.list(CLAIMS)
+                await client.list(MIG_NODES)
+            except ApiError:
+                return False
+            return True
+
+        await until("CRDs served", served, 10)
+        managers: list[tuple[Manager, asyncio.Task[None]]] = []
+        operator = Manager(client, metrics_bind_address="0", health_probe_bind_address="0")
+        install_allocator(operator, settings=Settings(retry=1.0))
+        webhook.install(operator, host="127.0.0.1", port=port, ca_check_interval=0.5)
+        for node in NODES:  # one agent per node, each with its own client as a DaemonSet pod would have
+            agent_client = await Client.from_kubeconfig(str(tmp_path / "k"))
+            stack.push_async_callback(agent_client.close)
+            m = Manager(agent_client, namespace=None, metrics_bind_address="0", health_probe_bind_address="0")
+            backend = MigBackend.emulated("A100-40GB:2", node, state_file=state / f"{node}.json")
+            mig_agent.install(m, node, backend, plugin_dir=plugins / node,
+                              settings=mig_agent.AgentSettings(grace=2.0, heartbeat=2.0, backend_name="emulated"))
+            managers.append((m, asyncio.create_task(m.run())))
+        managers.append((operator, asyncio.create_task(operator.run())))
+        try:
+            yield cluster, client, plugins
+        finally:
+            for m, task in reversed(managers):
+                m.request_stop()
+                await asyncio.wait_for(task, 15)
+    finally:
+        await stack.aclose()
+        shutil.rmtree(plugins, ignore_errors=True)
+
+
+def nvidia_pod(name: str, profile: str, runtime: float = 1.0) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "annotations": {"sim.gpuops.io/runtime-seconds": str(runtime)}},
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "main", "image": "cuda",
+                                     "resources": {"limits": {f"nvidia.com/mig-{profile}": "1"}}}]}}
+
+
+async def test_mig_pod_end_to_end(tmp_path: Path) -> None:
+    async with running(tmp_path) as (cluster, client, _plugins):
+        async def reported() -> bool:
+            _, nodes = await client.list(MIG_NODES)
+            return len(nodes) == 2 and all(len(n.status.gpus) == 2 for n in nodes)
+
+        await until("both agents report their GPUs", reported)
+
+        async def admitted() -> bool:  # the webhook's CA is patched in asynchronously at start
+            try:
+                await client.create(PODS, nvidia_pod("infer", "3g.20gb"), NS)
+            except ApiError:
+                return False
+            return True
+
+        await until("the webhook admits the pod", admitted)
+        pod = await client.get(PODS, "infer", NS)
+        limits = pod.spec.containers[0].resources.limits if pod.spec.containers[0].resources else None
+        assert limits == {"gpuops.io/mig-3g.20gb": "1"}
+
+        async def ran() -> bool:
+            p = await client.get(PODS, "infer", NS)
+            return p.status.phase in ("Running", "Succeeded")
+
+        await until("the pod runs", ran)
+        pod = await client.get(PODS, "infer", NS)
+        assert not pod.spec.scheduling_gates or all(g.name != GATE for g in pod.spec.scheduling_gates)
+        _, claims = await client.list(CLAIMS, namespace=NS)
+        (claim,) = claims
+        assert isinstance(claim, AllocationClaim) and claim.spec.node_name == pod.spec.node_name
+        env = cluster.kubelets.allocations[(NS, "infer")]
+        assert env["NVIDIA_VISIBLE_DEVICES"] == claim.status.device_uuid
+        assert claim.status.device_uuid.startswith("MIG-")
+
+        async def bound_or_released() -> bool:
+            _, cs = await client.list(CLAIMS, namespace=NS)
+            return bool(cs) and cs[0].status.phase in ("Bound", "Released")
+
+        await until("the claim is Bound (the kubelet's Allocate reached the agent)", bound_or_released)
+
+        async def slice_gone() -> bool:
+            p = await client.get(PODS, "infer", NS)
+            mn: MigNode = await client.get(MIG_NODES, claim.spec.node_name)
+            return p.status.phase == "Succeeded" and not any(g.slices for g in mn.status.gpus)
+
+        await until("the pod finished and its slice is destroyed", slice_gone)
