@@ -197,6 +197,17 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                    help="GPUs of powered-on, idle GPUNodeGroup machines kept warm for the next pods (default 0)")
     p.add_argument("--autoprovision-max-concurrent-power-offs", type=_count_arg, default=10, metavar="N",
                    help="machines draining or powering off at once, at most (default %(default)s)")
+    p.add_argument("--mig-webhook-port", type=int, default=9443, metavar="PORT",
+                   help="port of the MIG slicer's admission webhook (HTTPS, own CA; 0: no webhook; "
+                        "default %(default)s)")
+    p.add_argument("--mig-webhook-host", default="", metavar="ADDR",
+                   help="address the webhook listens on (default: all)")
+    p.add_argument("--mig-webhook-service", default="gpuops-webhook", metavar="NAME",
+                   help="the webhook's Service, which its certificate names (default %(default)s)")
+    p.add_argument("--mig-webhook-namespace", default=None, metavar="NS",
+                   help="the Service's namespace (default: the operator's, else gpuops-system)")
+    p.add_argument("--mig-webhook-cert-dir", default=None, metavar="DIR",
+                   help="keep the webhook's CA here across restarts (a writable volume; default: memory)")
     p.add_argument("--spotpool-resync", type=_seconds_arg, default=30.0, metavar="SECONDS",
                    help="describe every SpotPool's instances at least this often, to notice reclaims no node agent "
                         "reported (node events and pool changes describe at once; default %(default)s)")
@@ -237,7 +248,12 @@ async def _run_manager(args: argparse.Namespace) -> int:
                 settings={"budget_status_refresh": args.budget_status_refresh,
                           "autoprovision_min_warm_gpus": args.autoprovision_min_warm_gpus,
                           "autoprovision_max_concurrent_power_offs": args.autoprovision_max_concurrent_power_offs,
-                          "spotpool_resync": args.spotpool_resync},
+                          "spotpool_resync": args.spotpool_resync,
+                          "mig_webhook_port": args.mig_webhook_port,
+                          "mig_webhook_host": args.mig_webhook_host or None,
+                          "mig_webhook_service": args.mig_webhook_service,
+                          "mig_webhook_namespace": args.mig_webhook_namespace,
+                          "mig_webhook_cert_dir": args.mig_webhook_cert_dir},
             )
         except ValueError as e:
             print(f"gpuops run: {e}", file=sys.stderr)

@@ -1,12 +1,14 @@
 """Wiring of the MIG allocator into a `Manager`: informers (pods and nodes shared with the other controllers,
 MigNodes, claims), the allocator's controller, Events and metrics. `gpuops run` calls `setup` through its
-ControllerRegistry. The admission webhook is installed separately (it serves on every replica)."""
+ControllerRegistry, together with the admission webhook (which serves on every replica)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gpuops.kube.controller import Controller, Predicate, resource_version_changed
@@ -78,7 +80,25 @@ def install(
 
 
 async def setup(manager: Manager) -> None:
-    """The ControllerRegistry entry."""
+    """The ControllerRegistry entry: the allocator (leader-elected) and, unless `mig_webhook_port` is 0, the
+    admission webhook with its caBundle patcher (on every replica)."""
     install(manager)
+    s = manager.settings
+    port = int(s.get("mig_webhook_port", 9443))
+    if port:
+        from . import webhook
+
+        namespace = s.get("mig_webhook_namespace") or os.environ.get("POD_NAMESPACE") or _sa_namespace() \
+            or webhook.DEFAULT_NAMESPACE
+        webhook.install(manager, service=str(s.get("mig_webhook_service") or webhook.DEFAULT_SERVICE),
+                        namespace=namespace, port=port, host=s.get("mig_webhook_host"),
+                        cert_dir=s.get("mig_webhook_cert_dir"))
+
+
+def _sa_namespace() -> str | None:
+    try:
+        return Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read_text().strip() or None
+    except OSError:
+        return None
 
 
