@@ -1,0 +1,179 @@
+"""The node agent against the emulated API server and the NVML-shaped fake (no kubelet): it makes the slices its
+node's claims ask for, adopts a slice an earlier agent made, re-makes slices a reboot took (and fails claims whose
+pods held them), destroys released and orphaned slices, and reports all of it in the node's MigNode."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+from gpuops.controllers.migslicer.agent import agent as mig_agent
+from gpuops.controllers.migslicer.agent.fakenvml import FakeNVML, gpu_uuid
+from gpuops.controllers.migslicer.agent.gpus import MigBackend
+from gpuops.controllers.migslicer.api import CLAIMS, MIG_NODES, NODE_LABEL, AllocationClaim, MigNode
+from gpuops.kube.client import Client
+from gpuops.kube.errors import ApiError, NotFound
+from gpuops.kube.manager import Manager
+from gpuops.sim.apiserver import APIServer
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parents[3]
+CRDS = [ROOT / "manifests" / "crds" / f"{n}.gpuops.io.yaml" for n in ("mignodes", "allocationclaims")]
+NODE = "n1"
+NS = "default"
+G0 = gpu_uuid(NODE, 0)
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def until(what: str, probe: Callable[[], Awaitable[T | None]], within: float = 10.0) -> T:
+    deadline = time.monotonic() + within
+    while True:
+        got = await probe()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(0.03)
+
+
+@asynccontextmanager
+async def agent_running(tmp_path: Path, grace: float = 0.5) -> AsyncIterator[Client]:
+    async with APIServer() as server:
+        server.write_kubeconfig(tmp_path / "k")
+        client = await Client.from_kubeconfig(str(tmp_path / "k"))
+        for crd in CRDS:
+            await client.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+                                 body=json.dumps(yaml.safe_load(crd.read_text())).encode(),
+                                 content_type="application/json")
+
+        async def served() -> bool:
+            try:
+                await client.list(CLAIMS)
+                await client.list(MIG_NODES)
+            except ApiError:
+                return False
+            return True
+
+        await until("CRDs served", served)
+        mgr = Manager(client, namespace=None, metrics_bind_address="0", health_probe_bind_address="0")
+        backend = MigBackend.emulated("A100-40GB:2", NODE, state_file=tmp_path / "gpus.json")
+        mig_agent.install(mgr, NODE, backend, settings=mig_agent.AgentSettings(grace=grace, heartbeat=0.3,
+                                                                            backend_name="emulated"))
+        task = asyncio.create_task(mgr.run())
+        try:
+            yield client
+        finally:
+            mgr.request_stop()
+            await asyncio.wait_for(task, 10)
+            await client.close()
+
+
+async def claim(client: Client, name: str, profile: str, start: int, size: int, gpu: str = G0) -> AllocationClaim:
+    body: dict[str, Any] = {
+        "apiVersion": "gpuops.io/v1alpha1", "kind": "AllocationClaim",
+        "metadata": {"name": name, "namespace": NS, "labels": {NODE_LABEL: NODE}},
+        "spec": {"podName": f"pod-{name}", "podUID": f"uid-{name}", "nodeName": NODE, "gpuUUID": gpu,
+                 "profile": profile, "start": start, "size": size},
+    }
+    made: AllocationClaim = await client.create(CLAIMS, body, namespace=NS)
+    return made
+
+
+async def phase(client: Client, name: str, want: str) -> AllocationClaim | None:
+    c: AllocationClaim = await client.get(CLAIMS, name, NS)
+    return c if c.status.phase == want else None
+
+
+def driver(tmp_path: Path) -> FakeNVML:
+    """Another handle on the same emulated driver (the state file), as a second process would have."""
+    return FakeNVML.from_spec("A100-40GB:2", NODE, state_file=tmp_path / "gpus.json")
+
+
+async def test_claims_become_slices_and_the_node_is_reported(tmp_path: Path) -> None:
+    async with agent_running(tmp_path) as client:
+        await claim(client, "a", "3g.20gb", 4, 4)
+        await claim(client, "b", "4g.20gb", 0, 4)
+        a = await until("a Created", lambda: phase(client, "a", "Created"))
+        b = await until("b Created", lambda: phase(client, "b", "Created"))
+        assert a.status.device_uuid.startswith("MIG-") and a.status.device_uuid != b.status.device_uuid
+
+        async def reported() -> MigNode | None:
+            try:
+                mn: MigNode = await client.get(MIG_NODES, NODE)
+            except NotFound:
+                return None
+            slices = [s for g in mn.status.gpus for s in g.slices]
+            return mn if len(slices) == 2 else None
+
+        mn = await until("MigNode lists both slices", reported)
+        assert mn.status.backend == "emulated" and len(mn.status.gpus) == 2
+        assert {s.claim for g in mn.status.gpus for s in g.slices} == {f"{NS}/a", f"{NS}/b"}
+        assert all(g.mig_mode == "Enabled" and g.model == "A100-40GB" for g in mn.status.gpus)
+
+
+async def test_adopts_a_slice_made_before_a_crash(tmp_path: Path) -> None:
+    with MigBackend(driver(tmp_path)) as other:  # an earlier agent made it, then died before writing Created
+        made = other.create(G0, "2g.10gb", 0)
+    async with agent_running(tmp_path) as client:
+        await claim(client, "c", "2g.10gb", 0, 2)
+        c = await until("c Created", lambda: phase(client, "c", "Created"))
+        assert c.status.device_uuid == made.device_uuid  # adopted, not made twice
+        with MigBackend(driver(tmp_path)) as other:
+            assert len([s for s in other.slices() if s.gpu_uuid == G0]) == 1
+
+
+async def test_reboot_remakes_created_slices_and_fails_bound_ones(tmp_path: Path) -> None:
+    async with agent_running(tmp_path) as client:
+        await claim(client, "made", "1g.5gb", 0, 1)
+        await claim(client, "used", "1g.5gb", 1, 1)
+        await until("made Created", lambda: phase(client, "made", "Created"))
+        await until("used Created", lambda: phase(client, "used", "Created"))
+        await client.patch(CLAIMS, "used", {"status": {"phase": "Bound"}}, namespace=NS, subresource="status")
+        driver(tmp_path).reboot()  # MIG instances do not survive a reboot
+        failed = await until("used Failed", lambda: phase(client, "used", "Failed"))
+        assert "lost its MIG device" in failed.status.message
+
+        async def remade() -> bool:
+            with MigBackend(driver(tmp_path)) as other:
+                return any(s.start == 0 and s.profile == "1g.5gb" for s in other.slices())
+
+        await until("the Created claim's slice made again", remade)
+        assert (await client.get(CLAIMS, "made", NS)).status.phase == "Created"
+
+
+async def test_released_and_orphaned_slices_are_destroyed(tmp_path: Path) -> None:
+    with MigBackend(driver(tmp_path)) as other:
+        other.create(G0, "1g.5gb", 6)  # no claim will ever name it
+    async with agent_running(tmp_path, grace=0.5) as client:
+        await claim(client, "r", "3g.20gb", 0, 4)
+        await until("r Created", lambda: phase(client, "r", "Created"))
+        await client.patch(CLAIMS, "r", {"status": {"phase": "Released"}}, namespace=NS, subresource="status")
+
+        async def empty() -> bool:
+            with MigBackend(driver(tmp_path)) as other:
+                return not other.slices()
+
+        await until("the released and the orphaned slice are gone", empty)
+
+
+async def test_an_orphan_in_the_way_is_cleared_for_a_claim(tmp_path: Path) -> None:
+    with MigBackend(driver(tmp_path)) as other:
+        other.create(G0, "1g.5gb", 0)  # left behind by a deleted claim
+    async with agent_running(tmp_path, grace=60.0) as client:
+        await claim(client, "big", "7g.40gb", 0, 8)
+        big = await until("big Created", lambda: phase(client, "big", "Created"))
+        assert big.status.device_uuid
