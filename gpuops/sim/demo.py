@@ -21,6 +21,7 @@ from typing import Any, BinaryIO, TextIO
 
 from .cluster.access import EVENTS
 from .cluster.cluster import SimCluster
+from .demo_mig import MigSide
 from .scenario import Scenario
 
 # Events from these components are the emulated cluster's own; everything else is an operator's doing.
@@ -69,14 +70,15 @@ def render(summary: dict[str, Any], elapsed: float, operator: str, recorder: Rec
     for n in summary["nodes"]:
         bar = "#" * n["gpus_used"] + "." * max(0, n["gpus"] - n["gpus_used"])
         cordon = " cordoned" if n["unschedulable"] else ""
+        mig = "  MIG " + ", ".join(f"{p} x{k}" for p, k in sorted(n["mig"].items())) if n.get("mig") else ""
         lines.append(f"{n['name']:<12} {n['model'] or '-':<11} {n['power']:<14} {n['ready']!s:<6} "
-                     f"{n['gpus_used']}/{n['gpus']} {bar}{cordon}")
+                     f"{n['gpus_used']}/{n['gpus']} {bar}{cordon}{mig}")
     for m in summary["machines_off"]:
         if not any(n["name"] == m for n in summary["nodes"]):
             lines.append(f"{m:<12} {'':<11} {'off':<14} {'-':<6} (never registered)")
     pods = summary["pods"]
     lines += ["", "pods: " + ", ".join(f"{k} {v}" for k, v in sorted(pods.items())) +
-              f"  (unschedulable {summary['unschedulable']})",
+              f"  (unschedulable {summary['unschedulable']}, waiting for MIG slices {summary.get('gated', 0)})",
               "jobs: " + (", ".join(f"{k} {v}" for k, v in sorted(summary["jobs"].items())) or "none"),
               f"GPUs in use: {summary['gpus_used']} of {summary['gpus_total']} allocatable"]
     if summary["budgets"]:
@@ -101,6 +103,8 @@ def report(summary: dict[str, Any], elapsed: float, operator_exit: int | None, r
         f"  pods bound by the scheduler: {summary['bound']}; phase transitions by kubelets: {summary['transitions']}",
         f"  jobs: {', '.join(f'{k} {v}' for k, v in sorted(summary['jobs'].items())) or 'none'}",
         f"  GPUs in use at the end: {summary['gpus_used']} of {summary['gpus_total']}",
+        f"  MIG: {summary.get('mig_allocations', 0)} pods got slices from the agents' device plugins; "
+        f"{summary.get('gated', 0)} still gated",
         *(f"  budget {b['name']}: {b['consumed']} of {b['quota']} GPU-hours, {b['action']}, "
           + ("over quota" if b["exceeded"] else "within quota") for b in summary["budgets"]),
         f"  faults applied: {len(summary['faults'])}",
@@ -149,7 +153,8 @@ async def run_demo(
             loop.add_signal_handler(sig, stop.set)
     tty = out.isatty()
     crds = repo_crds()
-    async with SimCluster(scenario, port=port, manifests=crds) as cluster:
+    mig = MigSide(kubeconfig)
+    async with SimCluster(scenario, port=port, manifests=crds, device_plugin_root=mig.root) as cluster:
         cluster.write_kubeconfig(kubeconfig)
         recorder = Recorder(cluster)
         print(f"gpuops demo: scenario {scenario.name}: {scenario.description}", file=out)
@@ -157,8 +162,12 @@ async def run_demo(
         proc: subprocess.Popen[bytes] | None = None
         log_file: BinaryIO | None = None
         if operator:
-            proc, log_file = _start_operator(_operator_command(kubeconfig), operator_log)
+            await mig.start(cluster)
+            proc, log_file = _start_operator([*_operator_command(kubeconfig), *mig.operator_args()], operator_log)
             print(f"  operator    gpuops run (pid {proc.pid}), logs in {operator_log}", file=out, flush=True)
+            if mig.procs:
+                print(f"  MIG agents  gpuops agent --emulated on {', '.join(sorted(mig.procs))}, logs in "
+                      f"{mig.log_path}", file=out, flush=True)
         start = time.monotonic()
         next_plain = 0.0
         try:
@@ -189,6 +198,7 @@ async def run_demo(
                         proc.kill()
             if log_file is not None:
                 log_file.close()
+            await mig.stop()
         print("\n" + report(cluster.summary(), time.monotonic() - start, exit_code, recorder), file=out, flush=True)
     return 0
 

@@ -1031,3 +1031,30 @@ async def test_certificate_for_another_name_is_rejected(
         await caller.validate(cfg, pod_request(obj=pod()), NS_LABELS)
     assert e.value.message.endswith("x509: certificate is not valid for other.gpuops.svc")
     assert server.seen == []
+
+
+async def test_match_conditions_decide_whether_a_webhook_is_called(
+    caller: WebhookCaller, ca_bundle: str, closed_port: int
+) -> None:
+    """matchConditions (GA 1.30): a false condition skips the (unreachable, Fail) webhook; a true one calls it;
+    an expression that errors fails the request under Fail and skips the webhook under Ignore."""
+    url = f"https://127.0.0.1:{closed_port}/m"
+    only_gpu = [{"name": "gpu-pods", "expression": "object.metadata.labels.app == 'gpu'"}]
+    cfg = [config("c", webhook("m.gpuops.io", "", ca_bundle, url=url, matchConditions=only_gpu))]
+    assert await caller.mutate(cfg, pod_request(obj=pod(labels={"app": "web"})), NS_LABELS) is None
+    assert await caller.validate(cfg, pod_request(obj=pod(labels={"app": "web"})), NS_LABELS) == []
+    with pytest.raises(StatusError) as e:
+        await caller.mutate(cfg, pod_request(obj=pod(labels={"app": "gpu"})), NS_LABELS)
+    assert "failed calling webhook" in e.value.message
+    by_user = [{"name": "alice", "expression": "request.userInfo.username == 'alice'"}]
+    cfg = [config("c", webhook("m.gpuops.io", "", ca_bundle, url=url, matchConditions=by_user))]
+    with pytest.raises(StatusError):
+        await caller.validate(cfg, pod_request(obj=pod()), NS_LABELS)  # alice: called, unreachable
+    broken = [{"name": "broken", "expression": "object.spec.nosuchfield.size() > 0"}]
+    cfg = [config("c", webhook("m.gpuops.io", "", ca_bundle, url=url, matchConditions=broken))]
+    with pytest.raises(StatusError) as e:
+        await caller.mutate(cfg, pod_request(obj=pod()), NS_LABELS)
+    assert "match condition 'broken'" in e.value.message
+    cfg = [config("c", webhook("m.gpuops.io", "", ca_bundle, url=url, matchConditions=broken,
+                               failurePolicy="Ignore"))]
+    assert await caller.mutate(cfg, pod_request(obj=pod()), NS_LABELS) is None

@@ -1,9 +1,11 @@
 """Dynamic admission control: calling mutating and validating webhooks as kube-apiserver does (item 55).
 
 The seed's webhook (and any controller-runtime webhook) must see the same AdmissionReview, and clients the
-same denials and `failed calling webhook` errors, as against a real cluster. Not emulated: `matchConditions`
-(CEL; a webhook that has them is called as if they all held), `matchPolicy: Equivalent` (the emulator serves
-one version per resource), client certificates towards webhooks, and audit annotations.
+same denials and `failed calling webhook` errors, as against a real cluster. `matchConditions` (CEL over
+`object`, `oldObject` and `request`) decide whether a matching webhook is called; one that fails to evaluate
+fails the request under failurePolicy Fail and skips the webhook under Ignore, as upstream. Not emulated:
+`matchPolicy: Equivalent` (the emulator serves one version per resource), the `authorizer` variable of match
+conditions, client certificates towards webhooks, and audit annotations.
 """
 
 from __future__ import annotations
@@ -195,6 +197,38 @@ def webhook_matches(
     return True
 
 
+def conditions_hold(hook: Mapping[str, Any], req: AdmissionRequest, uid: str) -> bool:
+    """All matchConditions true -> call the webhook; one false -> skip it. An expression that does not compile
+    or errors raises _CallError (the caller applies the failure policy)."""
+    conditions = hook.get("matchConditions") or ()
+    if not conditions:
+        return True
+    from celpy import celtypes  # cel-python: only when a webhook has conditions
+
+    from . import cel
+
+    review = admission_review(req, uid)["request"]
+    activation = {"object": cel.to_cel(req.obj, None), "oldObject": cel.to_cel(req.old_obj, None),
+                  "request": cel.to_cel(review, None)}
+    for cond in conditions:
+        name = cond.get("name", "") if isinstance(cond, Mapping) else ""
+        try:
+            runner = cel.compile_expression(str(cond.get("expression", "")), _CONDITION_VARS)
+            result = runner.evaluate(activation)
+        except Exception as e:  # compile errors, CEL evaluation errors
+            raise _CallError(str(hook.get("name", "")), f"failed to evaluate match condition {name!r}: {e}") from e
+        if isinstance(result, Exception):  # cel-python returns evaluation errors as values
+            raise _CallError(str(hook.get("name", "")), f"failed to evaluate match condition {name!r}: {result}")
+        if not isinstance(result, bool | celtypes.BoolType):
+            raise _CallError(str(hook.get("name", "")), f"match condition {name!r} did not return a bool")
+        if not bool(result):
+            return False
+    return True
+
+
+_CONDITION_VARS = frozenset({"object", "oldObject", "request", "params", "namespaceObject"})
+
+
 def admission_review(req: AdmissionRequest, uid: str) -> dict[str, Any]:
     """The admission.k8s.io/v1 AdmissionReview body POSTed to a webhook."""
     kind = {
@@ -353,6 +387,8 @@ class WebhookCaller:
                 ctx = ssl.create_default_context(cadata=pem)
             else:
                 ctx = ssl.create_default_context()
+            if len(self._ssl_contexts) >= 64:  # bundles rotate: keep the cache bounded
+                self._ssl_contexts.clear()
             self._ssl_contexts[ca_bundle] = ctx
         return ctx
 
@@ -464,6 +500,13 @@ class WebhookCaller:
                 attrs = replace(req, obj=current)
                 if not webhook_matches(hook.spec, attrs, namespace_labels):
                     continue
+                try:
+                    if not conditions_hold(hook.spec, attrs, attrs.uid or ""):
+                        continue
+                except _CallError as exc:
+                    if not hook.fail_open:
+                        raise internal(str(exc)) from exc
+                    continue
                 changed = False
                 try:
                     reply = await self._call(hook, attrs, mutating=True)
@@ -531,6 +574,8 @@ class WebhookCaller:
 
     async def _validate_one(self, hook: _Hook, req: AdmissionRequest) -> tuple[list[str], StatusError | None]:
         try:
+            if not conditions_hold(hook.spec, req, req.uid or ""):
+                return [], None
             reply = await self._call(hook, req, mutating=False)
         except _CallError as exc:
             return [], None if hook.fail_open else internal(str(exc))

@@ -345,6 +345,13 @@ def validate_pod_update(old: dict[str, Any], new: dict[str, Any]) -> list[Cause]
 # ------------------------------------------------------------------------------------------ per kind
 
 
+def redefault(group: str, kind: str, obj: dict[str, Any]) -> None:
+    """Defaults again after a mutating webhook's patch (kube-apiserver runs the defaulter on the patched object):
+    a container a webhook added gets its defaults, a limit-only extended resource its request."""
+    if (group, kind) == ("", "Pod") and isinstance(obj.get("spec"), dict):
+        default_pod_spec(obj["spec"])
+
+
 def prepare_create(group: str, kind: str, obj: dict[str, Any]) -> None:
     """Defaults and server-owned fields set on create, in place (obj is the handler's private copy)."""
     meta = obj["metadata"]

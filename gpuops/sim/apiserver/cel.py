@@ -396,8 +396,8 @@ def _syntax_error(rule: str, e: Exception) -> str:
     return f"ERROR: <input>:{line}:{col}: Syntax error: unexpected input\n | {src}\n | {'.' * (col - 1)}^"
 
 
-def _undeclared(ast: Any) -> tuple[str, int, int] | None:
-    """The first identifier that is neither self/oldSelf, a type name nor a macro variable."""
+def _undeclared(ast: Any, declared: frozenset[str] = frozenset()) -> tuple[str, int, int] | None:
+    """The first identifier that is neither self/oldSelf (or `declared`), a type name nor a macro variable."""
     bound: set[str] = set()
     for st in ast.iter_subtrees():
         if st.data == "member_dot_arg" and len(st.children) >= 3 and str(st.children[1]) in _MACROS:
@@ -410,9 +410,35 @@ def _undeclared(ast: Any) -> tuple[str, int, int] | None:
         if st.data == "ident" and st.children:
             tok = st.children[0]
             name = str(tok)
-            if name not in _KNOWN_IDENTS and name not in bound:
+            if name not in _KNOWN_IDENTS and name not in bound and name not in declared:
                 return name, getattr(tok, "line", 1) or 1, getattr(tok, "column", 1) or 1
     return None
+
+
+def compile_expression(expr: str, variables: frozenset[str]) -> Any:
+    """A CEL expression over the given top-level variables (admission matchConditions: object, oldObject,
+    request), with the Kubernetes library functions; the runner's `evaluate(activation)` runs it. Raises
+    ValueError with a cel-go-like message if it does not compile or names an undeclared variable."""
+    key = f"{sorted(variables)}\x00{expr}"
+    cached = _EXPR_CACHE.get(key)
+    if cached is not None:
+        return cached
+    try:
+        ast = _env().compile(expr)
+    except Exception as e:
+        raise ValueError(_syntax_error(expr, e)) from e
+    bad = _undeclared(ast, variables)
+    if bad is not None:
+        name, line, col = bad
+        raise ValueError(f"ERROR: <input>:{line}:{col}: undeclared reference to '{name}' (in container '')")
+    runner = _env().program(ast, functions=_FUNCTIONS)
+    if len(_EXPR_CACHE) > 1024:
+        _EXPR_CACHE.clear()
+    _EXPR_CACHE[key] = runner
+    return runner
+
+
+_EXPR_CACHE: dict[str, Any] = {}
 
 
 def compile_rule(rule: str) -> CompiledRule:

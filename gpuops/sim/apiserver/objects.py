@@ -224,6 +224,7 @@ class ObjectAPI:
         if mutating and obj is not None:
             mutated = await self.webhooks.mutate(mutating, req, ns_labels, warnings=ctx.warnings)
             if mutated is not None:
+                builtin.redefault(info.group, info.kind, mutated)  # as kube-apiserver defaults after each patch
                 obj = self._validate(info, mutated, old, ctx, check_unknown=False)
                 req.obj = obj
         if validating:

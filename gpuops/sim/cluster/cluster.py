@@ -274,9 +274,12 @@ class SimCluster:
         """Counts a human (or a test) wants at a glance; cheap enough to call every second."""
         phases: Counter[str] = Counter()
         unschedulable = 0
+        gated = 0
         gpus_used: Counter[str] = Counter()
         for p in self.access.iter(PODS):
             st = p.get("status") or {}
+            if (p.get("spec") or {}).get("schedulingGates"):
+                gated += 1
             phase = st.get("phase") or "Pending"
             if p["metadata"].get("deletionTimestamp"):
                 phase = "Terminating"
@@ -290,6 +293,8 @@ class SimCluster:
         for n in self.access.iter(NODES):
             name = n["metadata"]["name"]
             alloc = (n.get("status") or {}).get("allocatable") or {}
+            mig = {r[len("gpuops.io/mig-"):]: int(parse_quantity(v)) for r, v in alloc.items()
+                   if r.startswith("gpuops.io/mig-") and str(v) != "0"}
             m = self.fleet.get(name)
             nodes.append({
                 "name": name,
@@ -299,6 +304,7 @@ class SimCluster:
                 "model": (n["metadata"].get("labels") or {}).get("gpuops.io/gpu-model", ""),
                 "gpus": int(parse_quantity(alloc.get("nvidia.com/gpu", "0"))),
                 "gpus_used": gpus_used.get(name, 0),
+                "mig": mig,
             })
         jobs: Counter[str] = Counter()
         for j in self.access.iter(JOBS):
@@ -324,6 +330,8 @@ class SimCluster:
             "scenario": self.scenario.name,
             "pods": dict(phases),
             "unschedulable": unschedulable,
+            "gated": gated,
+            "mig_allocations": len(self.kubelets.allocations),
             "jobs": dict(jobs),
             "budgets": budgets,
             "nodes": sorted(nodes, key=lambda x: x["name"]),

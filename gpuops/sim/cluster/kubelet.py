@@ -54,6 +54,9 @@ _GONE_DELETED = "The container could not be located when the pod was deleted.  T
 Key = tuple[str, str]
 
 
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+
+
 @dataclass
 class KubeletOptions:
     start_latency_seconds: float = 1.0  # bound -> containers running
@@ -477,6 +480,7 @@ class Kubelets(Loop):
         if n.block < 0 or (existing is not None and self._block_of(existing) is not None):
             self._assign_block(n, existing)
         n.host_ip = self._host_ip(n, existing)
+        await self._start_device_manager(n, m)
         try:
             await self._register(n, existing)
         except Exception:
@@ -493,7 +497,6 @@ class Kubelets(Loop):
         self.at(("status", n.name), n.next_status)
         if not n.plugin_ready:
             self.at(("plugin", n.name), n.plugin_at)
-        await self._start_device_manager(n, m)
         self._dirty_pods.update(self._by_node.get(n.name, ()))
         self.wake()
         log.info("kubelet started", node=n.name, boot=n.boot)
@@ -519,8 +522,10 @@ class Kubelets(Loop):
         """The kubelet's device manager on a MIG-capable node: plugins register on its socket, their devices
         become the node's capacity and allocatable (posted at once on every change)."""
         root = self.options.device_plugin_root
-        if root is None or not m.gpu_model or not gpus.model(m.gpu_model).mig_capable:
+        if root is None or n.dm is not None or not m.gpu_model or not gpus.model(m.gpu_model).mig_capable:
             return
+        if m.labels.get(MIG_CONFIG_LABEL) == "all-disabled":
+            return  # MIG off on this machine (NVIDIA mig-manager's label): its whole GPUs are the resource
         from pathlib import Path
 
         from .devicemanager import KubeletDeviceManager  # grpc: only with device plugins
@@ -618,7 +623,7 @@ class Kubelets(Loop):
             "hugepages-1Gi": "0",
             "hugepages-2Mi": "0",
         }
-        if m.gpus > 0:
+        if m.gpus > 0 and n.dm is None:  # a MIG node's GPUs are sliced: only its device plugins' resources count
             if n.plugin_ready:
                 capacity[gpus.GPU_RESOURCE] = str(m.gpus)
             elif gpus.GPU_RESOURCE in (old_status.get("capacity") or {}):
