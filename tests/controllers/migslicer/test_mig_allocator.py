@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import pytest
 import yaml
+from prometheus_client import REGISTRY
 
 from gpuops.accounting import mig
 from gpuops.controllers.migslicer.allocator import CONDITION, Settings
@@ -209,6 +210,15 @@ async def test_gated_pod_is_planned_pinned_and_runs(tmp_path: Path) -> None:
         mig.check_layout(mig.geometry("A100-40GB"), layout)  # no overlap, legal starts
         assert all(x.metadata.owner_references and x.metadata.owner_references[0].uid == pod.metadata.uid
                    for x in claims)
+        # metrics, computed at scrape time from the informers
+        assert REGISTRY.get_sample_value("gpuops_migslicer_pods_waiting") == 0
+        assert REGISTRY.get_sample_value("gpuops_migslicer_claims", {"phase": "Created"}) == 2
+        for profile in ("3g.20gb", "4g.20gb"):
+            assert REGISTRY.get_sample_value("gpuops_migslicer_slices",
+                                             {"node": NODE, "profile": profile, "state": "claimed"}) == 1
+        gpu = claims[0].spec.gpu_uuid
+        assert REGISTRY.get_sample_value("gpuops_migslicer_gpu_fragmentation", {"node": NODE, "gpu": gpu}) == 0
+        assert (REGISTRY.get_sample_value("gpuops_migslicer_allocation_seconds_count") or 0) >= 1
 
 
 async def test_no_fit_waits_with_a_reason_then_runs_when_capacity_frees(tmp_path: Path) -> None:
