@@ -58,6 +58,7 @@ from .api import (
     MigNode,
     claim_name,
     profile_of_resource,
+    resource_of_profile,
 )
 from .metrics import ALLOCATION_SECONDS, PLAN_FAILURES
 
@@ -146,7 +147,7 @@ class Allocator:
         # claims created by this process that the cache may not show yet: planning counts them, so two pods
         # planned back to back never get the same slice
         self._reserved: dict[str, AllocationClaim] = {}
-        self._seen_waiting: dict[str, int] = {}  # pod uid -> when we first saw it gated (for the metric)
+        self._seen_waiting: dict[tuple[str, str], int] = {}  # pod key -> when first seen gated (the metric)
 
     # ------------------------------------------------------------------------------------------ mapping
 
@@ -168,6 +169,7 @@ class Allocator:
     async def reconcile(self, req: Request) -> Result | None:
         pod = self.pods.store.get(f"{req.namespace}/{req.name}")
         if pod is None:
+            self._seen_waiting.pop((req.namespace, req.name), None)
             return None  # its claims go with it (ownerReferences); the agent destroys their slices
         claims = self._claims_of(pod)
         if pod.status.phase in _DONE or pod.metadata.deletion_timestamp:
@@ -181,7 +183,7 @@ class Allocator:
             await self._ungate(pod, None, "the pod asks for no MIG slice")
             return None
         now = self.clock()
-        self._seen_waiting.setdefault(pod.metadata.uid, now)
+        self._seen_waiting.setdefault((pod.metadata.namespace, pod.metadata.name), now)
         live = [c for c in claims if c.status.phase in _LIVE]
         broken = [c for c in claims if c.status.phase == "Failed" or self._stuck(c, now)]
         if broken or (live and sorted(c.spec.profile for c in live) != sorted(profiles)):
@@ -206,6 +208,8 @@ class Allocator:
             return None
         if not all(c.status.advertised for c in live):
             return None  # the agent's status write wakes us
+        if not self._kubelet_has(node, live):
+            return None  # the Node's next status (allocatable) wakes us
         await self._ungate(pod, node, f"{len(live)} slice(s) on {node}: "
                            + ", ".join(f"{c.spec.profile}@{c.spec.gpu_uuid[:12]}/{c.spec.start}" for c in live))
         return None
@@ -308,6 +312,26 @@ class Allocator:
                  slices=[f"{s.placement.profile}@{s.gpu}/{s.placement.start}" for s in plan.slices])
         return None
 
+    def _kubelet_has(self, node: str, live: list[AllocationClaim]) -> bool:
+        """The node's kubelet lists exactly the slices offered for each of these profiles: its allocatable equals
+        the advertised claims of the profile there. Ungating earlier lets the scheduler bind a pod the kubelet
+        then refuses (its device list is still the previous one: too short, or holding a destroyed slice)."""
+        n = self.nodes.store.get(node)
+        if n is None:
+            return False
+        allocatable = n.status.allocatable or {}
+        for profile in {c.spec.profile for c in live}:
+            offered = sum(1 for c in self.claims.store.list()
+                          if c.spec.node_name == node and c.spec.profile == profile and c.status.advertised
+                          and c.status.phase in ("Created", "Bound"))
+            have = allocatable.get(resource_of_profile(profile))
+            try:
+                if have is None or int(have) != offered:
+                    return False
+            except ValueError:
+                return False
+        return True
+
     def _in_flight(self, node: str, profiles: set[str], uid: str) -> bool:
         """Another pod on this node holds advertised slices of one of these profiles and has not started."""
         for c in self.claims.store.list():
@@ -354,10 +378,10 @@ class Allocator:
         except ApiError as e:
             await self._no_fit(pod, "UngateRefused", f"the pod could not be pinned to {node}: {e}")
             return
-        started = self._seen_waiting.pop(pod.metadata.uid, None)
+        started = self._seen_waiting.pop((pod.metadata.namespace, pod.metadata.name), None)
         created = parse_time_or_none(pod.metadata.creation_timestamp)
-        if node is not None:
-            ALLOCATION_SECONDS.observe(max(0.0, (self.clock() - (created or started or self.clock())) / _SECOND))
+        if node is not None:  # from when this process first saw the pod (creationTimestamp has whole seconds)
+            ALLOCATION_SECONDS.observe(max(0.0, (self.clock() - (started or created or self.clock())) / _SECOND))
             await self._condition(pod, "True", "Allocated", message)
             self.recorder.record(pod, "Normal", "MigSlicesAllocated", message)
         log.info("pod ungated", pod=_key(pod), node=node)

@@ -14,11 +14,12 @@ from typing import Any
 from gpuops.kube.controller import Controller, Predicate, resource_version_changed
 from gpuops.kube.events import EventRecorder
 from gpuops.kube.manager import Manager
+from gpuops.kube.objects import Node
 from gpuops.kube.resources import NODES, PODS
 from gpuops.kube.times import wall_clock
 
 from .allocator import INDEX_CLAIMS_BY_POD, INDEX_GATED, Allocator, Settings, claims_by_pod, gated
-from .api import CLAIMS, MIG_NODES, MigNode
+from .api import CLAIMS, MIG_NODES, OUR_PREFIX, MigNode
 from .metrics import STATE_COLLECTOR
 
 __all__ = ["COMPONENT", "CONTROLLER_NAME", "MigAllocatorController", "install", "setup"]
@@ -32,6 +33,13 @@ class MigAllocatorController:
     allocator: Allocator
     controller: Controller
     recorder: EventRecorder
+
+
+def _mig_allocatable_changed(old: Node, new: Node) -> bool:
+    def mig(n: Node) -> dict[str, object]:
+        return {k: v for k, v in (n.status.allocatable or {}).items() if k.startswith(OUR_PREFIX)}
+
+    return mig(old) != mig(new)
 
 
 def _slices_changed(old: MigNode, new: MigNode) -> bool:
@@ -60,6 +68,8 @@ def install(
     controller.watch(pods, allocator.map_pod, predicates=[resource_version_changed()])
     controller.watch(mig_nodes, allocator.map_capacity, predicates=[Predicate(update=_slices_changed)])
     controller.watch(claims, allocator.map_claim, predicates=[resource_version_changed()])
+    # a node's allocatable catching up with the advertised slices lets its waiting pods be ungated
+    controller.watch(nodes, allocator.map_capacity, predicates=[Predicate(update=_mig_allocatable_changed)])
     allocator.controller = controller
     manager.add(controller)
 
