@@ -42,7 +42,7 @@ from gpuops.kube.client import Client
 from gpuops.kube.controller import Controller, Request, Result
 from gpuops.kube.errors import AlreadyExists, ApiError, Conflict, NotFound
 from gpuops.kube.events import EventRecorder
-from gpuops.kube.informer import Informer
+from gpuops.kube.informer import INDEX_NODE, Informer
 from gpuops.kube.objects import Node, Pod
 from gpuops.kube.resources import PODS
 from gpuops.kube.times import format_time, parse_time_or_none, wall_clock
@@ -148,6 +148,9 @@ class Allocator:
         # planned back to back never get the same slice
         self._reserved: dict[str, AllocationClaim] = {}
         self._seen_waiting: dict[tuple[str, str], int] = {}  # pod key -> when first seen gated (the metric)
+        # (node, pod uid) -> (profiles, when) of pods whose slices this process asked to offer, until they start:
+        # the cache may not show our annotation yet, and two pods offered at once would get each other's slices
+        self._advertising: dict[tuple[str, str], tuple[set[str], int]] = {}
 
     # ------------------------------------------------------------------------------------------ mapping
 
@@ -177,6 +180,9 @@ class Allocator:
                 await self._release(c)
             return None
         if not gated(pod):
+            lost = [c for c in claims if c.status.phase == "Failed" and c.status.device_uuid]
+            if lost and pod.spec.node_name:
+                await self._evict_lost(pod, lost[0].status.message)
             return None
         profiles = requested_profiles(pod)
         if not profiles:
@@ -199,17 +205,20 @@ class Allocator:
             return Result(requeue_after=max(0.1, (created + self.settings.pending_timeout * _SECOND - now) / _SECOND))
         # every slice exists: advertise them (one pod per node and profile at a time), then ungate
         node = live[0].spec.node_name
+        profiles_here = {c.spec.profile for c in live}
         if not all(ADVERTISE in (c.metadata.annotations or {}) for c in live):
-            busy = self._in_flight(node, {c.spec.profile for c in live}, pod.metadata.uid)
-            if busy:
-                return None  # that pod's start (or deletion) wakes us through its claims
+            busy = self._blocker(node, profiles_here, pod.metadata.uid)
+            if busy is not None:
+                await self._waiting(pod, "WaitingForNode", busy)
+                return Result(requeue_after=self.settings.retry)  # its start, release or deletion wakes us too
             for c in live:
                 await self._annotate(c)
+            self._advertising[(node, pod.metadata.uid)] = (profiles_here, now)
             return None
         if not all(c.status.advertised for c in live):
             return None  # the agent's status write wakes us
-        if not self._kubelet_has(node, live):
-            return None  # the Node's next status (allocatable) wakes us
+        if not self._kubelet_has(node, live, pod):
+            return Result(requeue_after=self.settings.retry)  # the Node's next status (allocatable) wakes us
         await self._ungate(pod, node, f"{len(live)} slice(s) on {node}: "
                            + ", ".join(f"{c.spec.profile}@{c.spec.gpu_uuid[:12]}/{c.spec.start}" for c in live))
         return None
@@ -312,7 +321,7 @@ class Allocator:
                  slices=[f"{s.placement.profile}@{s.gpu}/{s.placement.start}" for s in plan.slices])
         return None
 
-    def _kubelet_has(self, node: str, live: list[AllocationClaim]) -> bool:
+    def _kubelet_has(self, node: str, live: list[AllocationClaim], pod: Pod) -> bool:
         """The node's kubelet lists exactly the slices offered for each of these profiles: its allocatable equals
         the advertised claims of the profile there. Ungating earlier lets the scheduler bind a pod the kubelet
         then refuses (its device list is still the previous one: too short, or holding a destroyed slice)."""
@@ -324,24 +333,56 @@ class Allocator:
             offered = sum(1 for c in self.claims.store.list()
                           if c.spec.node_name == node and c.spec.profile == profile and c.status.advertised
                           and c.status.phase in ("Created", "Bound"))
-            have = allocatable.get(resource_of_profile(profile))
+            resource = resource_of_profile(profile)
+            have = allocatable.get(resource)
             try:
                 if have is None or int(have) != offered:
                     return False
             except ValueError:
                 return False
+            # the kubelet admits the pod only if the pods it still runs there (terminating ones too) leave room
+            used = sum(gpu_request(p, resource) for p in self.pods.store.by_index(INDEX_NODE, node)
+                       if p.status.phase not in _DONE and p.metadata.uid != pod.metadata.uid)
+            if used + sum(1 for c in live if c.spec.profile == profile) > int(have):
+                return False
         return True
 
-    def _in_flight(self, node: str, profiles: set[str], uid: str) -> bool:
-        """Another pod on this node holds advertised slices of one of these profiles and has not started."""
+    def _blocker(self, node: str, profiles: set[str], uid: str) -> str | None:
+        """Why another pod's slices of these profiles on this node keep ours from being offered to the kubelet
+        now (None: nothing does). The kubelet hands a container any free device of the resource, so a device
+        must be free only for the pod it was made for:
+          - another pod offered slices and has not started yet (in the cache, or annotated by this process a
+            moment ago and not in the cache yet);
+          - a finished or deleted pod's slices are still offered (the kubelet freed them, the agent has not
+            withdrawn them yet)."""
+        for (n, other_uid), (profs, _) in list(self._advertising.items()):
+            if n != node or other_uid == uid or not profs & profiles:
+                continue
+            other = self._pod_by_uid(other_uid)
+            if other is None or other.status.phase != "Pending" or (other.spec.node_name and _started(other)):
+                del self._advertising[(n, other_uid)]
+                continue
+            return f"pod {_key(other)} is being handed its slices on {node}; ours follow once it starts"
         for c in self.claims.store.list():
             if (c.spec.node_name != node or c.spec.pod_uid == uid or c.spec.profile not in profiles
-                    or c.status.phase != "Created" or ADVERTISE not in (c.metadata.annotations or {})):
+                    or c.status.phase not in ("Created", "Bound")
+                    or not (c.status.advertised or ADVERTISE in (c.metadata.annotations or {}))):
                 continue
             other = self.pods.store.get(f"{c.metadata.namespace}/{c.spec.pod_name}")
-            if other is not None and other.metadata.uid == c.spec.pod_uid and other.status.phase == "Pending":
-                return True
-        return False
+            if other is None or other.metadata.uid != c.spec.pod_uid or other.status.phase in _DONE \
+                    or other.metadata.deletion_timestamp:
+                return f"the slice of {c.metadata.namespace}/{c.spec.pod_name}, which ended, is still offered on " \
+                       f"{node} until it is withdrawn"
+            if other.status.phase == "Pending" and not _started(other):
+                return f"pod {_key(other)} is being handed its slices on {node}; ours follow once it starts"
+        return None
+
+    def _pod_by_uid(self, uid: str) -> Pod | None:
+        for c in self.claims.store.by_index(INDEX_CLAIMS_BY_POD, uid):
+            p = self.pods.store.get(f"{c.metadata.namespace}/{c.spec.pod_name}")
+            if p is not None and p.metadata.uid == uid:
+                return p
+        return None
 
     # ------------------------------------------------------------------------------------------ writes
 
@@ -386,6 +427,19 @@ class Allocator:
             self.recorder.record(pod, "Normal", "MigSlicesAllocated", message)
         log.info("pod ungated", pod=_key(pod), node=node)
 
+    async def _waiting(self, pod: Pod, reason: str, message: str) -> None:
+        """Our condition says why the pod still waits, without an Event (this wait is short and routine)."""
+        await self._condition(pod, "False", reason, message)
+
+    async def _evict_lost(self, pod: Pod, why: str) -> None:
+        """A running pod whose slice vanished (node reboot, GPU reset) computes on nothing: delete it, so its
+        controller makes a new one that gets a new slice, and say so."""
+        message = f"the pod lost its MIG slice ({why}); deleted so that it is scheduled again"
+        self.recorder.record(pod, "Warning", "MigSliceLost", message)
+        log.info("pod lost its slice", pod=_key(pod), reason=why)
+        with contextlib.suppress(NotFound):
+            await self.client.delete(PODS, pod.metadata.name, pod.metadata.namespace)
+
     async def _no_fit(self, pod: Pod, reason: str, message: str) -> None:
         PLAN_FAILURES.labels(reason).inc()
         changed = await self._condition(pod, "False", reason, message)
@@ -411,6 +465,11 @@ class Allocator:
             log.info("pod condition not written", pod=_key(pod), error=str(e))
             return False
         return True
+
+
+def _started(pod: Pod) -> bool:
+    """The kubelet has admitted the pod (its containers have devices): a container status or phase past Pending."""
+    return pod.status.phase != "Pending" or bool(pod.status.container_statuses)
 
 
 def _key(pod: Pod) -> str:

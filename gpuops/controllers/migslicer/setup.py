@@ -13,6 +13,7 @@ from typing import Any
 
 from gpuops.kube.controller import Controller, Predicate, resource_version_changed
 from gpuops.kube.events import EventRecorder
+from gpuops.kube.informer import INDEX_NODE, pods_by_node
 from gpuops.kube.manager import Manager
 from gpuops.kube.objects import Node
 from gpuops.kube.resources import NODES, PODS
@@ -56,6 +57,7 @@ def install(
 ) -> MigAllocatorController:
     pods = manager.informer(PODS)
     pods.add_index(INDEX_GATED, gated)
+    pods.add_index(INDEX_NODE, pods_by_node)
     nodes = manager.informer(NODES)
     mig_nodes = manager.informer(MIG_NODES)
     claims = manager.informer(CLAIMS, namespace=None)
