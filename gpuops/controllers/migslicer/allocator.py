@@ -150,7 +150,7 @@ class Allocator:
         self._seen_waiting: dict[tuple[str, str], int] = {}  # pod key -> when first seen gated (the metric)
         # (node, pod uid) -> (profiles, when) of pods whose slices this process asked to offer, until they start:
         # the cache may not show our annotation yet, and two pods offered at once would get each other's slices
-        self._advertising: dict[tuple[str, str], tuple[set[str], int]] = {}
+        self._advertising: dict[tuple[str, str], tuple[set[str], str]] = {}
 
     # ------------------------------------------------------------------------------------------ mapping
 
@@ -207,16 +207,22 @@ class Allocator:
         node = live[0].spec.node_name
         profiles_here = {c.spec.profile for c in live}
         if not all(ADVERTISE in (c.metadata.annotations or {}) for c in live):
-            busy = self._blocker(node, profiles_here, pod.metadata.uid)
+            busy = self._blocker(node, profiles_here, pod.metadata.uid, None)
             if busy is not None:
                 await self._waiting(pod, "WaitingForNode", busy)
                 return Result(requeue_after=self.settings.retry)  # its start, release or deletion wakes us too
+            stamp = format_time(now)
             for c in live:
-                await self._annotate(c)
-            self._advertising[(node, pod.metadata.uid)] = (profiles_here, now)
+                await self._annotate(c, stamp)
+            self._advertising[(node, pod.metadata.uid)] = (profiles_here, stamp)
             return None
         if not all(c.status.advertised for c in live):
             return None  # the agent's status write wakes us
+        mine = min((c.metadata.annotations or {}).get(ADVERTISE, "") for c in live)
+        busy = self._blocker(node, profiles_here, pod.metadata.uid, (mine, pod.metadata.uid))  # a pod may have ended
+        if busy is not None:
+            await self._waiting(pod, "WaitingForNode", busy)
+            return Result(requeue_after=self.settings.retry)
         if not self._kubelet_has(node, live, pod):
             return Result(requeue_after=self.settings.retry)  # the Node's next status (allocatable) wakes us
         await self._ungate(pod, node, f"{len(live)} slice(s) on {node}: "
@@ -347,20 +353,24 @@ class Allocator:
                 return False
         return True
 
-    def _blocker(self, node: str, profiles: set[str], uid: str) -> str | None:
+    def _blocker(self, node: str, profiles: set[str], uid: str, mine: tuple[str, str] | None) -> str | None:
         """Why another pod's slices of these profiles on this node keep ours from being offered to the kubelet
         now (None: nothing does). The kubelet hands a container any free device of the resource, so a device
         must be free only for the pod it was made for:
           - another pod offered slices and has not started yet (in the cache, or annotated by this process a
             moment ago and not in the cache yet);
           - a finished or deleted pod's slices are still offered (the kubelet freed them, the agent has not
-            withdrawn them yet)."""
+            withdrawn them yet).
+        `mine`: (advertise stamp, uid) once ours are offered too (after an operator restart two pods can be): the
+        earlier one goes first, so they never wait for each other."""
         for (n, other_uid), (profs, _) in list(self._advertising.items()):
             if n != node or other_uid == uid or not profs & profiles:
                 continue
             other = self._pod_by_uid(other_uid)
             if other is None or other.status.phase != "Pending" or (other.spec.node_name and _started(other)):
                 del self._advertising[(n, other_uid)]
+                continue
+            if mine is not None and (self._advertising[(n, other_uid)][1], other_uid) > mine:
                 continue
             return f"pod {_key(other)} is being handed its slices on {node}; ours follow once it starts"
         for c in self.claims.store.list():
@@ -374,6 +384,9 @@ class Allocator:
                 return f"the slice of {c.metadata.namespace}/{c.spec.pod_name}, which ended, is still offered on " \
                        f"{node} until it is withdrawn"
             if other.status.phase == "Pending" and not _started(other):
+                theirs = ((c.metadata.annotations or {}).get(ADVERTISE, ""), c.spec.pod_uid)
+                if mine is not None and theirs > mine:
+                    continue  # offered after ours: it waits for us
                 return f"pod {_key(other)} is being handed its slices on {node}; ours follow once it starts"
         return None
 
@@ -386,10 +399,10 @@ class Allocator:
 
     # ------------------------------------------------------------------------------------------ writes
 
-    async def _annotate(self, claim: AllocationClaim) -> None:
+    async def _annotate(self, claim: AllocationClaim, stamp: str) -> None:
         with contextlib.suppress(NotFound):
-            await self.client.patch(CLAIMS, claim.metadata.name, {"metadata": {"annotations": {
-                ADVERTISE: format_time(self.clock())}}}, namespace=claim.metadata.namespace)
+            await self.client.patch(CLAIMS, claim.metadata.name, {"metadata": {"annotations": {ADVERTISE: stamp}}},
+                                    namespace=claim.metadata.namespace)
 
     async def _release(self, claim: AllocationClaim) -> None:
         if claim.status.phase == "Released":
