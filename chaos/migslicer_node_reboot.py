@@ -1,0 +1,210 @@
+"""A node's GPUs lose every MIG slice (a reboot) while pods run on it and others are being placed there.
+
+Rig (chaos/_migslicer.py): 3 MIG nodes x 2 A100-40GB, orphan grace 3 s, heartbeat 2 s. Per round, on one node:
+two long-running pods (3g.20gb; 2g.10gb+1g.5gb) run with their claims Bound; two more (1g.10gb; 1g.5gb) are
+being placed: the driver is frozen (a store listener takes its lock) the moment their claims are all Created,
+before the agent advertises them. Then the driver state is deleted under the lock (MIG instances do not
+survive a reboot) and released:
+  live-agent   mig-0: the agent keeps running and finds the slices gone on its next pass;
+  agent-too    mig-1: the agent is killed first and restarted after the reboot (as a real reboot would).
+The emulated kubelet and pods are not rebooted: the running pods keep running without their devices.
+Checked: the Bound claims become Failed with a message; the Created claims get their slices made again and
+their pods run; new pods asking for the failed pods' space run on the node (its capacity is back); and the two
+global checks once every pod is deleted (no pod gated without a reason; no slice without a live claim).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from _common import cli, figures_table, run, write_results
+from _migslicer import COMMON_NOTES, ClaimRecord, MigRig, open_mig_rig, verdict, wait_for
+
+from gpuops.sim.harness import until
+
+NAME = "migslicer_node_reboot"
+RUNNING = [["3g.20gb"], ["2g.10gb", "1g.5gb"]]
+PLACING = [["1g.10gb"], ["1g.5gb"]]
+
+
+async def one_round(mr: MigRig, node: str, kind: str, problems: list[str], wait: float) -> dict[str, Any]:
+    info: dict[str, Any] = {"node": node, "kind": kind}
+    gate = mr.gate(node)
+    runners = [f"{node}-run{i}" for i in range(len(RUNNING))]
+    for name, shape in zip(runners, RUNNING, strict=True):
+        await mr.create_pod(mr.pod_body(name, shape, node=node))
+    await mr.wait_running(runners, 40)
+    run_uids = {r.uid for x in runners if (r := mr.track.pod(x)) is not None}
+    bound = [c for c in mr.track.claims.values() if c.pod_uid in run_uids]
+    await wait_for(f"{node}: running pods' claims Bound", lambda: all(c.phase == "Bound" for c in bound), 20)
+
+    placing = [f"{node}-place{i}" for i in range(len(PLACING))]
+    uids: set[str] = set()
+    frozen: list[float] = []
+
+    def hook(what: str, rec: Any) -> None:
+        if frozen or not isinstance(rec, ClaimRecord) or rec.pod_uid not in uids:
+            return
+        mine = [c for c in mr.track.claims.values() if c.pod_uid in uids]
+        if len(mine) == sum(len(s) for s in PLACING) and all(c.phase == "Created" for c in mine):
+            gate.hold_now()
+            frozen.append(time.monotonic())
+
+    mr.track.hooks.append(hook)
+    try:
+        for name, shape in zip(placing, PLACING, strict=True):
+            await mr.create_pod(mr.pod_body(name, shape, node=node))
+            r = mr.track.pod(name)
+            assert r is not None
+            uids.add(r.uid)
+        await wait_for(f"{node}: the placing pods' claims Created", lambda: bool(frozen), 30)
+    finally:
+        mr.track.hooks.remove(hook)
+    created = [c for c in mr.track.claims.values() if c.pod_uid in uids]
+    info["placing_claims_at_reboot"] = sorted(
+        c.phase + ("+advertised" if (c.last.get("status") or {}).get("advertised") else "") for c in created)
+    info["slices_at_reboot"] = len(gate.instances())
+    old_devices = {c.uid: c.device for c in created}
+    if kind == "agent-too":
+        mr.agents[node].kill()
+    gate.reboot()
+    gate.release()
+    rebooted = time.monotonic()
+    if kind == "agent-too":
+        info["agent_start_s"] = await mr.start_agent(node)
+
+    t_failed = await wait_for(f"{node}: the Bound claims Failed", lambda: all(c.phase == "Failed" for c in bound), 30)
+    info["reboot_to_bound_failed_s"] = round(t_failed - rebooted, 3)
+    info["failed_messages"] = sorted({str((c.last.get("status") or {}).get("message") or "") for c in bound})
+    if not all(info["failed_messages"]):
+        problems.append(f"{node}: a Failed claim carries no message")
+
+    async def remade() -> bool:
+        slices = {(s.gpu_uuid, s.start): s for s in await mr.driver(node)}
+        return all(c.live and (c.gpu, c.start) in slices and slices[(c.gpu, c.start)].complete for c in created)
+
+    try:
+        await until(f"{node}: the Created claims' slices made again", remade, 30)
+        info["reboot_to_created_remade_s"] = round(time.monotonic() - rebooted, 3)
+    except TimeoutError as e:
+        problems.append(f"{node}: {e}: " + "; ".join(mr.describe(x) for x in placing))
+        info["reboot_to_created_remade_s"] = None
+    info["placing_claims_replanned"] = sum(1 for c in created if c.gone_at is not None)
+    try:
+        await mr.wait_running(placing, wait)
+        info["reboot_to_placing_running_s"] = round(
+            max((r.running_at or 0.0) for x in placing if (r := mr.track.pod(x)) is not None) - rebooted, 3)
+    except TimeoutError as e:
+        problems.append(f"{node}: pods being placed at the reboot: {e}")
+        info["reboot_to_placing_running_s"] = None
+    info["device_uuids_reused"] = sum(1 for c in created if c.device and c.device == old_devices.get(c.uid))
+    # the failed pods' space: the same shapes again, pinned to the node
+    again = [f"{node}-again{i}" for i in range(len(RUNNING))]
+    for name, shape in zip(again, RUNNING, strict=True):
+        await mr.create_pod(mr.pod_body(name, shape, node=node))
+    try:
+        ran = await mr.wait_running(again, wait)
+        info["reboot_to_new_pods_running_s"] = round(time.monotonic() - rebooted, 3)
+    except TimeoutError as e:
+        problems.append(f"{node}: new pods for the failed pods' space: {e}")
+        ran = {x: 0.0 for x in again if (r := mr.track.pod(x)) is not None and r.running_at is not None}
+        info["reboot_to_new_pods_running_s"] = None
+    info["new_pods_ran"] = len(ran)
+    info["never_ran"] = len(mr.never_ran([*placing, *again]))  # described by final_checks
+    return info
+
+
+async def scenario(quick: bool) -> tuple[dict[str, Any], dict[str, Any], bool]:
+    problems: list[str] = []
+    t0 = time.monotonic()
+    async with open_mig_rig(NAME, grace=3.0, heartbeat=2.0) as mr:
+        wait = 8.0 if quick else 20.0  # a healthy round runs its pods within ~2 s
+        rounds = [await one_round(mr, "mig-0", "live-agent", problems, wait),
+                  await one_round(mr, "mig-1", "agent-too", problems, wait)]
+        if not quick:  # the same on a third node, the agent alive, after the two others settled (or not)
+            rounds.append(await one_round(mr, "mig-2", "live-agent", problems, wait))
+        # before the clean-up: pods left gated must say why (the end state below has no pods at all)
+        gated_live, _ = await mr.check_gated(5 if quick else 10)
+        problems += [f"gated without a reason before the clean-up: {g}" for g in gated_live]
+        for p in mr.live_pods():
+            await mr.delete_pod(p["metadata"]["name"])
+        common = await mr.final_checks(problems)
+        figures: dict[str, Any] = {
+            "reboots": len(rounds),
+            "bound_claims_failed": sum(1 for c in mr.track.claims.values()
+                                       if c.reached("Bound") is not None and c.phase == "Failed"),
+            "reboot_to_bound_failed_max_s": max(r["reboot_to_bound_failed_s"] for r in rounds),
+            "reboot_to_created_remade_max_s": max(r["reboot_to_created_remade_s"] or -1 for r in rounds),
+            "reboot_to_placing_running_max_s": max(r["reboot_to_placing_running_s"] or -1 for r in rounds),
+            "reboot_to_new_pods_running_max_s": max(r["reboot_to_new_pods_running_s"] or -1 for r in rounds),
+            "pods_stuck_ungated_unscheduled": sum(1 for p in mr.track.pods.values() if p.profiles
+                                                  and p.ungated_at is not None and p.running_at is None),
+            "placing_claims_replanned": sum(r["placing_claims_replanned"] for r in rounds),
+            "device_uuids_reused": sum(r["device_uuids_reused"] for r in rounds),
+            "pods_never_ran": sum(r["never_ran"] for r in rounds),
+            "gated_without_reason_before_cleanup": len(gated_live),
+            **common,
+            "run_seconds": round(time.monotonic() - t0, 1),
+        }
+        ok = not problems
+        figures["passed"] = int(ok)
+        return figures, {"problems": problems, "rounds": rounds, "env_short": mr.env_problems()[1]}, ok
+
+
+NOTES = {
+    **COMMON_NOTES,
+    "bound_claims_failed": "claims that were Bound (their pod had the device) and became Failed",
+    "reboot_to_bound_failed_max_s": "reboot -> every Bound claim of the node Failed (worst round)",
+    "reboot_to_created_remade_max_s": "reboot -> every Created claim's slice made again (worst round)",
+    "placing_claims_replanned": "claims of the pods being placed that were deleted and planned again",
+    "device_uuids_reused": "re-made slices with the same MIG UUID as before the reboot (the fake's UUIDs are a "
+                           "function of GPU, GI id and CI id; real MIG UUIDs are new for every slice)",
+    "reboot_to_new_pods_running_max_s": "reboot -> pods asking for the failed pods' space Running",
+    "pods_never_ran": "pods that ended without running (e.g. refused by the kubelet's Allocate)",
+    "gated_without_reason_before_cleanup": "pods gated with no MigSlices=False reason once the rounds are over, "
+                                           "checked before the pods are deleted (must be 0)",
+    "pods_stuck_ungated_unscheduled": "MIG pods ungated (pinned) that never ran before being deleted at the end",
+    "reboot_to_placing_running_max_s": "reboot -> the pods being placed Running (-1: some never did)",
+}
+
+
+async def main() -> bool:
+    args = cli(__doc__)
+    figures, detail, ok = await scenario(args.quick)
+    mode = "quick" if args.quick else "full"
+    rows = "\n".join(
+        f"| {r['node']} | {r['kind']} | {r['slices_at_reboot']} | {r['placing_claims_at_reboot']} | "
+        f"{r['reboot_to_bound_failed_s']} | {r['reboot_to_created_remade_s']} | {r['reboot_to_placing_running_s']} | "
+        f"{r['new_pods_ran']}/{len(RUNNING)} | {r['reboot_to_new_pods_running_s']} |" for r in detail["rounds"])
+    messages = sorted({m for r in detail["rounds"] for m in r["failed_messages"]})
+    md = f"""# MIG slicer: node reboot (emulated GPUs lose their slices) ({mode} run)
+
+Per round, on one node: 2 running pods ({', '.join('+'.join(s) for s in RUNNING)}; claims Bound) and 2 pods
+being placed ({', '.join('+'.join(s) for s in PLACING)}; driver frozen when their claims are all Created), then
+the driver state deleted. mig-1's agent is killed before and restarted after. Then the failed pods' shapes
+again on the node. Failed claim messages: {'; '.join(repr(m) for m in messages)}.
+
+| node | kind | slices at reboot | placing claims at reboot | reboot -> Bound Failed (s) | \
+reboot -> Created re-made (s) | reboot -> placing Running (s) | new pods ran | reboot -> new pods Running (s) |
+|---|---|---|---|---|---|---|---|---|
+{rows}
+
+{figures_table(figures, NOTES)}
+
+{verdict(detail["problems"], ok, "migslicer_node_reboot.py", args)}"""
+    summary = {
+        "injected": f"{len(detail['rounds'])} GPU reboots (slices gone) with Bound and Created claims; one with "
+                    "the agent killed and restarted",
+        "checked": "Bound -> Failed with message, Created re-made, placing pods and new pods run, no gated pod "
+                   "without reason, no leaked slice",
+        "key": f"{figures['bound_claims_failed']} Bound->Failed, re-made <= "
+               f"{figures['reboot_to_created_remade_max_s']} s, new pods <= "
+               f"{figures['reboot_to_new_pods_running_max_s']} s, {figures['leaked_slices_at_end']} leaked",
+    }
+    write_results(NAME, figures, md, passed=ok, summary=summary, extra={"mode": mode, "seed": args.seed, **detail})
+    return ok
+
+
+if __name__ == "__main__":
+    run(main)
