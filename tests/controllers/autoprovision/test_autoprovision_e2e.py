@@ -7,30 +7,25 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
-import yaml
 from prometheus_client import REGISTRY
+from waiting import install_crds, until
 
 from gpuops.controllers.autoprovision import install
 from gpuops.controllers.autoprovision.api import GROUPS, GPUNodeGroup
 from gpuops.controllers.autoprovision.reconciler import Settings
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
-from gpuops.kube.errors import ApiError
 from gpuops.kube.manager import Manager
 from gpuops.kube.resources import PODS, SECRETS
 from gpuops.sim.cluster.cluster import SimCluster
 from gpuops.sim.scenario import parse
 
-T = TypeVar("T")
-ROOT = Path(__file__).resolve().parents[3]
-CRD = ROOT / "manifests" / "crds" / "gpunodegroups.gpuops.io.yaml"
 NS = "work"
 
 pytestmark = pytest.mark.anyio
@@ -54,16 +49,6 @@ SCENARIO = {
 def anyio_backend() -> str:
     return "asyncio"
 
-
-async def until(what: str, probe: Callable[[], Awaitable[T | None]], within: float = 20.0) -> T:
-    deadline = time.monotonic() + within
-    while True:
-        got = await probe()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def gpu_pod(name: str, gpus: int, runtime: float) -> dict[str, Any]:
@@ -90,18 +75,7 @@ async def running(tmp_path: Path, **settings: Any) -> AsyncIterator[tuple[SimClu
     async with SimCluster(parse(SCENARIO), workload=False) as cluster:
         cluster.write_kubeconfig(tmp_path / "k")
         client = await Client.from_kubeconfig(str(tmp_path / "k"))
-        await client.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-                             body=json.dumps(yaml.safe_load(CRD.read_text())).encode(),
-                             content_type="application/json")
-
-        async def served() -> bool:
-            try:
-                await client.list(GROUPS)
-            except ApiError:
-                return False
-            return True
-
-        await until("CRD served", served, 10)
+        await install_crds(client, ["gpunodegroups"], [GROUPS])
         mgr = Manager(client, metrics_bind_address="0", health_probe_bind_address="0")
         install(mgr, settings=Settings(**{"drain_recheck": 0.2, "off_recheck": 0.2, **settings}), env={})
         task = asyncio.create_task(mgr.run())

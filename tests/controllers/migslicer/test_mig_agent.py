@@ -5,28 +5,23 @@ pods held them), destroys released and orphaned slices, and reports all of it in
 from __future__ import annotations
 
 import asyncio
-import json
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
-import yaml
+from waiting import install_crds, until
 
 from gpuops.controllers.migslicer.agent import agent as mig_agent
 from gpuops.controllers.migslicer.agent.fakenvml import FakeNVML, gpu_uuid
 from gpuops.controllers.migslicer.agent.gpus import MigBackend
 from gpuops.controllers.migslicer.api import CLAIMS, MIG_NODES, NODE_LABEL, AllocationClaim, MigNode
 from gpuops.kube.client import Client
-from gpuops.kube.errors import ApiError, NotFound
+from gpuops.kube.errors import NotFound
 from gpuops.kube.manager import Manager
 from gpuops.sim.apiserver import APIServer
 
-T = TypeVar("T")
-ROOT = Path(__file__).resolve().parents[3]
-CRDS = [ROOT / "manifests" / "crds" / f"{n}.gpuops.io.yaml" for n in ("mignodes", "allocationclaims")]
 NODE = "n1"
 NS = "default"
 G0 = gpu_uuid(NODE, 0)
@@ -39,36 +34,13 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-async def until(what: str, probe: Callable[[], Awaitable[T | None]], within: float = 10.0) -> T:
-    deadline = time.monotonic() + within
-    while True:
-        got = await probe()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.03)
-
 
 @asynccontextmanager
 async def agent_running(tmp_path: Path, grace: float = 0.5) -> AsyncIterator[Client]:
     async with APIServer() as server:
         server.write_kubeconfig(tmp_path / "k")
         client = await Client.from_kubeconfig(str(tmp_path / "k"))
-        for crd in CRDS:
-            await client.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-                                 body=json.dumps(yaml.safe_load(crd.read_text())).encode(),
-                                 content_type="application/json")
-
-        async def served() -> bool:
-            try:
-                await client.list(CLAIMS)
-                await client.list(MIG_NODES)
-            except ApiError:
-                return False
-            return True
-
-        await until("CRDs served", served)
+        await install_crds(client, ["mignodes", "allocationclaims"], [CLAIMS, MIG_NODES])
         mgr = Manager(client, namespace=None, metrics_bind_address="0", health_probe_bind_address="0")
         backend = MigBackend.emulated("A100-40GB:2", NODE, state_file=tmp_path / "gpus.json")
         mig_agent.install(mgr, NODE, backend, settings=mig_agent.AgentSettings(grace=grace, heartbeat=0.3,

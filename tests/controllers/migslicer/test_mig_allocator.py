@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
-import yaml
 from prometheus_client import REGISTRY
+from waiting import install_crds, until
 
 from gpuops.accounting import mig
 from gpuops.controllers.migslicer.allocator import CONDITION, Settings
@@ -39,9 +37,6 @@ from gpuops.kube.times import format_time, wall_clock
 from gpuops.sim.cluster.cluster import SimCluster
 from gpuops.sim.scenario import parse
 
-T = TypeVar("T")
-ROOT = Path(__file__).resolve().parents[3]
-CRDS = [ROOT / "manifests" / "crds" / f"{n}.gpuops.io.yaml" for n in ("mignodes", "allocationclaims")]
 NS = "work"
 NODE = "mig-0"
 GPUS = [str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{NODE}/{i}")) for i in range(2)]
@@ -61,16 +56,6 @@ SCENARIO = {
 def anyio_backend() -> str:
     return "asyncio"
 
-
-async def until(what: str, probe: Callable[[], Awaitable[T | None]], within: float = 15.0) -> T:
-    deadline = time.monotonic() + within
-    while True:
-        got = await probe()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 class FakeAgent:
@@ -143,20 +128,7 @@ async def running(tmp_path: Path) -> AsyncIterator[tuple[SimCluster, Client, Fak
     async with SimCluster(parse(SCENARIO), workload=False) as cluster:
         cluster.write_kubeconfig(tmp_path / "k")
         client = await Client.from_kubeconfig(str(tmp_path / "k"))
-        for crd in CRDS:
-            await client.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-                                 body=json.dumps(yaml.safe_load(crd.read_text())).encode(),
-                                 content_type="application/json")
-
-        async def served() -> bool:
-            try:
-                await client.list(CLAIMS)
-                await client.list(MIG_NODES)
-            except ApiError:
-                return False
-            return True
-
-        await until("CRDs served", served, 10)
+        await install_crds(client, ["mignodes", "allocationclaims"], [CLAIMS, MIG_NODES])
         agent = FakeAgent(client)
         await agent.publish()
         mgr = Manager(client, metrics_bind_address="0", health_probe_bind_address="0")

@@ -12,14 +12,14 @@ import json
 import shutil
 import socket
 import tempfile
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
+from waiting import install_crds, until
 
 from gpuops.controllers.migslicer import webhook
 from gpuops.controllers.migslicer.agent import agent as mig_agent
@@ -34,9 +34,7 @@ from gpuops.kube.resources import PODS
 from gpuops.sim.cluster.cluster import SimCluster
 from gpuops.sim.scenario import parse
 
-T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[3]
-CRDS = [ROOT / "manifests" / "crds" / f"{n}.gpuops.io.yaml" for n in ("mignodes", "allocationclaims")]
 WEBHOOK = ROOT / "manifests" / "webhook" / "mutatingwebhookconfiguration.yaml"
 NS = "work"
 NODES = ("mig-0", "mig-1")
@@ -56,16 +54,6 @@ SCENARIO = {
 def anyio_backend() -> str:
     return "asyncio"
 
-
-async def until(what: str, probe: Callable[[], Awaitable[T | None]], within: float = 20.0) -> T:
-    deadline = time.monotonic() + within
-    while True:
-        got = await probe()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def free_port() -> int:
@@ -88,23 +76,10 @@ async def running(tmp_path: Path) -> AsyncIterator[tuple[SimCluster, Client, Pat
         cluster.server.service_endpoints[("gpuops-system", "gpuops-webhook")] = f"127.0.0.1:{port}"
         client = await Client.from_kubeconfig(str(tmp_path / "k"))
         stack.push_async_callback(client.close)
-        for crd in CRDS:
-            await client.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-                                 body=json.dumps(yaml.safe_load(crd.read_text())).encode(),
-                                 content_type="application/json")
         await client.request("POST", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
                              body=json.dumps(yaml.safe_load(WEBHOOK.read_text())).encode(),
                              content_type="application/json")
-
-        async def served() -> bool:
-            try:
-                await client.list(CLAIMS)
-                await client.list(MIG_NODES)
-            except ApiError:
-                return False
-            return True
-
-        await until("CRDs served", served, 10)
+        await install_crds(client, ["mignodes", "allocationclaims"], [CLAIMS, MIG_NODES])
         managers: list[tuple[Manager, asyncio.Task[None]]] = []
         operator = Manager(client, metrics_bind_address="0", health_probe_bind_address="0")
         install_allocator(operator, settings=Settings(retry=1.0))

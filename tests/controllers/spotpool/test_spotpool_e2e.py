@@ -7,30 +7,26 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
-import yaml
+from waiting import install_crds, until
 
 from gpuops.controllers.spotpool.api import POOLS, SpotPool
 from gpuops.controllers.spotpool.reconciler import Settings
 from gpuops.controllers.spotpool.setup import install
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
-from gpuops.kube.errors import ApiError, NotFound
+from gpuops.kube.errors import NotFound
 from gpuops.kube.manager import Manager
 from gpuops.kube.resources import NODES, PODS, SECRETS
 from gpuops.sim.cluster.cluster import SimCluster
 from gpuops.sim.scenario import parse
 
-T = TypeVar("T")
-ROOT = Path(__file__).resolve().parents[3]
-CRD = ROOT / "manifests" / "crds" / "spotpools.gpuops.io.yaml"
 NS = "work"
 
 pytestmark = pytest.mark.anyio
@@ -54,16 +50,6 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-async def until(what: str, probe: Callable[[], Awaitable[T | None]], within: float = 20.0) -> T:
-    deadline = time.monotonic() + within
-    while True:
-        got = await probe()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.05)
-
 
 def pool_body(cluster: SimCluster, name: str = "gpus", *, minimum: int = 2, maximum: int = 4,
               types: tuple[str, ...] = ("gpu.l4.1x",), **spec: Any) -> dict[str, Any]:
@@ -80,18 +66,7 @@ async def running(tmp_path: Path, **settings: Any) -> AsyncIterator[tuple[SimClu
     async with SimCluster(parse(SCENARIO), workload=False) as cluster:
         cluster.write_kubeconfig(tmp_path / "k")
         client = await Client.from_kubeconfig(str(tmp_path / "k"))
-        await client.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-                             body=json.dumps(yaml.safe_load(CRD.read_text())).encode(),
-                             content_type="application/json")
-
-        async def served() -> bool:
-            try:
-                await client.list(POOLS)
-            except ApiError:
-                return False
-            return True
-
-        await until("CRD served", served, 10)
+        await install_crds(client, ["spotpools"], [POOLS])
         mgr = Manager(client, metrics_bind_address="0", health_probe_bind_address="0")
         install(mgr, settings=Settings(**{"drain_recheck": 0.2, "resync_seconds": 2.0, "retry_base": 0.1,
                                          "capacity_backoff_base": 30.0, "secret_recheck": 0.3,
