@@ -313,8 +313,10 @@ def install(manager: Manager, node: str, backend: MigBackend, *, plugin_dir: str
         try:
             await asyncio.Event().wait()
         finally:
-            await agent.close()
-            await anyio.to_thread.run_sync(backend.close)
+            with anyio.CancelScope(shield=True):  # we are being cancelled: the cleanup must still run
+                await agent.close()  # the device plugins go first: the kubelet stops offering our slices at once
+                with anyio.move_on_after(5):  # a driver call that hangs must not hold the shutdown
+                    await anyio.to_thread.run_sync(backend.close, abandon_on_cancel=True)
 
     manager.add_runnable("mig-agent-lifecycle", lifecycle, need_leader_election=False)
     return agent
