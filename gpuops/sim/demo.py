@@ -154,7 +154,8 @@ async def run_demo(
     tty = out.isatty()
     crds = repo_crds()
     mig = MigSide(kubeconfig)
-    async with SimCluster(scenario, port=port, manifests=crds, device_plugin_root=mig.root) as cluster:
+    async with SimCluster(scenario, port=port, manifests=crds, device_plugin_root=mig.root,
+                          hold_workload=operator) as cluster:
         cluster.write_kubeconfig(kubeconfig)
         recorder = Recorder(cluster)
         print(f"gpuops demo: scenario {scenario.name}: {scenario.description}", file=out)
@@ -168,6 +169,9 @@ async def run_demo(
             if mig.procs:
                 print(f"  MIG agents  gpuops agent --emulated on {', '.join(sorted(mig.procs))}, logs in "
                       f"{mig.log_path}", file=out, flush=True)
+            if not await mig.webhook_ready(cluster):  # its failure policy refuses MIG pods until it serves
+                print("  (the operator's webhook did not answer within 30 s; starting the workload anyway)", file=out)
+        cluster.start_workload()
         start = time.monotonic()
         next_plain = 0.0
         try:

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -27,6 +28,8 @@ __all__ = ["MigSide", "free_port"]
 
 WEBHOOK_CONFIG = Path(__file__).resolve().parents[2] / "manifests" / "webhook" / "mutatingwebhookconfiguration.yaml"
 WEBHOOK_SERVICE = ("gpuops-system", "gpuops-webhook")
+WEBHOOK_NAME = "gpuops-mig-slicer"
+WEBHOOKS = ("admissionregistration.k8s.io", "mutatingwebhookconfigurations")
 
 
 def free_port() -> int:
@@ -81,6 +84,27 @@ class MigSide:
                    "--health-probe-bind-address", "0", "--log-format", "json"]
             (self.root / name).mkdir(exist_ok=True)
             self.procs[name] = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+
+    async def webhook_ready(self, cluster: SimCluster, within: float = 30.0) -> bool:
+        """Wait until the operator's webhook accepts connections and its CA is in the configuration's caBundle,
+        so the first MIG pods are not refused."""
+        if not self.procs:
+            return True
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            config = cluster.access.get(WEBHOOKS, "", WEBHOOK_NAME) or {}
+            patched = all((h.get("clientConfig") or {}).get("caBundle") for h in config.get("webhooks") or [{}])
+            if patched:
+                try:
+                    _, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", self.webhook_port), 1.0)
+                    writer.close()
+                    with contextlib.suppress(Exception):
+                        await writer.wait_closed()
+                    return True
+                except (OSError, TimeoutError):
+                    pass
+            await asyncio.sleep(0.2)
+        return False
 
     async def stop(self) -> None:
         for p in self.procs.values():

@@ -104,9 +104,12 @@ class SimCluster:
         tls: bool = False,
         manifests: Sequence[Path] = (),
         device_plugin_root: str | Path | None = None,
+        hold_workload: bool = False,
     ) -> None:
         """`device_plugin_root`: MIG-capable nodes' kubelets serve device-plugin registration on
-        `<root>/<node>/kubelet.sock` (where `gpuops agent --device-plugin-dir` points)."""
+        `<root>/<node>/kubelet.sock` (where `gpuops agent --device-plugin-dir` points). `hold_workload`: the
+        workload starts at `start_workload()` instead of with the cluster (once an operator is ready)."""
+        self.hold_workload = hold_workload
         self.scenario = scenario
         self.manifests = list(manifests)
         self.server = APIServer(
@@ -183,12 +186,17 @@ class SimCluster:
         for group in self.scenario.node_groups:
             for m in machines_of(group):
                 self.fleet.add(m)
-        if self.workload is not None:
+        if self.workload is not None and not self.hold_workload:
             self.workload.start()
         if self.fault_plan is not None:
             self.fault_plan.start()
         log.info("sim cluster up", scenario=self.scenario.name, apiserver=self.server.url, cloud=self.cloud.url,
                  machines=len(self.fleet.machines))
+
+    def start_workload(self) -> None:
+        """Start a held workload (idempotent)."""
+        if self.workload is not None and not self.workload.running:
+            self.workload.start()
 
     async def _create_once(self, obj: dict[str, Any]) -> None:
         try:
