@@ -151,8 +151,9 @@ async def test_launch_is_idempotent_per_token_even_after_a_timeout(env: Env) -> 
     assert time.monotonic() - start < 2
     assert (ei.value.kind, ei.value.ambiguous) == (ErrorKind.TRANSIENT, True)
     assert env.cloud.spot.launched == 4
-    # ... and a retry with the same token gets the instances the lost call bought, buying none
-    again = await quick.launch(spec("tok-b", 2))
+    # ... and a retry with the same token (normal timeout: only the first call must hang) gets the instances the
+    # lost call bought, buying none
+    again = await p.launch(spec("tok-b", 2))
     assert sorted(env.cvm.spot_id(i) or "" for i in again) == sorted(env.cloud.spot.tokens["tok-b"].ids)
     assert env.cloud.spot.launched == 4
     await quick.close()
