@@ -680,3 +680,40 @@ def test_backend_over_the_real_pynvml_wrappers(real_pynvml: tuple[FakeNVML, _Fak
                    "nvmlDeviceCreateGpuInstanceWithPlacement", "nvmlComputeInstanceGetInfo_v2",
                    "nvmlDeviceGetHandleByUUID", "nvmlGpuInstanceDestroy", "nvmlComputeInstanceDestroy"):
         assert c_name in lib.called
+
+
+def test_a_gi_destroyed_by_another_process_mid_listing_is_read_again(
+        tmp_path: Path, make: Callable[..., tuple[FakeNVML, MigBackend]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A listing spans many NVML calls; another process destroying a GI between them leaves a stale handle.
+    The reader reads the GPU again and returns the settled layout, not the driver's INVALID_ARGUMENT."""
+    state = tmp_path / "nvml.json"
+    fake, reader = make("A100-40GB:1", "shared", state_file=state)
+    other_fake, other = make("A100-40GB:1", "shared", state_file=state)
+    keep = other.create(other_fake.gpu_uuid(0), "3g.20gb", 4)
+    doomed = other.create(other_fake.gpu_uuid(0), "2g.10gb", 0)
+    real = fake.nvmlGpuInstanceGetComputeInstances
+    raced: list[bool] = []
+
+    def racing(gi: Any, profile_id: int, arr: Any, count: Any) -> int:
+        if not raced:  # the other process destroys the GI between our GetGpuInstances and this call
+            raced.append(other.destroy(other_fake.gpu_uuid(0), doomed.gpu_instance_id))
+        return real(gi, profile_id, arr, count)
+
+    monkeypatch.setattr(fake, "nvmlGpuInstanceGetComputeInstances", racing)
+    assert shape(reader.slices()) == [("3g.20gb", 4, 4)]
+    assert raced == [True]
+    assert reader.slices() == [keep]
+
+
+def test_a_listing_that_never_settles_is_raised(make: Callable[..., tuple[FakeNVML, MigBackend]],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    fake, b = make(["A30-24GB"])
+    b.create(fake.gpu_uuid(0), "4g.24gb", 0)
+
+    def always_stale(*_: Any) -> int:
+        raise fakenvml.NVMLError(INVALID)
+
+    monkeypatch.setattr(fake, "nvmlGpuInstanceGetComputeInstances", always_stale)
+    with pytest.raises(MigBackendError) as err:
+        b.slices()
+    assert err.value.code == INVALID

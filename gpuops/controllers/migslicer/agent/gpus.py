@@ -57,6 +57,9 @@ _RETRYABLE: Final = frozenset({
 })
 """Codes worth retrying as is. INSUFFICIENT_RESOURCES is not: the placement is taken, so re-plan instead."""
 
+_SETTLE_READS: Final = 5
+"""Reads of one GPU's slices before a listing that keeps meeting stale handles is raised."""
+
 _CI_INDEX_OF_SLICES: Final = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
 """NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE index of the CI profile with n compute slices (the full-GI CI)."""
 
@@ -190,7 +193,7 @@ class MigBackend:
                     targets.append((dev, self._gpu_info(i, dev)))
             for dev, info in targets:
                 if info.mig_capable and self._mig_current(dev, info.uuid):
-                    out.extend(self._gpu_slices(dev, info))
+                    out.extend(self._gpu_slices_settled(dev, info))
             return out
 
     # ---------------------------------------------------------------------------------------- changing
@@ -453,6 +456,18 @@ class MigBackend:
                    int(self._nv(what, self.nvml.nvmlDeviceGetComputeInstanceId, m)))
             out[key] = _text(self._nv(what, self.nvml.nvmlDeviceGetUUID, m))
         return out
+
+    def _gpu_slices_settled(self, dev: Any, info: GpuInfo) -> list[SliceInfo]:
+        """The GPU's slices read in one piece. A listing takes many NVML calls, and another process (a second
+        agent, `nvidia-smi mig`, an admin) may destroy a GI between them: its handle then turns stale
+        (INVALID_ARGUMENT, NOT_FOUND). That is a changed GPU, not a failure, so the whole GPU is read again."""
+        for attempt in range(_SETTLE_READS):
+            try:
+                return self._gpu_slices(dev, info)
+            except MigBackendError as e:
+                if e.code not in (_INVALID_ARGUMENT, _NOT_FOUND) or attempt == _SETTLE_READS - 1:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _gpu_slices(self, dev: Any, info: GpuInfo) -> list[SliceInfo]:
         what = f"read slices of GPU {info.uuid}"
