@@ -4,9 +4,10 @@ CRDs from manifests/ into an emulated API server until they are served."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -15,6 +16,7 @@ import yaml
 from gpuops.kube.client import Client
 from gpuops.kube.errors import ApiError
 from gpuops.kube.resources import ResourceType
+from gpuops.sim.apiserver import APIServer
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,3 +61,17 @@ async def install_crds(client: Client, names: Iterable[str], served: Iterable[Re
         return True
 
     await until("CRDs served", listing, 10)
+
+
+@contextlib.asynccontextmanager
+async def emulator_with_crds(tmp_path: Path, names: Iterable[str],
+                             served: Iterable[ResourceType[Any]]) -> AsyncIterator[Client]:
+    """A fresh emulated API server with our CRDs installed and served, and an admin client to it."""
+    async with APIServer() as server:
+        server.write_kubeconfig(tmp_path / "kubeconfig")
+        client = await Client.from_kubeconfig(str(tmp_path / "kubeconfig"))
+        try:
+            await install_crds(client, names, served)
+            yield client
+        finally:
+            await client.close()

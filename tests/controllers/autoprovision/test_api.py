@@ -3,7 +3,6 @@ environment-variable form."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 import yaml
+from waiting import emulator_with_crds
 
 from gpuops.controllers.autoprovision.api import (
     GROUPS,
@@ -22,10 +22,8 @@ from gpuops.controllers.autoprovision.api import (
 )
 from gpuops.kube.client import Client
 from gpuops.kube.errors import ApiError, Invalid
-from gpuops.sim.apiserver import APIServer
 
 ROOT = Path(__file__).resolve().parents[3]
-CRD = ROOT / "manifests" / "crds" / "gpunodegroups.gpuops.io.yaml"
 SAMPLE = ROOT / "manifests" / "samples" / "gpunodegroup.yaml"
 
 pytestmark = pytest.mark.anyio
@@ -38,16 +36,8 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 async def client(tmp_path: Path) -> AsyncIterator[Client]:
-    async with APIServer() as server:
-        server.write_kubeconfig(tmp_path / "k")
-        c = await Client.from_kubeconfig(str(tmp_path / "k"))
-        try:
-            await c.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-                            body=json.dumps(yaml.safe_load(CRD.read_text())).encode(),
-                            content_type="application/json")
-            yield c
-        finally:
-            await c.close()
+    async with emulator_with_crds(tmp_path, ["gpunodegroups"], [GROUPS]) as c:
+        yield c
 
 
 def group(**spec: Any) -> dict[str, Any]:

@@ -3,7 +3,6 @@ for objects that predate the rules."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -11,14 +10,13 @@ from typing import Any
 import msgspec
 import pytest
 import yaml
+from waiting import emulator_with_crds
 
 from gpuops.controllers.spotpool.api import POOLS, PoolSpec, SpecError, SpotPool, check_spec
 from gpuops.kube.client import Client
 from gpuops.kube.errors import Invalid
-from gpuops.sim.apiserver import APIServer
 
 ROOT = Path(__file__).resolve().parents[3]
-CRD = ROOT / "manifests" / "crds" / "spotpools.gpuops.io.yaml"
 SAMPLE = ROOT / "manifests" / "samples" / "spotpool.yaml"
 
 pytestmark = pytest.mark.anyio
@@ -31,16 +29,8 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 async def client(tmp_path: Path) -> AsyncIterator[Client]:
-    async with APIServer() as server:
-        server.write_kubeconfig(tmp_path / "k")
-        c = await Client.from_kubeconfig(str(tmp_path / "k"))
-        try:
-            await c.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-                            body=json.dumps(yaml.safe_load(CRD.read_text())).encode(),
-                            content_type="application/json")
-            yield c
-        finally:
-            await c.close()
+    async with emulator_with_crds(tmp_path, ["spotpools"], [POOLS]) as c:
+        yield c
 
 
 def pool(**spec: Any) -> dict[str, Any]:
