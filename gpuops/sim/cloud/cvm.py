@@ -30,7 +30,6 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from types import TracebackType
 from typing import Any
 
 import msgspec
@@ -39,6 +38,7 @@ from aiohttp import web
 
 from .errors import STATUS_CODE, CloudError, json_response
 from .faults import FaultRule
+from .loopback import LoopbackServer
 from .server import CloudServer
 from .spot import CapacityType, Instance, InstanceState, LaunchRequest
 
@@ -193,30 +193,23 @@ class CvmIds:
 # ---------------------------------------------------------------------------------------- server
 
 
-class CvmServer:
+class CvmServer(LoopbackServer):
     """An aiohttp server on loopback speaking CVM `RunInstances`/`DescribeInstances`/`TerminateInstances`
     with TC3 signatures, per-action rate limits and the cloud's injected faults (api `cvm`)."""
 
     def __init__(self, cloud: CloudServer, *, secret_id: str, secret_key: str, region: str = "ap-guangzhou",
                  host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> None:
+        super().__init__(host, port)
         self.cloud = cloud
         self.secret_id = secret_id
         self.secret_key = secret_key
         self.token = token  # when set, requests must carry it as X-TC-Token (temporary credentials)
         self.region = region
-        self.host = host
-        self.port = port
         self.ids = CvmIds()
         self.rate_limits: dict[str, int] = dict(RATE_LIMITS)  # tests may raise them for bulk setup
         self.spot_quota: int | None = None  # non-terminated SPOTPAID instances allowed: LimitExceeded.SpotQuota
         self.requests: collections.Counter[str] = collections.Counter()  # accepted requests per action
         self._windows: dict[tuple[str, str], collections.deque[float]] = {}
-        self._closing = asyncio.Event()
-        self._runner: web.AppRunner | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
 
     @property
     def endpoint(self) -> str:
@@ -234,30 +227,13 @@ class CvmServer:
         sid = self.spot_id(cvm_id)
         return None if sid is None else self.cloud.spot.instances.get(sid)
 
-    async def start(self) -> None:
+    def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/", self._handle)
-        self._closing.clear()
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
-        await site.start()
-        self.port = int(self._runner.addresses[0][1])
+        return app
+
+    def started(self) -> None:
         log.info("cvm api listening", url=self.url, region=self.region, zone=self.cloud.spot.zone)
-
-    async def stop(self) -> None:
-        self._closing.set()  # releases hung calls
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> CvmServer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await self.stop()
 
     # ------------------------------------------------------------------------------------ the gate
 

@@ -32,7 +32,6 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
-from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote
 
@@ -40,6 +39,7 @@ import structlog
 from aiohttp import web
 
 from .errors import CloudError
+from .loopback import LoopbackServer
 from .server import CloudServer
 from .spot import MAX_COUNT, MAX_IDS, USER_DATA_LIMIT, CapacityType, Instance, LaunchRequest, iso
 
@@ -108,20 +108,19 @@ class _Bucket:
         return True
 
 
-class Ec2Server:
+class Ec2Server(LoopbackServer):
     """The EC2 Query API on its own loopback port, over `cloud.spot`; faults and counters are the cloud's."""
 
     def __init__(self, cloud: CloudServer, *, access_key_id: str, secret_access_key: str,
                  session_token: str | None = None, region: str = "us-east-1", host: str = "127.0.0.1",
                  port: int = 0, throttle: Mapping[str, tuple[int, float]] | None = None) -> None:
+        super().__init__(host, port)
         self.cloud = cloud
         self.spot = cloud.spot
         self.access_key_id = access_key_id
         self.secret_access_key = secret_access_key
         self.session_token = session_token
         self.region = region
-        self.host = host
-        self.port = port
         self.max_skew_seconds = MAX_SKEW_SECONDS
         self.clock: Callable[[], float] = time.time  # tests shift it to provoke RequestExpired
         self.buckets: dict[str, _Bucket] = {}
@@ -132,14 +131,8 @@ class Ec2Server:
             "DescribeInstances": self._describe_instances,
             "TerminateInstances": self._terminate_instances,
         }
-        self._closing = asyncio.Event()
-        self._runner: web.AppRunner | None = None
 
     # ------------------------------------------------------------------------------------ lifecycle
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
 
     def set_throttle(self, action: str, burst: int, rate: float) -> None:
         """Replace one action's request bucket (full again); tests shrink it to provoke RequestLimitExceeded."""
@@ -147,30 +140,13 @@ class Ec2Server:
             raise ValueError("throttle: burst must be >= 1 and rate > 0")
         self.buckets[action] = _Bucket(burst, rate)
 
-    async def start(self) -> None:
+    def app(self) -> web.Application:
         app = web.Application(client_max_size=1 << 20)
         app.router.add_route("*", "/", self._handle)
-        self._closing.clear()
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
-        await site.start()
-        self.port = int(self._runner.addresses[0][1])
+        return app
+
+    def started(self) -> None:
         log.info("ec2 listening", url=self.url, region=self.region, zone=self.spot.zone)
-
-    async def stop(self) -> None:
-        self._closing.set()  # releases hung calls
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> Ec2Server:
-        await self.start()
-        return self
-
-    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await self.stop()
 
     # ------------------------------------------------------------------------------------ the gate
 

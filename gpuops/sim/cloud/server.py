@@ -11,7 +11,6 @@ import contextlib
 import hmac
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
-from types import TracebackType
 from typing import Any
 
 import msgspec
@@ -23,6 +22,7 @@ from gpuops.sim.cluster.machines import Fleet
 from .config import CloudOptions, InstanceType, default_instance_types
 from .errors import CloudError, bad, json_response
 from .faults import CloudFaults
+from .loopback import LoopbackServer
 from .power import PowerAPI, machine_json
 from .spot import LaunchRequest, SpotCloud
 
@@ -32,15 +32,14 @@ Handler = Callable[[web.Request], Awaitable[web.Response]]
 MAX_RESULTS = 1000
 
 
-class CloudServer:
+class CloudServer(LoopbackServer):
     """An aiohttp server on loopback that powers fleet machines and sells spot instances that join it."""
 
     def __init__(self, fleet: Fleet, *, host: str = "127.0.0.1", port: int = 0,
                  instance_types: list[InstanceType] | None = None, options: CloudOptions | None = None,
                  zone: str = "sim-zone-a") -> None:
+        super().__init__(host, port)
         self.fleet = fleet
-        self.host = host
-        self.port = port
         self.options = options or CloudOptions()
         self.zone = zone
         types = default_instance_types() if instance_types is None else instance_types
@@ -52,16 +51,10 @@ class CloudServer:
         self.faults = CloudFaults(self.options.seed)
         self.calls: Counter[tuple[str, str, int]] = Counter()  # (api, op, HTTP status); 0: no answer
         self.errors: Counter[tuple[str, str, str]] = Counter()  # (api, op, error code)
-        self._closing = asyncio.Event()
-        self._runner: web.AppRunner | None = None
 
     # ------------------------------------------------------------------------------------ lifecycle
 
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    async def start(self) -> None:
+    def app(self) -> web.Application:
         app = web.Application(middlewares=[self._json_errors])
         r = app.router
         r.add_post("/power/v1/machines/{name}/start", self._api("power", "start", self._power_start))
@@ -80,28 +73,13 @@ class CloudServer:
         r.add_post("/sim/cloud/capacity", self._control(self._capacity_set))
         r.add_post("/sim/cloud/launch-failures", self._control(self._launch_failures_set))
         r.add_get("/sim/cloud/stats", self._control(self._stats_get))
-        self._closing.clear()
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
-        await site.start()
-        self.port = int(self._runner.addresses[0][1])
+        return app
+
+    def started(self) -> None:
         log.info("cloud listening", url=self.url, zone=self.zone, instance_types=sorted(self.spot.types))
 
-    async def stop(self) -> None:
-        self._closing.set()  # releases hung calls
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+    def stopped(self) -> None:
         self.spot.close()
-
-    async def __aenter__(self) -> CloudServer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await self.stop()
 
     # ------------------------------------------------------------------------------------ Python API
 
