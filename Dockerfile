@@ -12,8 +12,10 @@ RUN groupadd --system --gid 65532 gpuops \
 WORKDIR /src
 COPY pyproject.toml README.md constraints.txt ./
 COPY gpuops ./gpuops
-# [cloud]: the Tencent Cloud and AWS SDKs of the spot pool providers
-RUN pip install --no-cache-dir -c constraints.txt "/src[cloud]" \
+# [cloud]: the Tencent Cloud and AWS SDKs of the spot pool providers. [mig]: the webhook's certificates, the
+# kubelet device-plugin gRPC API and NVML bindings, so the same image runs `gpuops run` and `gpuops agent`
+# (libnvidia-ml itself comes from the host through the NVIDIA container runtime, never from the image).
+RUN pip install --no-cache-dir -c constraints.txt "/src[cloud,mig]" \
  && rm -rf /src/build
 
 WORKDIR /home/gpuops
