@@ -192,12 +192,15 @@ def mutate(pod: Mapping[str, Any]) -> MutationResult:
                 raise _Denied(f'{_where("ephemeralContainers", index, name)} asks for "{mig[0]}": ephemeral '
                               f"containers cannot be given MIG slices (they get no resources of their own)")
         ops: list[JSONPatchOp] = []
+        warnings: list[str] = []
         wants_mig = False
         for kind in _CONTAINER_KINDS:
             for index, name, container in _containers(spec, kind):
                 container_ops, has_mig = _container_ops(kind, index, name, container)
                 ops.extend(container_ops)
                 wants_mig = wants_mig or has_mig
+                if has_mig and (warning := _mixed_profiles_warning(kind, index, name, container)):
+                    warnings.append(warning)
         if not wants_mig:
             return MutationResult()
         if spec.get("nodeName"):
@@ -207,5 +210,18 @@ def mutate(pod: Mapping[str, Any]) -> MutationResult:
             )
     except _Denied as denied:
         return MutationResult(denied=str(denied))
-    return MutationResult(patch=ops + _gate_ops(spec))
+    return MutationResult(patch=ops + _gate_ops(spec), warnings=warnings)
 
+
+def _mixed_profiles_warning(kind: str, index: int, name: str, container: Mapping[str, Any]) -> str | None:
+    """Each profile is its own kubelet resource with its own device plugin, and the kubelet keeps one value per
+    environment variable: a runtime that reads NVIDIA_VISIBLE_DEVICES (legacy mode) exposes one profile's
+    slices only. CDI devices add up, so CDI-enabled runtimes show all. Admitted, with a warning `kubectl`
+    prints."""
+    requests, limits = _maps(container.get("resources"))
+    profiles = sorted({p for k in (*requests, *limits) if _is_mig(k) and (p := profile_of_resource(k))})
+    if len(profiles) < 2:
+        return None
+    return (f"{_where(kind, index, name)} asks for MIG profiles {', '.join(profiles)}: the container sees all of "
+            f"them only on a CDI-enabled runtime (containerd >= 1.7 or CRI-O with CDI); with the legacy "
+            f"NVIDIA_VISIBLE_DEVICES mode it sees one profile's slices. Prefer one profile per container.")

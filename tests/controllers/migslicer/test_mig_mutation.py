@@ -221,3 +221,18 @@ def test_whole_gpus_alone_and_equal_quantities_in_other_spellings_pass() -> None
     pod = one({"limits": {"nvidia.com/mig-1g.10gb": 1}})
     pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": 1}}
     assert mutate(pod).denied is None
+
+
+def test_two_profiles_in_one_container_are_admitted_with_a_warning() -> None:
+    """One profile per device plugin: in legacy NVIDIA_VISIBLE_DEVICES mode the container would see one."""
+    two = {"spec": {"containers": [
+        {"name": "mixed", "image": "x", "resources": {"limits": {"nvidia.com/mig-1g.5gb": "1",
+                                                                  "nvidia.com/mig-2g.10gb": "1"}}},
+        {"name": "single", "image": "x", "resources": {"limits": {"nvidia.com/mig-3g.20gb": "2"}}}]}}
+    result = mutate(two)
+    assert result.denied is None and gate_names(apply_json_patch(two, result.patch)) == [GATE]
+    assert len(result.warnings) == 1
+    assert 'container "mixed"' in result.warnings[0] and "1g.5gb, 2g.10gb" in result.warnings[0]
+    assert "CDI" in result.warnings[0]
+    one = {"spec": {"containers": [two["spec"]["containers"][1]]}}
+    assert mutate(one).warnings == []
