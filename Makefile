@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 QUICK  ?=
 export DEMO_SECONDS
 
-.PHONY: install test lint typecheck unit demo bench chaos clean lock
+.PHONY: install test lint typecheck unit demo bench chaos clean lock readme
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,15 +35,23 @@ test: lint typecheck unit
 demo: install
 	$(BIN)/gpuops demo --kubeconfig $(CURDIR)/demo.kubeconfig --scenario demo
 
+# A full run (no QUICK) also refreshes the README's generated tables from the new results.
 bench: install
 	@set -e; for s in bench/[!_]*.py; do echo "== $$s"; $(BIN)/python $$s $(QUICK); done
+	@[ -n "$(QUICK)" ] || $(BIN)/python tests/readme_sections.py
 
-# Every scenario runs even if one fails (each writes its results); the target fails if any did.
+# The README's generated blocks: benchmark headlines, chaos summary, CRD reference (tests/test_readme.py checks).
+readme: install
+	$(BIN)/python tests/readme_sections.py
+
+# Every scenario runs even if one fails (each writes its results); the target fails if any did. A full run
+# also refreshes the README's generated tables.
 # `make chaos SCENARIO=budget_evict` runs one.
 SCENARIO ?= [!_]*
 chaos: install
 	@failed=""; for s in chaos/$(SCENARIO).py; do [ -e "$$s" ] || { echo "no chaos scenario $$s"; exit 2; }; \
 	  echo "== $$s"; $(BIN)/python $$s $(QUICK) || failed="$$failed $$s"; done; \
+	  [ -n "$(QUICK)" ] || $(BIN)/python tests/readme_sections.py; \
 	  [ -z "$$failed" ] || { echo "chaos scenarios FAILED:$$failed (see chaos/results/SUMMARY.md)"; exit 1; }
 
 # Refresh constraints.txt from the current virtualenv (run after changing dependencies).
