@@ -82,7 +82,8 @@ def _run_cluster(args: argparse.Namespace) -> int:
         kubeconfig = args.kubeconfig or "demo.kubeconfig"
         return asyncio.run(run_demo(scenario, kubeconfig=kubeconfig,  # type: ignore[arg-type]
                                     seconds=seconds_from_env(args.seconds), port=args.port,
-                                    operator=not args.no_operator))
+                                    operator=not args.no_operator,
+                                    report_dir=None if args.no_report else args.report_dir))
     from .sim.up import run_up
 
     return asyncio.run(run_up(scenario, host=args.host, port=args.port, cloud_port=args.cloud_port,  # type: ignore[arg-type]
@@ -109,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the demo scenario, our operator against it and a live view (make demo)")
     _add_cluster_args(demo, default_scenario="demo")
     demo.add_argument("--no-operator", action="store_true", help="do not start `gpuops run`")
+    demo.add_argument("--report-dir", default="demo-report", metavar="DIR",
+                      help="write the report (README.md and PNG plots) here at the end (default: %(default)s)")
+    demo.add_argument("--no-report", action="store_true", help="write no report folder")
     run = sub.add_parser("run", help="run the controllers against a cluster (the operator's entrypoint)")
     _add_run_args(run)
     agent = sub.add_parser("agent", help="the MIG node agent (one per MIG node: slices, device plugins, MigNode)")
@@ -185,6 +189,14 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                    help="interval between acquire/renew attempts (default: %(default)s)")
     p.add_argument("--metrics-bind-address", type=_bind_address_arg, default=":8080", metavar="ADDR",
                    help='serve /metrics here; "0" disables (default: %(default)s)')
+    p.add_argument("--metrics-secure", action="store_true",
+                   help="serve /metrics over HTTPS, only to bearer tokens the API server authenticates "
+                        "(TokenReview) whose user may get the path (SubjectAccessReview; e.g. the "
+                        "gpuops-metrics-reader ClusterRole); the operator needs create on tokenreviews and "
+                        "subjectaccessreviews (gpuops-metrics-auth)")
+    p.add_argument("--metrics-cert-dir", metavar="DIR",
+                   help="with --metrics-secure: serve DIR/tls.crt and DIR/tls.key (e.g. a mounted Secret), "
+                        "reloaded when they change (default: a self-signed certificate made at start)")
     p.add_argument("--health-probe-bind-address", type=_bind_address_arg, default=":8081", metavar="ADDR",
                    help='serve /healthz and /readyz here; "0" disables (default: %(default)s)')
     p.add_argument("--graceful-shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
@@ -243,6 +255,8 @@ async def _run_manager(args: argparse.Namespace) -> int:
                 renew_deadline=args.leader_elect_renew_deadline,
                 retry_period=args.leader_elect_retry_period,
                 metrics_bind_address=args.metrics_bind_address,
+                metrics_secure=args.metrics_secure,
+                metrics_cert_dir=args.metrics_cert_dir,
                 health_probe_bind_address=args.health_probe_bind_address,
                 graceful_shutdown_timeout=args.graceful_shutdown_timeout,
                 settings={"budget_status_refresh": args.budget_status_refresh,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import ssl
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
@@ -34,6 +35,7 @@ __all__ = [
     "Check",
     "CheckResult",
     "Checks",
+    "Guard",
     "HTTPServer",
     "LoopLagMonitor",
     "informers_check",
@@ -248,15 +250,34 @@ def parse_bind_address(address: str) -> tuple[str | None, int] | None:
     return (host or None, int(port))
 
 
-def metrics_app(registry: CollectorRegistry = REGISTRY) -> web.Application:
-    """/metrics in the Prometheus text format (OpenMetrics when the scraper asks for it)."""
+Guard = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
+"""Runs before every handler of an app: None lets the request through, a response answers it instead."""
+
+
+def metrics_app(registry: CollectorRegistry = REGISTRY, *, guard: Guard | None = None) -> web.Application:
+    """/metrics in the Prometheus text format (OpenMetrics when the scraper asks for it); `guard` (e.g.
+    `MetricsAuth.check`) vets every request first, unknown paths included."""
 
     async def handle(request: web.Request) -> web.Response:
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
         body = encoder(registry)
         return web.Response(body=body, headers={"Content-Type": content_type})
 
-    app = web.Application()
+    middlewares = []
+    if guard is not None:
+        check = guard
+
+        @web.middleware
+        async def guarded(
+            request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+        ) -> web.StreamResponse:
+            refused = await check(request)
+            if refused is not None:
+                return refused
+            return await handler(request)
+
+        middlewares.append(guarded)
+    app = web.Application(middlewares=middlewares)
     app.router.add_get("/metrics", handle)
     return app
 
@@ -270,20 +291,30 @@ def probes_app(healthz: Checks, readyz: Checks) -> web.Application:
 
 
 class HTTPServer:
-    """One aiohttp site on a bind address; `port` is the bound port (useful with port 0)."""
+    """One aiohttp site on a bind address; `port` is the bound port (useful with port 0). With `ssl_context` it
+    serves HTTPS (a context reloaded in place, as `tls.CertWatcher` does, takes effect at the next handshake)."""
 
-    def __init__(self, name: str, address: str, app: web.Application, *, shutdown_timeout: float = 2.0) -> None:
+    def __init__(
+        self,
+        name: str,
+        address: str,
+        app: web.Application,
+        *,
+        shutdown_timeout: float = 2.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         parsed = parse_bind_address(address)
         if parsed is None:
             raise ValueError(f"{name}: bind address {address!r} disables the server")
         self.name = name
         self.host, self.port = parsed
+        self.ssl_context = ssl_context
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
         self._started = False
 
     async def start(self) -> None:
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
+        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.ssl_context)
         try:
             await site.start()
         except OSError as e:
@@ -294,7 +325,8 @@ class HTTPServer:
             if isinstance(addr, tuple) and len(addr) >= 2:
                 self.port = int(addr[1])
                 break
-        log.info(f"{self.name} server listening", address=f"{self.host or ''}:{self.port}")
+        log.info(f"{self.name} server listening", address=f"{self.host or ''}:{self.port}",
+                 tls=self.ssl_context is not None)
 
     async def stop(self) -> None:
         if self._started:
@@ -304,4 +336,5 @@ class HTTPServer:
     @property
     def url(self) -> str:
         host = self.host or "127.0.0.1"
-        return f"http://{'[' + host + ']' if ':' in host else host}:{self.port}"
+        scheme = "https" if self.ssl_context is not None else "http"
+        return f"{scheme}://{'[' + host + ']' if ':' in host else host}:{self.port}"

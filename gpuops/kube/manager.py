@@ -13,6 +13,12 @@ Lease loss: every controller is stopped at once (no grace: another replica may a
 `run()` raises `LeaderElectionLost`; the process must exit non-zero. A runnable that fails stops the
 manager the same way (gracefully) and `run()` raises its exception.
 
+Secure metrics (`metrics_secure`, controller-runtime's SecureServing with its authn/authz filter): /metrics is
+served over HTTPS and every request must carry a bearer token that a TokenReview accepts and whose user a
+SubjectAccessReview allows to `get` the path (`metricsauth.py`). The certificate is tls.crt/tls.key from
+`metrics_cert_dir`, reloaded as the files change (a mounted Secret rotating), else a self-signed one made at
+start. Without `metrics_secure`, /metrics is plain HTTP without authentication, as before.
+
 Probes: /healthz = ping, eventloop (timer lag), leaderElection (a leader whose renewals stalled beyond
 lease duration + tolerance is unhealthy; standbys always pass). /readyz = ping, informers (every informer
 synced and heard from within `informer_max_silence`).
@@ -29,6 +35,8 @@ import importlib
 import inspect
 import os
 import signal
+import socket
+import ssl
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any, Protocol, TypeVar
 
@@ -37,11 +45,21 @@ import structlog
 
 from .client import Client
 from .controller import Controller
-from .health import Checks, HTTPServer, LoopLagMonitor, informers_check, metrics_app, probes_app
+from .health import (
+    Checks,
+    HTTPServer,
+    LoopLagMonitor,
+    informers_check,
+    metrics_app,
+    parse_bind_address,
+    probes_app,
+)
 from .informer import Informer, InformerFactory
 from .leaderelection import LeaderElectionLost, LeaderElector
+from .metricsauth import MetricsAuth
 from .reflector import ReflectorOptions
 from .resources import ResourceType
+from .tls import CertWatcher, self_signed, server_context
 
 __all__ = [
     "ControllerRegistry",
@@ -182,6 +200,10 @@ class Manager:
         release_on_cancel: bool = True,
         identity: str | None = None,
         metrics_bind_address: str = ":8080",
+        metrics_secure: bool = False,
+        metrics_cert_dir: str | None = None,
+        metrics_cert_poll_interval: float = 10.0,
+        metrics_auth: MetricsAuth | None = None,
         health_probe_bind_address: str = ":8081",
         graceful_shutdown_timeout: float = 30.0,
         informer_max_silence: float = 150.0,
@@ -225,10 +247,21 @@ class Manager:
 
             self.healthz.add("leaderElection", lease_check)
         self.readyz.add("informers", informers_check(self.factory.informers, informer_max_silence))
-        self.metrics_server = (
-            HTTPServer("metrics", metrics_bind_address, metrics_app()) if metrics_bind_address not in ("", "0")
-            else None
-        )
+        self.metrics_auth: MetricsAuth | None = None
+        self.metrics_certs: CertWatcher | None = None
+        """The watched certificate directory of the secure metrics server (None: self-signed, or plain HTTP)."""
+        self.metrics_server: HTTPServer | None = None
+        if metrics_cert_dir and not metrics_secure:
+            raise ValueError("a metrics certificate directory needs secure metrics serving (--metrics-secure)")
+        if metrics_bind_address not in ("", "0"):
+            if metrics_secure:
+                self.metrics_auth = metrics_auth or MetricsAuth(client)
+                self.metrics_server = HTTPServer(
+                    "metrics", metrics_bind_address, metrics_app(guard=self.metrics_auth.check),
+                    ssl_context=self._metrics_tls(metrics_bind_address, metrics_cert_dir, metrics_cert_poll_interval),
+                )
+            else:
+                self.metrics_server = HTTPServer("metrics", metrics_bind_address, metrics_app())
         self.probe_server = (
             HTTPServer("health probe", health_probe_bind_address, probes_app(self.healthz, self.readyz))
             if health_probe_bind_address not in ("", "0")
@@ -245,6 +278,21 @@ class Manager:
         self._release_ok = asyncio.Event()
         self._elected_task: asyncio.Task[None] | None = None
         self._signals = 0
+
+    def _metrics_tls(self, address: str, cert_dir: str | None, poll_interval: float) -> ssl.SSLContext:
+        """The serving context: tls.crt/tls.key from `cert_dir` (watched), else a self-signed certificate.
+
+        A directory without a usable pair raises `tls.CertError` (a ValueError): a configuration error."""
+        if cert_dir:
+            self.metrics_certs = CertWatcher(cert_dir, name="metrics", interval=poll_interval)
+            self.metrics_certs.load()
+            return self.metrics_certs.context
+        names = [socket.gethostname(), "localhost", "127.0.0.1", "::1"]
+        bound = parse_bind_address(address)
+        if bound is not None and bound[0] and bound[0] not in names:
+            names.insert(0, bound[0])
+        log.info("serving metrics with a self-signed certificate", names=names)
+        return server_context(self_signed(names, common_name="gpuops-metrics"))
 
     # ------------------------------------------------------------------------------------------ setup
 
@@ -325,7 +373,9 @@ class Manager:
             for server in started:
                 await server.stop()
             raise
-        lag_task = loop.create_task(self.lag.run(), name="event-loop-lag")
+        background = [loop.create_task(self.lag.run(), name="event-loop-lag")]
+        if self.metrics_certs is not None:
+            background.append(loop.create_task(self.metrics_certs.run(), name="metrics-cert-watcher"))
         failure: BaseException | None = None
         cancelled = False
         try:
@@ -347,7 +397,7 @@ class Manager:
         if failure is not None:
             log.error("manager stopping", reason=str(failure) or type(failure).__name__, lease_lost=lost)
         try:
-            await _shielded(self._shutdown(0.0 if lost else self.graceful_shutdown_timeout, servers, lag_task))
+            await _shielded(self._shutdown(0.0 if lost else self.graceful_shutdown_timeout, servers, background))
         except asyncio.CancelledError:
             cancelled = True
         if cancelled:
@@ -410,7 +460,9 @@ class Manager:
         if tasks:
             await asyncio.wait(tasks)
 
-    async def _shutdown(self, grace: float, servers: list[HTTPServer], lag_task: asyncio.Task[None]) -> None:
+    async def _shutdown(
+        self, grace: float, servers: list[HTTPServer], background: list[asyncio.Task[None]]
+    ) -> None:
         loop = asyncio.get_running_loop()
         self._stopping = True
         deadline = loop.time() + max(0.0, grace)
@@ -434,8 +486,9 @@ class Manager:
                 log.debug("runnable ended with an error", runnable=t.get_name(), error=str(t.exception()))
         # 2. informers, 3. HTTP
         await self.factory.stop()
-        lag_task.cancel()
-        await asyncio.wait([lag_task])
+        for task in background:
+            task.cancel()
+        await asyncio.wait(background)
         for server in servers:
             await server.stop()
         # 4. the lease (released by leaving leading(), bounded by the elector's renew deadline)
