@@ -24,9 +24,10 @@ from typing import Final
 import structlog
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from gpuops.kube import tls
 
 __all__ = [
     "CA_VALIDITY",
@@ -47,7 +48,6 @@ CA_VALIDITY: Final = datetime.timedelta(days=3650)
 SERVING_VALIDITY: Final = datetime.timedelta(days=365)
 ROTATION_MARGIN: Final = datetime.timedelta(days=30)
 """Renew this long before expiry: a month of slack for a stuck rollout or a missed check."""
-_BACKDATE: Final = datetime.timedelta(minutes=5)  # tolerate clocks slightly behind ours
 CA_CERT, CA_KEY, TLS_CERT, TLS_KEY = "ca.crt", "ca.key", "tls.crt", "tls.key"
 
 log = structlog.get_logger("gpuops.controllers.migslicer.certs")
@@ -86,21 +86,6 @@ def _now(now: datetime.datetime | None) -> datetime.datetime:
     return now if now is not None else datetime.datetime.now(datetime.UTC)
 
 
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name[:64])])
-
-
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
-
-
-def _key_usage(*, ca: bool) -> x509.KeyUsage:
-    return x509.KeyUsage(digital_signature=True, key_cert_sign=ca, crl_sign=ca, content_commitment=False,
-                         key_encipherment=False, data_encipherment=False, key_agreement=False,
-                         encipher_only=False, decipher_only=False)
-
-
 def service_dns_names(service: str, namespace: str) -> list[str]:
     """The names the apiserver dials a Service-backed webhook by (it verifies `<service>.<namespace>.svc`)."""
     return [f"{service}.{namespace}.svc", f"{service}.{namespace}.svc.cluster.local"]
@@ -109,24 +94,8 @@ def service_dns_names(service: str, namespace: str) -> list[str]:
 def create_ca(common_name: str = "gpuops-webhook-ca", *, now: datetime.datetime | None = None,
               validity: datetime.timedelta = CA_VALIDITY) -> KeyPair:
     """A self-signed ECDSA P-256 CA that may sign leaf certificates only (path length 0)."""
-    start = _now(now)
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = _name(common_name)
-    ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start - _BACKDATE)
-        .not_valid_after(start + validity)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(_key_usage(ca=True), critical=True)
-        .add_extension(ski, critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+    cert, key = tls.make_ca(tls.subject(common_name), _now(now), validity)
+    return KeyPair(cert.public_bytes(serialization.Encoding.PEM), tls.private_key_pem(key))
 
 
 def _split_names(names: Sequence[str]) -> tuple[list[str], list[IPAddress]]:
@@ -142,36 +111,15 @@ def _split_names(names: Sequence[str]) -> tuple[list[str], list[IPAddress]]:
 
 def issue_serving_cert(ca: KeyPair, names: Sequence[str], *, now: datetime.datetime | None = None,
                        validity: datetime.timedelta = SERVING_VALIDITY) -> KeyPair:
-    """A server certificate for `names` (DNS names and IP addresses, as strings) signed by `ca`.
-
-    The validity is capped at the CA's, so a leaf never outlives what vouches for it."""
-    if not names:
-        raise ValueError("a serving certificate needs at least one DNS name or IP address")
-    start = _now(now)
-    ca_cert = ca.cert
+    """A server certificate for `names` (DNS names and IP addresses, as strings) signed by `ca`, valid no
+    longer than `ca`."""
     ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
         raise TypeError(f"unsupported CA key type {type(ca_key).__name__}")
-    key = ec.generate_private_key(ec.SECP256R1())
-    dns, ips = _split_names(names)
-    sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dict.fromkeys(dns)]
-    sans += [x509.IPAddress(ip) for ip in dict.fromkeys(ips)]
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(names[0]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start - _BACKDATE)
-        .not_valid_after(min(start + validity, ca_cert.not_valid_after_utc))
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(_key_usage(ca=False), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+    if not names:
+        raise ValueError("a serving certificate needs at least one DNS name or IP address")
+    cert, key = tls.issue_leaf(ca.cert, ca_key, names, tls.subject(names[0]), _now(now), validity)
+    return KeyPair(cert.public_bytes(serialization.Encoding.PEM), tls.private_key_pem(key))
 
 
 def _as_cert(cert: x509.Certificate | KeyPair | bytes) -> x509.Certificate:
@@ -311,32 +259,8 @@ def renew(
 
 
 def load_into(ctx: ssl.SSLContext, serving: KeyPair) -> None:
-    """(Re)load `serving` into `ctx`; new handshakes use it at once, so rotation needs no restart.
-
-    `ssl` reads keys only from paths: on Linux the PEMs go through anonymous memory files (nothing is written
-    to any filesystem, so a read-only root without even an emptyDir works), elsewhere through a private
-    temporary directory that is removed right after."""
-    if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
-        fds: list[int] = []
-        try:
-            for data in (serving.cert_pem, serving.key_pem):
-                fds.append(os.memfd_create("gpuops-webhook-tls"))
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fds[-1], view):]
-            ctx.load_cert_chain(f"/proc/self/fd/{fds[0]}", f"/proc/self/fd/{fds[1]}")
-            return
-        except OSError:
-            pass  # e.g. /proc mounted without access to our fds: fall back to a temporary directory
-        finally:
-            for fd in fds:
-                os.close(fd)
-    with tempfile.TemporaryDirectory(prefix="gpuops-webhook-") as d:  # private (0700), gone right after
-        cert, key = Path(d) / TLS_CERT, Path(d) / TLS_KEY
-        cert.write_bytes(serving.cert_pem)
-        key.touch(0o600)
-        key.write_bytes(serving.key_pem)
-        ctx.load_cert_chain(cert, key)
+    """(Re)load `serving` into `ctx`; new handshakes use it at once, so rotation needs no restart."""
+    tls.load_chain_into(ctx, serving.cert_pem, serving.key_pem)
 
 
 def server_ssl_context(serving: KeyPair) -> ssl.SSLContext:
