@@ -36,14 +36,17 @@ async def run_up(
     seconds: float | None,
     status_every: float,
     out: TextIO = sys.stdout,
+    authorization: str = "AlwaysAllow",
 ) -> int:
+    """`authorization="RBAC"` enforces Roles, ClusterRoles and their bindings (as `gpuops sim apiserver
+    --authorization RBAC`); the kubeconfig's admin token is in system:masters either way."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     async with SimCluster(scenario, host=host, port=port, cloud_port=cloud_port, workload=workload,
-                          tls=tls) as cluster:
+                          tls=tls, authorization=authorization) as cluster:
         if kubeconfig:
             cluster.write_kubeconfig(kubeconfig)
         print(f"gpuops sim up: scenario {scenario.name}: {scenario.description}", file=out)

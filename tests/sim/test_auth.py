@@ -823,3 +823,119 @@ def test_bootstrap_policy_allows_discovery_and_can_i() -> None:
     assert authorize(attrs(ANONYMOUS_USER, "GET", "/api"), rbac)[0] is False
     admin = UserInfo("admin", groups=("system:masters",))
     assert authorize(attrs(admin, "DELETE", "/api/v1/nodes"), rbac) == (True, "")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# TokenRequest (serviceaccounts/token), token audiences and expiry
+
+
+SA_OBJ = {"metadata": {"name": "robot", "namespace": "team-a", "uid": "sa-uid-1"}}
+
+
+def test_token_request_defaults_and_the_token_authenticates_as_the_service_account() -> None:
+    now = [1_000_000.0]
+    a = Authenticator(clock=lambda: now[0])
+    out = auth.token_request({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}},
+                             SA_OBJ, a)
+    assert out["kind"] == "TokenRequest" and out["apiVersion"] == "authentication.k8s.io/v1"
+    assert out["spec"]["audiences"] == [auth.DEFAULT_AUDIENCE] and out["spec"]["expirationSeconds"] == 3600
+    assert out["status"]["expirationTimestamp"] == "1970-01-12T14:46:40Z"  # now + 3600 s
+    user = a.authenticate(f"Bearer {out['status']['token']}")
+    assert user is not None
+    assert (user.username, user.uid) == ("system:serviceaccount:team-a:robot", "sa-uid-1")
+    assert user.groups == ("system:serviceaccounts", "system:serviceaccounts:team-a", "system:authenticated")
+    # each token carries its own ID, as upstream's credential-id extra
+    other = a.authenticate(f"Bearer {auth.token_request({'spec': {}}, SA_OBJ, a)['status']['token']}")
+    assert other is not None
+    assert user.extra[auth.CREDENTIAL_ID] != other.extra[auth.CREDENTIAL_ID]
+    assert user.extra[auth.CREDENTIAL_ID][0].startswith("JTI=")
+    now[0] += 3600  # expired at its expirationTimestamp
+    assert a.authenticate(f"Bearer {out['status']['token']}") is None
+
+
+def test_token_request_audiences_bind_where_the_token_is_valid() -> None:
+    a = Authenticator()
+    vault = auth.token_request({"spec": {"audiences": ["vault"], "expirationSeconds": 600}}, SA_OBJ, a)
+    token = vault["status"]["token"]
+    assert a.authenticate(f"Bearer {token}") is None  # not for the API server
+    review = token_review({"spec": {"token": token, "audiences": ["vault"]}}, a)
+    assert review["status"]["authenticated"] is True and review["status"]["audiences"] == ["vault"]
+    assert "authenticated" not in token_review({"spec": {"token": token}}, a)["status"]
+
+
+def test_token_request_validation() -> None:
+    a = Authenticator()
+    with pytest.raises(StatusError) as e:
+        auth.token_request({"spec": {"expirationSeconds": 599}}, SA_OBJ, a)
+    assert e.value.code == 422 and "may not specify a duration less than 10 minutes" in e.value.message
+    with pytest.raises(StatusError) as e:
+        auth.token_request({"spec": {"boundObjectRef": {"kind": "ConfigMap", "name": "x"}}}, SA_OBJ, a)
+    assert e.value.code == 422 and "spec.boundObjectRef.kind" in str(e.value.to_status())
+    with pytest.raises(StatusError) as e:  # a bound object that does not exist
+        auth.token_request({"spec": {"boundObjectRef": {"kind": "Pod", "name": "gone"}}}, SA_OBJ, a,
+                           lambda kind, ns, name: None)
+    assert e.value.code == 404
+    pod = {"metadata": {"name": "p", "namespace": "team-a", "uid": "pod-uid"}}
+    out = auth.token_request({"spec": {"boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": "p"}}},
+                             SA_OBJ, a, lambda kind, ns, name: pod if (kind, ns, name) == ("Pod", "team-a", "p")
+                             else None)
+    assert out["spec"]["boundObjectRef"]["uid"] == "pod-uid"
+    user = a.authenticate(f"Bearer {out['status']['token']}")
+    assert user is not None and user.extra["authentication.kubernetes.io/pod-name"] == ("p",)
+
+
+def _pb(number: int, payload: bytes | int) -> bytes:
+    def varint(v: int) -> bytes:
+        out = b""
+        while True:
+            b, v = v & 0x7F, v >> 7
+            out += bytes([b | (0x80 if v else 0)])
+            if not v:
+                return out
+    if isinstance(payload, int):
+        return varint(number << 3) + varint(payload)
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
+def test_protobuf_token_requests_as_kubectl_create_token_sends_them() -> None:
+    spec = _pb(1, b"aud-1") + _pb(1, b"aud-2") + _pb(4, 7200) + _pb(3, _pb(1, b"Pod") + _pb(3, b"p"))
+    raw = b"k8s\x00" + _pb(1, _pb(1, b"authentication.k8s.io/v1") + _pb(2, b"TokenRequest")) + _pb(
+        2, _pb(1, _pb(1, b"robot")) + _pb(2, spec)) + _pb(4, b"application/vnd.kubernetes.protobuf")
+    assert auth.token_request_from_protobuf(raw)["spec"] == {
+        "audiences": ["aud-1", "aud-2"], "expirationSeconds": 7200, "boundObjectRef": {"kind": "Pod", "name": "p"}}
+    with pytest.raises(StatusError) as e:
+        auth.token_request_from_protobuf(b"not protobuf")
+    assert e.value.code == 400
+
+
+@pytest.mark.anyio
+async def test_serviceaccount_token_subresource_and_the_audit_hook() -> None:
+    import aiohttp
+
+    from gpuops.sim.apiserver import APIServer
+
+    async with APIServer(authorization="RBAC") as server, aiohttp.ClientSession() as http:
+        decisions: list[auth.Decision] = []
+        server.audit_hooks.append(decisions.append)
+        admin = {"Authorization": f"Bearer {server.admin_token}"}
+        base = f"{server.url}/api/v1/namespaces/default/serviceaccounts"
+        async with http.post(f"{base}/robot/token", json={"spec": {}}, headers=admin) as r:
+            assert r.status == 404  # no such ServiceAccount
+        async with http.post(base, json={"metadata": {"name": "robot"}}, headers=admin) as r:
+            assert r.status == 201
+        async with http.post(f"{base}/robot/token", json={"kind": "TokenRequest", "spec": {}}, headers=admin) as r:
+            assert r.status == 201
+            token = (await r.json())["status"]["token"]
+        async with http.get(f"{server.url}/api/v1/namespaces/default/pods",
+                            headers={"Authorization": f"Bearer {token}"}) as r:
+            assert r.status == 403  # authenticated as the ServiceAccount, which may do nothing yet
+        last = decisions[-1]
+        assert (last.allowed, last.attrs.verb, last.attrs.resource) == (False, "list", "pods")
+        assert last.attrs.user.username == "system:serviceaccount:default:robot"
+        assert last.attrs.user.extra[auth.CREDENTIAL_ID][0].startswith("JTI=")
+        assert any(d.allowed and d.attrs.subresource == "token" for d in decisions)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"

@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from gpuops.sim.apiserver.builtin_schemas import builtin_schema, kind_schema, meta_schema, model_name
+from gpuops.sim.apiserver.discovery import subresource_kind
 from gpuops.sim.apiserver.openapi import (
     group_version_hash,
     openapi_v3_group_version,
@@ -105,7 +106,7 @@ def test_every_builtin_kind_has_a_model_schema() -> None:
         assert schema["type"] == "object"
         assert {"apiVersion", "kind", "metadata"} <= set(schema["properties"]), info.kind
         for sub_kind, _ in info.subresources.values():
-            group, version = ("policy", "v1") if sub_kind == "Eviction" else (info.group, info.version)
+            group, version, _ = subresource_kind(info, sub_kind)  # eviction: policy/v1, token: authentication
             assert kind_schema(group, version, sub_kind) is not None, sub_kind
     assert model_name("", "v1", "Event") == "CoreV1Event"
     assert model_name("events.k8s.io", "v1", "Event") == "EventsV1Event"

@@ -10,8 +10,11 @@ from __future__ import annotations
 import copy
 import json
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from gpuops.sim.apiserver.errors import Cause, StatusError, bad_request, internal, invalid, qualified
@@ -56,45 +59,86 @@ def unauthorized() -> StatusError:
     return StatusError(401, "Unauthorized", "Unauthorized")
 
 
+@dataclass(frozen=True)
+class _Token:
+    user: UserInfo
+    audiences: tuple[str, ...] | None = None  # None: the API server's audiences (static tokens)
+    expires: float | None = None  # wall-clock seconds since the epoch; None: never
+
+
 class Authenticator:
     """A static token table, like `--token-auth-file`, plus service-account tokens minted on demand.
 
-    Tokens are audience-agnostic: they are valid for the API server's audiences only (TokenReview checks).
+    Static and legacy service-account tokens are valid for the API server's audiences. Tokens from a
+    TokenRequest carry the audiences and expiry they were issued for: the API server accepts one only if it
+    names one of its audiences and has not expired (TokenReview checks the same against the asked audiences).
     """
 
     def __init__(
-        self, *, allow_anonymous: bool = True, api_audiences: Sequence[str] = (DEFAULT_AUDIENCE,)
+        self,
+        *,
+        allow_anonymous: bool = True,
+        api_audiences: Sequence[str] = (DEFAULT_AUDIENCE,),
+        clock: Callable[[], float] = time.time,
     ) -> None:
-        self._tokens: dict[str, UserInfo] = {}
+        self._tokens: dict[str, _Token] = {}
         self.allow_anonymous = allow_anonymous
         self.api_audiences = tuple(api_audiences)
+        self.clock = clock
 
-    def add_token(self, token: str, user: UserInfo) -> None:
+    def add_token(
+        self, token: str, user: UserInfo, *, audiences: Sequence[str] | None = None, expires: float | None = None
+    ) -> None:
         if not token:
             raise ValueError("empty tokens are never valid")
-        self._tokens[token] = user
+        self._tokens[token] = _Token(user, None if audiences is None else tuple(audiences), expires)
 
     def remove_token(self, token: str) -> None:
         self._tokens.pop(token, None)
 
-    def service_account_token(self, namespace: str, name: str, uid: str = "") -> str:
+    def service_account_token(
+        self,
+        namespace: str,
+        name: str,
+        uid: str = "",
+        *,
+        audiences: Sequence[str] | None = None,
+        expires: float | None = None,
+        extra: Mapping[str, tuple[str, ...]] | None = None,
+    ) -> str:
         token = secrets.token_urlsafe(32)
         user = UserInfo(
             username=f"{SA_PREFIX}{namespace}:{name}",
             uid=uid,
             groups=(SA_GROUP, f"{SA_GROUP}:{namespace}", AUTHENTICATED),
+            extra=dict(extra or {}),
         )
-        self._tokens[token] = user
+        self.add_token(token, user, audiences=audiences, expires=expires)
         return token
 
-    def authenticate_token(self, token: str) -> UserInfo | None:
-        """The user behind a token, with `system:authenticated` added the way the group adder does."""
-        user = self._tokens.get(token) if token else None
-        if user is None:
+    def authenticate_token(self, token: str, audiences: Sequence[str] | None = None) -> UserInfo | None:
+        """The user behind a token valid for one of `audiences` (default: the API server's), with
+        `system:authenticated` added the way the group adder does."""
+        entry = self._tokens.get(token) if token else None
+        if entry is None:
             return None
+        if entry.expires is not None and self.clock() >= entry.expires:
+            return None
+        wanted = self.api_audiences if audiences is None else tuple(audiences)
+        if not set(wanted) & set(self.token_audiences(entry)):
+            return None
+        user = entry.user
         if AUTHENTICATED in user.groups or UNAUTHENTICATED in user.groups:
             return user
         return UserInfo(user.username, user.uid, (*user.groups, AUTHENTICATED), user.extra)
+
+    def token_audiences(self, entry: _Token) -> tuple[str, ...]:
+        return self.api_audiences if entry.audiences is None else entry.audiences
+
+    def audiences_of(self, token: str) -> tuple[str, ...]:
+        """The audiences a known token was issued for (empty for an unknown one)."""
+        entry = self._tokens.get(token) if token else None
+        return () if entry is None else self.token_audiences(entry)
 
     def authenticate(self, authorization_header: str | None) -> UserInfo | None:
         """None means 401. A header without a bearer token falls through to the anonymous user (upstream)."""
@@ -131,6 +175,15 @@ class Attributes:
     name: str
     path: str
     resource_request: bool
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One authorization decision, as the API server's audit hooks see it."""
+
+    attrs: Attributes
+    allowed: bool
+    reason: str
 
 
 _API_PREFIXES = ("api", "apis")
@@ -479,13 +532,92 @@ def token_review(body: Mapping[str, Any], authn: Authenticator) -> dict[str, Any
         raise bad_request("token is required for TokenReview in authentication")
     out = _review_shell(body, "authentication.k8s.io/v1", "TokenReview")
     wanted = list(spec.get("audiences") or []) or list(authn.api_audiences)
-    audiences = [a for a in authn.api_audiences if a in wanted]
-    user = authn.authenticate_token(token) if audiences else None
+    audiences = [a for a in authn.audiences_of(token) if a in wanted]
+    user = authn.authenticate_token(token, audiences) if audiences else None
     if user is None:
         out["status"] = {"user": {}, "error": "invalid bearer token"}
         return out
     out["status"] = {"authenticated": True, "user": user.to_dict(), "audiences": audiences}
     return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# TokenRequest (serviceaccounts/token)
+
+MIN_TOKEN_SECONDS = 600
+MAX_TOKEN_SECONDS = 1 << 32
+DEFAULT_TOKEN_SECONDS = 3600
+CREDENTIAL_ID = "authentication.kubernetes.io/credential-id"
+_BOUND_KINDS = ("Pod", "Secret", "Node")
+
+
+def token_request(
+    body: Any,
+    service_account: Mapping[str, Any],
+    authn: Authenticator,
+    bound_object: Callable[[str, str, str], Mapping[str, Any] | None] | None = None,
+) -> dict[str, Any]:
+    """authentication.k8s.io/v1 TokenRequest: a bearer token for `service_account` (what `kubectl create
+    token` posts). Validation and defaults follow the REST docs: audiences default to the API server's,
+    expirationSeconds to 3600 and must be at least 600; a bound object must exist (and match its uid).
+    """
+    if not isinstance(body, Mapping):
+        raise bad_request("the body of a TokenRequest must be an object")
+    kind = body.get("kind")
+    if kind not in (None, "", "TokenRequest"):
+        raise bad_request(f'TokenRequest: kind must be "TokenRequest", not {kind!r}')
+    meta = service_account.get("metadata") or {}
+    namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+    spec = dict(body.get("spec") or {})
+    causes: list[Cause] = []
+    seconds = spec.get("expirationSeconds")
+    if seconds is None:
+        seconds = DEFAULT_TOKEN_SECONDS
+    if not isinstance(seconds, int) or isinstance(seconds, bool):
+        raise bad_request("TokenRequest: spec.expirationSeconds must be an integer")
+    if seconds < MIN_TOKEN_SECONDS:
+        causes.append(Cause("FieldValueInvalid", f"Invalid value: {seconds}: may not specify a duration less "
+                            "than 10 minutes", "spec.expirationSeconds"))
+    elif seconds > MAX_TOKEN_SECONDS:
+        causes.append(Cause("FieldValueTooLong", f"Invalid value: {seconds}: may not specify a duration "
+                            "larger than 2^32 seconds", "spec.expirationSeconds"))
+    audiences = [str(a) for a in spec.get("audiences") or []] or list(authn.api_audiences)
+    extra: dict[str, tuple[str, ...]] = {}
+    ref = spec.get("boundObjectRef")
+    if ref:
+        ref_kind, ref_name, ref_uid = str(ref.get("kind", "")), str(ref.get("name", "")), str(ref.get("uid", ""))
+        if ref_kind not in _BOUND_KINDS:
+            causes.append(Cause("FieldValueNotSupported", f'Unsupported value: "{ref_kind}": supported values: '
+                                + ", ".join(f'"{k}"' for k in _BOUND_KINDS), "spec.boundObjectRef.kind"))
+        elif bound_object is not None:
+            obj = bound_object(ref_kind, namespace if ref_kind != "Node" else "", ref_name)
+            obj_uid = str(((obj or {}).get("metadata") or {}).get("uid", ""))
+            if obj is None or (ref_uid and ref_uid != obj_uid):
+                what = f"{ref_kind.lower()}s" if ref_kind != "Node" else "nodes"
+                raise StatusError(404, "NotFound", f'{what} "{ref_name}" not found', name=ref_name,
+                                  kind=what)
+            key = {"Pod": "pod", "Secret": "secret", "Node": "node"}[ref_kind]
+            extra = {f"authentication.kubernetes.io/{key}-name": (ref_name,),
+                     f"authentication.kubernetes.io/{key}-uid": (obj_uid,)}
+            spec["boundObjectRef"] = dict(ref, uid=obj_uid)
+    if causes:
+        raise invalid("TokenRequest", "authentication.k8s.io", name, causes)
+    # Like upstream, the token's ID reaches authorizers and audit as user extra (one per issued token).
+    extra[CREDENTIAL_ID] = (f"JTI={uuid.uuid4()}",)
+    expires = authn.clock() + seconds
+    token = authn.service_account_token(namespace, name, str(meta.get("uid", "")), audiences=audiences,
+                                        expires=expires, extra=extra)
+    spec["audiences"] = audiences
+    spec["expirationSeconds"] = seconds
+    stamp = datetime.fromtimestamp(int(expires), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "kind": "TokenRequest",
+        "apiVersion": "authentication.k8s.io/v1",
+        "metadata": {"name": name, "namespace": namespace,
+                     "creationTimestamp": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")},
+        "spec": spec,
+        "status": {"token": token, "expirationTimestamp": stamp},
+    }
 
 
 def _sar_attributes(spec: Mapping[str, Any], user: UserInfo, kind: str) -> Attributes:
@@ -632,3 +764,82 @@ def bootstrap_policy() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         binding("system:basic-user", [AUTHENTICATED]),
     ]
     return roles, bindings
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Protobuf TokenRequests: client-go's typed clients (`kubectl create token`) send built-in kinds as protobuf.
+
+PROTOBUF = "application/vnd.kubernetes.protobuf"
+_PROTOBUF_MAGIC = b"k8s\x00"
+
+
+def _varint(data: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if i >= len(data) or shift > 63:
+            raise ValueError("truncated varint")
+        b = data[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, i
+        shift += 7
+
+
+def _fields(data: bytes) -> list[tuple[int, int | bytes]]:
+    """(field number, value) of one protobuf message: varints as ints, length-delimited fields as bytes."""
+    out: list[tuple[int, int | bytes]] = []
+    i = 0
+    while i < len(data):
+        key, i = _varint(data, i)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = _varint(data, i)
+            out.append((number, value))
+        elif wire == 2:
+            size, i = _varint(data, i)
+            if i + size > len(data):
+                raise ValueError("truncated field")
+            out.append((number, data[i:i + size]))
+            i += size
+        elif wire in (1, 5):
+            i += 8 if wire == 1 else 4
+        else:
+            raise ValueError(f"unsupported wire type {wire}")
+    return out
+
+
+def token_request_from_protobuf(raw: bytes) -> dict[str, Any]:
+    """The JSON form of a protobuf-encoded authentication.k8s.io/v1 TokenRequest (runtime.Unknown envelope).
+
+    Only the spec matters to the server (metadata is the ServiceAccount's, status is output)."""
+    try:
+        if not raw.startswith(_PROTOBUF_MAGIC):
+            raise ValueError("missing the k8s protobuf envelope")
+        unknown = _fields(raw[len(_PROTOBUF_MAGIC):])
+        kind = ""
+        body = b""
+        for number, value in unknown:
+            if number == 1 and isinstance(value, bytes):  # TypeMeta {apiVersion = 1, kind = 2}
+                kind = next((v.decode() for n, v in _fields(value) if n == 2 and isinstance(v, bytes)), "")
+            elif number == 2 and isinstance(value, bytes):
+                body = value
+        spec: dict[str, Any] = {}
+        for number, value in _fields(body):
+            if number != 2 or not isinstance(value, bytes):
+                continue
+            for n, v in _fields(value):
+                if n == 1 and isinstance(v, bytes):
+                    spec.setdefault("audiences", []).append(v.decode())
+                elif n == 4 and isinstance(v, int):
+                    spec["expirationSeconds"] = v - (1 << 64) if v >= 1 << 63 else v
+                elif n == 3 and isinstance(v, bytes):
+                    names = {1: "kind", 2: "apiVersion", 3: "name", 4: "uid"}
+                    spec["boundObjectRef"] = {names[k]: x.decode() for k, x in _fields(v)
+                                              if k in names and isinstance(x, bytes)}
+    except (ValueError, UnicodeDecodeError) as e:
+        raise bad_request(f"the body of the request could not be decoded as a protobuf TokenRequest: {e}") from None
+    if kind not in ("", "TokenRequest"):
+        raise bad_request(f'TokenRequest: kind must be "TokenRequest", not {kind!r}')
+    return {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+

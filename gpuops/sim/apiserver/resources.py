@@ -129,7 +129,9 @@ def builtin_resources() -> list[ResourceInfo]:
             categories=("all",),
             sub={"status": ("Service", _STD_SUB)},
         ),
-        _r("", "v1", "serviceaccounts", "ServiceAccount", True, short=("sa",)),
+        # token: TokenRequest (`kubectl create token`), create only
+        _r("", "v1", "serviceaccounts", "ServiceAccount", True, short=("sa",),
+           sub={"token": ("TokenRequest", ("create",))}),
         _r("coordination.k8s.io", "v1", "leases", "Lease", True),
         _r(
             "policy",
@@ -184,6 +186,9 @@ def builtin_resources() -> list[ResourceInfo]:
             sub={"status": ("CustomResourceDefinition", _STD_SUB)},
             generation=True,
         ),
+        # stored and served (kubectl apply -k installs one); the emulator has no pod network to enforce it on
+        _r("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, short=("netpol",),
+           generation=True),
         _r("rbac.authorization.k8s.io", "v1", "roles", "Role", True),
         _r("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True),
         _r("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False),

@@ -9,7 +9,7 @@ import asyncio
 import base64
 import contextlib
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -125,6 +125,9 @@ class APIServer:
         self.authn = auth.Authenticator(allow_anonymous=anonymous)
         self.authn.add_token(self.admin_token, auth.UserInfo("admin", groups=("system:masters",)))
         self.rbac = _StoreRBAC(self.store)
+        # Called with every authorization decision (allowed or not, RBAC or AlwaysAllow), in request order: the
+        # emulator's audit log, e.g. to prove a ServiceAccount never met a 403 or to replay its requests.
+        self.audit_hooks: list[Callable[[auth.Decision], None]] = []
         self.service_endpoints: dict[tuple[str, str], str] = {}
         self.webhooks = WebhookCaller(self._resolve_service)
         self.api = ObjectAPI(self.store, self.registry, self.webhooks)
@@ -304,6 +307,25 @@ class APIServer:
     def service_account_token(self, namespace: str, name: str) -> str:
         return self.authn.service_account_token(namespace, name)
 
+    def _token_request(self, info: ResourceInfo, ns: str, name: str, body: Any) -> dict[str, Any]:
+        """POST serviceaccounts/{name}/token: the ServiceAccount must exist (404 otherwise)."""
+        service_account = self.api.get(info, ns, name).obj
+
+        def bound(kind: str, namespace: str, obj_name: str) -> Mapping[str, Any] | None:
+            gr = {"Pod": ("", "pods"), "Secret": ("", "secrets"), "Node": ("", "nodes")}[kind]
+            got = self.store.get(gr, namespace, obj_name)
+            return got.obj if got is not None else None
+
+        return auth.token_request(body, service_account, self.authn, bound)
+
+    def _audit(self, attrs: auth.Attributes, allowed: bool, reason: str) -> None:
+        """Tell the audit hooks about an authorization decision (a hook must never fail a request)."""
+        for hook in self.audit_hooks:
+            try:
+                hook(auth.Decision(attrs, allowed, reason))
+            except Exception:
+                log.exception("audit hook failed")
+
     def kubeconfig(self, token: str | None = None, user: str = "admin") -> str:
         ca = ""
         if self.serving_cert is not None:
@@ -355,8 +377,11 @@ class APIServer:
         attrs = auth.request_attributes(user, request.method, path, query)
         if self.authorization == "RBAC":
             allowed, reason = auth.authorize(attrs, self.rbac)
+            self._audit(attrs, allowed, reason)
             if not allowed:
                 raise auth.forbidden(attrs, reason)
+        else:
+            self._audit(attrs, True, "")
         if attrs.resource_request:
             if self.faults.latency:
                 await asyncio.sleep(self.faults.latency)
@@ -586,11 +611,16 @@ class APIServer:
             return await self._list(request, info, ns if route.namespaced_path else None, query)
         ctx = self._context(request, user, query)
         if method == "POST":
-            body = await self._read_body(request)
+            if sub == "token" and request.content_type == auth.PROTOBUF:
+                body = auth.token_request_from_protobuf(await request.read())
+            else:
+                body = await self._read_body(request)
             if sub == "eviction":
                 return _json(await self.api.evict(ns, name, body, ctx), 201, ctx.warnings)
             if sub == "binding":
                 return _json(await self.api.bind(ns, name, body, ctx), 201, ctx.warnings)
+            if sub == "token" and info.storage_key == ("", "serviceaccounts"):
+                return _json(self._token_request(info, ns, name, body), 201)
             if name:
                 raise method_not_allowed()
             obj = await self.api.create(info, ns, body, ctx)

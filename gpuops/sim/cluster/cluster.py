@@ -102,13 +102,16 @@ class SimCluster:
         workload: bool = True,
         faults: bool = True,
         tls: bool = False,
+        authorization: str = "AlwaysAllow",
         manifests: Sequence[Path] = (),
         device_plugin_root: str | Path | None = None,
         hold_workload: bool = False,
     ) -> None:
         """`device_plugin_root`: MIG-capable nodes' kubelets serve device-plugin registration on
         `<root>/<node>/kubelet.sock` (where `gpuops agent --device-plugin-dir` points). `hold_workload`: the
-        workload starts at `start_workload()` instead of with the cluster (once an operator is ready)."""
+        workload starts at `start_workload()` instead of with the cluster (once an operator is ready).
+        `authorization="RBAC"`: the API server enforces RBAC on clients (serve `tls` too: kubectl sends tokens only
+        over TLS); the emulated cluster's own components act as privileged users, as the control plane's do."""
         self.hold_workload = hold_workload
         self.scenario = scenario
         self.manifests = list(manifests)
@@ -118,6 +121,7 @@ class SimCluster:
             history_size=scenario.apiserver.history_size,
             terminated_pod_gc_threshold=scenario.apiserver.terminated_pod_gc_threshold,
             tls=tls,
+            authorization=authorization,
         )
         self.fleet = Fleet()
         k, s, nl = scenario.kubelet, scenario.scheduler, scenario.node_lifecycle

@@ -1,0 +1,515 @@
+"""`kubectl apply -k manifests` on an emulated cluster that enforces RBAC, then the operator and the MIG agent
+run with their installed ServiceAccounts' tokens through a scenario that makes all four controllers act.
+
+What it proves:
+
+1. Enough: the install is valid for `kubectl apply -k` (default, strict field validation), and no request of
+   our ServiceAccounts is ever refused (every authorization decision of the API server is recorded through its
+   audit hook; zero 403s).
+2. Not more: every request our ServiceAccounts made is kept with its authorization attributes. For each rule
+   of each of our Roles and ClusterRoles, and for each verb and each resource of a rule that lists several,
+   the recorded requests are authorized again by the API server's own RBAC code with exactly that rule (or
+   that verb / resource) taken out, and at least one of them must then be denied. A denied recorded request
+   is one this very run would have seen answered 403 - and a 403 fails this test (point 1) - so removing
+   any single rule (or verb, or resource) from the manifests makes the suite fail. The exceptions are rules
+   that only a path this scenario cannot reach needs; they are listed in UNREACHED below, each with the
+   reason, and carry the same reason in their YAML comment.
+   The four controllers run as four `gpuops run --controllers X` processes, each with its own token of the
+   same ServiceAccount (TokenRequest gives each token an ID the audit log carries), so that each request is
+   known to come from one controller: a controller's ClusterRole must allow all of that controller's
+   requests on its own (with the manager's Lease Role and metrics role), and each of its rules must be
+   needed by that controller - rules several controllers share (e.g. pods list/watch) are checked per role,
+   where a union over all the processes would hide them.
+3. A removal for real: with the `pods/eviction create` rule taken out of the live ClusterRoles (budget,
+   autoprovision and spot pool each grant it to the one ServiceAccount), the next eviction the budget
+   controller attempts is refused (a 403 in the audit log and an EvictionFailed Event): what the replay above
+   predicts is what a real run sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import functools
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from rbac_audit import AuditLog, PolicySet, describe, edits_of, narrowed, snapshot
+from waiting import until
+
+from gpuops.sim.apiserver.auth import CREDENTIAL_ID, Attributes
+from gpuops.sim.cluster.cluster import SimCluster
+from gpuops.sim.scenario import load
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+KUBECTL = str(BIN / "kubectl")
+GPUOPS = [str(BIN / "gpuops")] if (BIN / "gpuops").exists() else [sys.executable, "-m", "gpuops"]
+MANAGER_SA = "system:serviceaccount:gpuops-system:gpuops-controller-manager"
+AGENT_SA = "system:serviceaccount:gpuops-node:gpuops-mig-agent"
+CONTROLLERS = ("budget", "autoprovision", "spotpool", "migslicer")
+
+# Rules (or verbs/resources of rules) that only paths this scenario does not reach need: (kind, role, rule
+# index, field, value) -> why. Each has the same reason in its YAML comment.
+_LIST = ("the informers' paginated-list fallback, for API servers that refuse streaming lists (WatchList); the "
+         "emulator serves them, so informers only ever watch")
+_REPEAT = "an Event that repeats is patched (count, lastTimestamp); this short scenario repeats none"
+_B, _A, _S, _M = (f"gpuops-{n}-controller" for n in CONTROLLERS)
+UNREACHED: dict[tuple[str, str, int, str | None, str | None], str] = {
+    ("ClusterRole", _B, 0, "verbs", "list"): _LIST,
+    ("ClusterRole", _B, 2, "verbs", "list"): _LIST,
+    ("ClusterRole", _B, 3, "verbs", "list"): _LIST,
+    ("ClusterRole", _B, 5, "verbs", "patch"): _REPEAT,
+    ("ClusterRole", _A, 0, "verbs", "list"): _LIST,
+    ("ClusterRole", _A, 1, None, None): "a drain evicts the pods left on a node going off; the scenario's node "
+                                        "only ever runs the pod that woke it, finished by then",
+    ("ClusterRole", _A, 2, "verbs", "list"): _LIST,
+    ("ClusterRole", _A, 3, "verbs", "list"): _LIST,
+    ("ClusterRole", _A, 4, "verbs", "list"): _LIST,
+    ("ClusterRole", _A, 7, "verbs", "patch"): _REPEAT,
+    ("ClusterRole", _S, 0, "verbs", "list"): _LIST,
+    ("ClusterRole", _S, 1, None, None): "draining a retired or reclaimed spot node; the pool never scales in here",
+    ("ClusterRole", _S, 2, "verbs", "list"): _LIST,
+    ("ClusterRole", _S, 2, "verbs", "patch"): "labels/taints a joined node lacks and the cordon before a drain; the "
+                                              "emulated cloud's nodes join with them and the pool never scales in",
+    ("ClusterRole", _S, 3, "verbs", "list"): _LIST,
+    ("ClusterRole", _S, 6, "verbs", "patch"): _REPEAT,
+    ("ClusterRole", _M, 0, "verbs", "list"): _LIST,
+    ("ClusterRole", _M, 1, None, None): "deleting a running pod whose slice vanished (node reboot, GPU reset)",
+    ("ClusterRole", _M, 3, "verbs", "list"): _LIST,
+    ("ClusterRole", _M, 4, "verbs", "list"): _LIST,
+    ("ClusterRole", _M, 5, "verbs", "list"): _LIST,
+    ("ClusterRole", _M, 6, None, None): "deleting a claim the agent failed, to plan anew; the agent fails none",
+    ("ClusterRole", _M, 9, "verbs", "patch"): _REPEAT,
+    ("ClusterRole", "gpuops-mig-agent", 2, "verbs", "list"): _LIST,
+}
+
+SCENARIO = """
+name: install-rbac
+description: one node of each kind our controllers care about, small and fast
+seed: 3
+namespaces: [team-a, team-b, batch, ml]
+kubelet: {startLatencySeconds: 0.2, leaseSeconds: 10}
+nodeGroups:
+  - {name: system, count: 1, cpu: "16", memory: 64Gi}
+  - name: a100
+    gpuModel: A100-80GB
+    gpusPerNode: 2
+    labels: {nvidia.com/mig.config: all-disabled}
+    bootSeconds: 1
+    devicePluginSeconds: 0.2
+  - name: gng
+    gpuModel: L4-24GB
+    gpusPerNode: 1
+    poweredOff: 1
+    bootSeconds: 1
+    devicePluginSeconds: 0.2
+  - name: mig
+    gpuModel: A100-80GB
+    gpusPerNode: 1
+    taints: [{key: gpuops.io/mig, value: "true", effect: NoSchedule}]
+    bootSeconds: 1
+    devicePluginSeconds: 0.2
+cloud:
+  launchSeconds: 0.5
+  bootSeconds: 1
+  devicePluginSeconds: 0.2
+  instanceTypes:
+    - {name: sim.l4, gpuModel: L4-24GB, gpus: 1, cpu: "8", memory: 32Gi, capacity: 2}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pod(name: str, namespace: str, *, labels: dict[str, str], limits: dict[str, str], node_group: str | None = None,
+        runtime: float | None = None, tolerations: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0, "containers": [
+        {"name": "main", "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04", "resources": {"limits": limits}}]}
+    if node_group:
+        spec["nodeSelector"] = {"gpuops.io/node-group": node_group}
+    if tolerations:
+        spec["tolerations"] = tolerations
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels}
+    if runtime is not None:
+        meta["annotations"] = {"sim.gpuops.io/runtime-seconds": str(runtime)}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+class Env:
+    """The cluster, kubectl as admin, and the processes this test starts (ended by their own handles)."""
+
+    def __init__(self, cluster: SimCluster, audit: AuditLog, workdir: Path, dp_root: Path) -> None:
+        self.cluster = cluster
+        self.audit = audit
+        self.workdir = workdir
+        self.dp_root = dp_root
+        self.admin = workdir / "admin.kubeconfig"
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.credentials: dict[str, str] = {}  # process name -> its token's credential ID
+
+    async def kubectl(self, *args: str, stdin: str | None = None, kubeconfig: Path | None = None,
+                      check: bool = True) -> tuple[int, str, str]:
+        proc = await asyncio.create_subprocess_exec(
+            KUBECTL, "--kubeconfig", str(kubeconfig or self.admin), "--cache-dir", str(self.workdir / "cache"),
+            *args, stdin=asyncio.subprocess.PIPE if stdin is not None else None,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(stdin.encode() if stdin is not None else None), 90)
+        code = proc.returncode if proc.returncode is not None else -1
+        if check and code != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({code}): {err.decode()}")
+        return code, out.decode(), err.decode()
+
+    async def apply(self, *objs: dict[str, Any]) -> None:
+        await self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(objs))
+
+    async def get(self, *args: str) -> Any:
+        code, out, _ = await self.kubectl("get", *args, "-o", "json", check=False)
+        return json.loads(out) if code == 0 else None
+
+    async def token_kubeconfig(self, name: str, namespace: str, sa: str) -> Path:
+        """`kubectl create token` (TokenRequest), then a kubeconfig for it with the pod's namespace, as a
+        ServiceAccount's in-cluster configuration would have."""
+        _, token, _ = await self.kubectl("create", "token", sa, "-n", namespace, "--duration", "1h")
+        token = token.strip()
+        user = self.cluster.server.authn.authenticate_token(token)
+        assert user is not None and user.username == f"system:serviceaccount:{namespace}:{sa}", user
+        self.credentials[name] = user.extra[CREDENTIAL_ID][0]
+        ca = base64.b64encode(self.cluster.server.serving_cert.ca_pem).decode()  # type: ignore[union-attr]
+        path = self.workdir / f"{name}.kubeconfig"
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+            "clusters": [{"name": "sim", "cluster": {"server": self.cluster.server.url,
+                                                     "certificate-authority-data": ca}}],
+            "users": [{"name": sa, "user": {"token": token}}],
+            "contexts": [{"name": "sa", "context": {"cluster": "sim", "user": sa, "namespace": namespace}}]}))
+        path.chmod(0o600)
+        return path
+
+    def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
+        log = (self.workdir / f"{name}.log").open("wb")
+        self.procs[name] = subprocess.Popen([*GPUOPS, *args], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                            env={**os.environ, **(env or {})})
+        log.close()
+
+    def check_alive(self) -> None:
+        for name, p in self.procs.items():
+            if p.poll() is not None:
+                raise AssertionError(f"{name} exited {p.returncode}: {self.log(name)[-3000:]}")
+
+    def log(self, name: str) -> str:
+        path = self.workdir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    async def stop(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs.values():
+            try:
+                await asyncio.to_thread(p.wait, 20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+@contextlib.asynccontextmanager
+async def environment(tmp_path: Path) -> AsyncIterator[Env]:
+    scenario_file = tmp_path / "scenario.yaml"
+    scenario_file.write_text(SCENARIO)
+    dp_root = Path(tempfile.mkdtemp(prefix="gpuops-rbac-", dir="/tmp"))  # unix socket paths stay short
+    cluster = SimCluster(load(str(scenario_file)), tls=True, authorization="RBAC", device_plugin_root=dp_root)
+    audit = AuditLog(cluster.server)
+    env = Env(cluster, audit, tmp_path, dp_root)
+    await cluster.start()
+    try:
+        cluster.write_kubeconfig(env.admin)
+        yield env
+    finally:
+        await env.stop()
+        await cluster.stop()
+        shutil.rmtree(dp_root, ignore_errors=True)
+        for name in env.procs:
+            print(f"----- {name}.log (tail)\n{env.log(name)[-2500:]}", file=sys.stderr)
+
+
+def status_of(obj: Any) -> dict[str, Any]:
+    return (obj or {}).get("status") or {}
+
+
+def has_condition(obj: Any, kind: str, status: str = "True") -> bool:
+    return any(c.get("type") == kind and c.get("status") == status for c in status_of(obj).get("conditions") or [])
+
+
+async def event_reasons(env: Env, namespace: str | None = None) -> set[str]:
+    items = (await env.get("events", *(["-n", namespace] if namespace else ["-A"]))) or {"items": []}
+    return {e.get("reason", "") for e in items["items"]}
+
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.timeout(240)
+async def test_install_with_rbac_runs_every_controller_and_every_rule_is_needed(tmp_path: Path) -> None:
+    started = time.monotonic()
+    async with environment(tmp_path) as env:
+        cloud = env.cluster.cloud.url
+        # --------------------------------------------------------------------------------- install
+        _, out, _ = await env.kubectl("apply", "-k", str(ROOT / "manifests"))
+        assert "deployment.apps/gpuops-controller-manager created" in out, out
+        assert "networkpolicy.networking.k8s.io/gpuops-controller-manager created" in out, out
+        # the GPU-less variant is valid too (server-side dry run: nothing changes)
+        _, out, _ = await env.kubectl("apply", "-k", str(ROOT / "manifests" / "emulated"), "--dry-run=server")
+        assert "daemonset.apps/gpuops-mig-agent-emulated created (server dry run)" in out, out
+        assert await env.cluster.wait_ready(30)
+
+        # the scenario's objects, as a user applies them (before the operator: it finds them at start)
+        await env.apply(
+            {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "power-token", "namespace": "gpuops-system"},
+             "stringData": {"token": "sekret"}},
+            {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "spot-keys", "namespace": "gpuops-system"},
+             "stringData": {"secretId": "AKID", "secretKey": "sim"}},
+            {"apiVersion": "gpuops.io/v1alpha1", "kind": "SpotPool", "metadata": {"name": "spot"},
+             "spec": {"provider": "sim", "endpoint": f"{cloud}/spot/v1", "minimum": 1, "maximum": 1,
+                      "credentialsSecretRef": {"name": "spot-keys", "namespace": "gpuops-system"},
+                      "drainTimeoutSeconds": 5,
+                      "template": {"instanceTypes": ["sim.l4"], "gpusPerInstance": 1,
+                                   "labels": {"gpuops.io/capacity-type": "spot"},
+                                   "taints": [{"key": "gpuops.io/spot", "value": "true", "effect": "NoSchedule"}]}}},
+            {"apiVersion": "gpuops.io/v1alpha1", "kind": "GPUWorkloadBudget",
+             "metadata": {"name": "evict", "namespace": "team-a"},
+             "spec": {"selector": {"matchLabels": {"team": "a"}}, "quota": {"gpuHours": "0.0001", "windowHours": 1},
+                      "enforcement": {"action": "Evict", "delaySeconds": 0},
+                      "accounting": {"retainFinishedPods": True}}},
+            {"apiVersion": "gpuops.io/v1alpha1", "kind": "GPUWorkloadBudget",
+             "metadata": {"name": "pause", "namespace": "team-b"},
+             "spec": {"selector": {"matchLabels": {"team": "b"}}, "quota": {"gpuHours": "0.0001", "windowHours": 1},
+                      "enforcement": {"action": "Pause", "delaySeconds": 0}}},
+            pod("hog", "team-a", labels={"team": "a"}, limits={"nvidia.com/gpu": "1"}, node_group="a100"),
+            {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train", "namespace": "team-b"},
+             "spec": {"backoffLimit": 0, "template": {
+                 "metadata": {"labels": {"team": "b"}},
+                 "spec": pod("x", "team-b", labels={}, limits={"nvidia.com/gpu": "1"}, node_group="a100")["spec"]}}},
+        )
+
+        # --------------------------------------------------------------------------------- processes
+        metrics_port, webhook_port = free_port(), free_port()
+        env.cluster.server.service_endpoints[("gpuops-system", "gpuops-webhook")] = f"127.0.0.1:{webhook_port}"
+        probes: dict[str, int] = {}
+        for name in CONTROLLERS:
+            kc = await env.token_kubeconfig(name, "gpuops-system", "gpuops-controller-manager")
+            probes[name] = free_port()
+            args = ["run", "--controllers", name, "--kubeconfig", str(kc), "--log-format", "json",
+                    "--health-probe-bind-address", f"127.0.0.1:{probes[name]}", "--metrics-bind-address", "0",
+                    "--budget-status-refresh", "1", "--spotpool-resync", "5"]
+            extra_env: dict[str, str] = {}
+            if name == "budget":  # the one that leads through the Lease and serves /metrics as installed
+                args += ["--leader-elect", "--leader-elect-retry-period", "0.5",
+                         "--metrics-bind-address", f"127.0.0.1:{metrics_port}", "--metrics-secure"]
+            if name == "migslicer":
+                args += ["--mig-webhook-port", str(webhook_port), "--mig-webhook-host", "127.0.0.1"]
+            if name == "autoprovision":  # the seed's environment variables become a GPUNodeGroup at start
+                extra_env = {"GPU_NODE_1_NAME": "gng-0", "GPU_NODE_1_GPU_COUNT": "1",
+                             "GPU_NODE_1_SCALE_UP_ENDPOINT": f"{cloud}/power/v1/machines/gng-0/start",
+                             "GPU_NODE_1_SCALE_DOWN_ENDPOINT": f"{cloud}/power/v1/machines/gng-0/stop"}
+            env.spawn(name, args, extra_env)
+        agent_kc = await env.token_kubeconfig("agent", "gpuops-node", "gpuops-mig-agent")
+        (env.dp_root / "mig-0").mkdir(exist_ok=True)
+        env.spawn("agent", ["agent", "--kubeconfig", str(agent_kc), "--node-name", "mig-0", "--emulated",
+                            "--gpus", "A100-80GB:1", "--device-plugin-dir", str(env.dp_root / "mig-0"),
+                            "--state-file", str(env.dp_root / "mig-0.gpus.json"), "--metrics-bind-address", "0",
+                            "--health-probe-bind-address", "0", "--log-format", "json", "--heartbeat", "5"])
+
+        async with aiohttp.ClientSession() as http:
+            async def ready(name: str) -> bool:
+                env.check_alive()
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with http.get(f"http://127.0.0.1:{probes[name]}/readyz") as r:
+                        return r.status == 200
+                return False
+
+            for name in CONTROLLERS:
+                await until(f"{name} ready", functools.partial(ready, name), 60)
+
+            # autoprovision: the env-seeded group, given its credentials and the template pending pods match
+            await until("GPUNodeGroup from the environment", lambda: env.get("gng", "gng-0"), 30)
+            await env.kubectl("patch", "gng", "gng-0", "--type", "merge", "-p", json.dumps({"spec": {
+                "scaleUp": {"secretRef": {"name": "power-token", "namespace": "gpuops-system"}},
+                "template": {"labels": {"gpuops.io/node-group": "gng"}},
+                "scaleDownUnneededSeconds": 1, "scaleDownDelayAfterScaleUpSeconds": 0}}))
+            await env.apply(pod("wake", "batch", labels={"app": "wake"}, limits={"nvidia.com/gpu": "1"},
+                                node_group="gng", runtime=2))
+
+            # migslicer: once the webhook's CA is in the configuration, a pod asks for a slice by NVIDIA's name
+            async def webhook_trusted() -> bool:
+                env.check_alive()
+                config = await env.get("mutatingwebhookconfiguration", "gpuops-mig-slicer")
+                return all((h.get("clientConfig") or {}).get("caBundle") for h in (config or {}).get("webhooks", [{}]))
+
+            await until("the webhook's caBundle", webhook_trusted, 60)
+            # the samples are valid against the installed CRDs and webhook (server-side dry run: nothing changes)
+            _, out, _ = await env.kubectl("apply", "-f", str(ROOT / "manifests" / "samples"), "--dry-run=server")
+            for kind in ("gpuworkloadbudget", "gpunodegroup", "spotpool", "pod/mig-inference"):
+                assert kind in out, out
+            await env.apply(pod("infer", "ml", labels={"app": "infer"}, limits={"nvidia.com/mig-1g.10gb": "1"},
+                                runtime=2, tolerations=[{"key": "gpuops.io/mig", "operator": "Exists",
+                                                         "effect": "NoSchedule"}]))
+            mutated = await env.get("pod", "infer", "-n", "ml")
+            assert "gpuops.io/mig-1g.10gb" in mutated["spec"]["containers"][0]["resources"]["limits"], mutated
+
+            # --------------------------------------------------------------------------- outcomes
+            async def done(what: str, probe: Callable[[], Any]) -> None:
+                async def checked() -> Any:
+                    env.check_alive()
+                    return await probe()
+                await until(what, checked, 90)
+
+            async def budget_evicted() -> bool:
+                b = await env.get("gwb", "evict", "-n", "team-a")
+                return has_condition(b, "QuotaExceeded") and "Evicted" in await event_reasons(env, "team-a")
+
+            async def job_paused() -> bool:
+                job = await env.get("job", "train", "-n", "team-b")
+                return bool(((job or {}).get("spec") or {}).get("suspend"))
+
+            async def machine_woken() -> bool:
+                p = await env.get("pod", "wake", "-n", "batch")
+                g = await env.get("gng", "gng-0")
+                return status_of(p).get("phase") == "Succeeded" and bool(status_of(g).get("lastWebhook"))
+
+            async def spot_joined() -> bool:
+                nodes = (await env.get("nodes", "-l", "gpuops.io/capacity-type=spot")) or {"items": []}
+                return any(has_condition(n, "Ready") for n in nodes["items"])
+
+            async def sliced() -> bool:
+                p = await env.get("pod", "infer", "-n", "ml")
+                return status_of(p).get("phase") == "Succeeded"
+
+            await asyncio.gather(
+                done("the budget controller evicts over quota", budget_evicted),
+                done("the budget controller pauses the Job", job_paused),
+                done("autoprovision powers gng-0 on for the pending pod", machine_woken),
+                done("the spot pool's instance joins as a node", spot_joined),
+                done("the MIG pod gets a slice and runs", sliced))
+
+            async def machine_off() -> bool:
+                g = await env.get("gng", "gng-0")
+                return status_of(g).get("state") in ("PoweringOff", "Off")
+
+            await done("autoprovision powers the idle gng-0 off again", machine_off)
+
+            # metrics: HTTPS, and only for a token allowed to GET /metrics (TokenReview + SubjectAccessReview)
+            await env.apply({"apiVersion": "v1", "kind": "Namespace",
+                             "metadata": {"name": "monitoring", "labels": {"metrics": "enabled"}}},
+                            {"apiVersion": "v1", "kind": "ServiceAccount",
+                             "metadata": {"name": "prometheus", "namespace": "monitoring"}},
+                            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                             "metadata": {"name": "prometheus-gpuops-metrics"},
+                             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                         "name": "gpuops-metrics-reader"},
+                             "subjects": [{"kind": "ServiceAccount", "name": "prometheus",
+                                           "namespace": "monitoring"}]})
+            _, scraper, _ = await env.kubectl("create", "token", "prometheus", "-n", "monitoring")
+            url = f"https://127.0.0.1:{metrics_port}/metrics"
+            async with http.get(url, ssl=False, headers={"Authorization": f"Bearer {scraper.strip()}"}) as r:
+                assert r.status == 200, await r.text()
+                assert "workqueue_adds_total" in await r.text()
+            async with http.get(url, ssl=False) as r:
+                assert r.status in (401, 403)
+
+        # ------------------------------------------------------------------------------- 1. enough
+        denied = env.audit.denied([MANAGER_SA, AGENT_SA])
+        assert not denied, "403s for our ServiceAccounts:\n" + "\n".join(
+            f"{describe(d.attrs)}: {d.reason}" for d in denied)
+
+        # ------------------------------------------------------------------------------- 2. not more
+        installed = snapshot(env.cluster.server)
+        by_process = {name: env.audit.of_credential(cred) for name, cred in env.credentials.items()}
+        for name, reqs in by_process.items():
+            assert reqs, f"no request recorded for {name}"
+        check_least_privilege(installed, by_process)
+        print(f"recorded requests: { {k: len(v) for k, v in by_process.items()} }; "
+              f"{time.monotonic() - started:.1f}s so far", file=sys.stderr)
+
+        # ------------------------------------------------------------------------------- 3. for real
+        # the three controllers that evict each grant it (one ServiceAccount): take it out of all three
+        for role in installed:
+            rules = role.get("rules") or []
+            index = next((i for i, r in enumerate(rules) if r.get("resources") == ["pods/eviction"]), None)
+            if role["kind"] == "ClusterRole" and index is not None:
+                await env.kubectl("patch", "clusterrole", role["metadata"]["name"], "--type", "json", "-p",
+                                  json.dumps([{"op": "remove", "path": f"/rules/{index}"}]))
+        before = len(env.audit.decisions)
+        await env.apply(pod("late", "team-a", labels={"team": "a"}, limits={"nvidia.com/gpu": "1"},
+                            node_group="a100"))
+
+        async def refused() -> bool:
+            env.check_alive()
+            return any(not d.allowed and d.attrs.resource == "pods" and d.attrs.subresource == "eviction"
+                       and d.attrs.name == "late" and d.attrs.user.username == MANAGER_SA
+                       for d in env.audit.decisions[before:])
+
+        await until("the budget controller's eviction of 'late' refused with 403", refused, 60)
+        await until("an EvictionFailed Event", lambda: _has_reason(env, "team-a", "EvictionFailed"), 30)
+    assert time.monotonic() - started < 200
+
+
+async def _has_reason(env: Env, namespace: str, reason: str) -> bool:
+    return reason in await event_reasons(env, namespace)
+
+
+def check_least_privilege(installed: list[dict[str, Any]], by_process: dict[str, list[Attributes]]) -> None:
+    """Point 2 of the module docstring, against snapshots of the installed RBAC objects."""
+    ours = [o for o in installed if (o["metadata"].get("labels") or {}).get("app.kubernetes.io/part-of") == "gpuops"
+            and o["kind"] in ("Role", "ClusterRole")]
+    roles = {(o["kind"], o["metadata"]["name"]): o for o in ours}
+    common = [("Role", "gpuops-leader-election"), ("ClusterRole", "gpuops-metrics-auth")]
+    manager_reqs = [a for name in CONTROLLERS for a in by_process[name]]
+    # which recorded requests, under which grant, each role must be needed for
+    scopes: dict[tuple[str, str], tuple[list[Attributes], list[tuple[str, str]]]] = {
+        ("ClusterRole", f"gpuops-{name}-controller"): (by_process[name],
+                                                       [("ClusterRole", f"gpuops-{name}-controller"), *common])
+        for name in CONTROLLERS}
+    all_manager_roles = [("ClusterRole", f"gpuops-{n}-controller") for n in CONTROLLERS] + common
+    for key in common:
+        scopes[key] = (manager_reqs, all_manager_roles)
+    scopes[("ClusterRole", "gpuops-mig-agent")] = (by_process["agent"], [("ClusterRole", "gpuops-mig-agent")])
+    # gpuops-metrics-reader is the scraper's, bound by the user: it must allow what the scrape asked
+    unchecked = set(roles) - set(scopes) - {("ClusterRole", "gpuops-metrics-reader")}
+    assert not unchecked, f"roles this test does not know: {unchecked}"
+
+    problems: list[str] = []
+    for key, (reqs, grant) in scopes.items():
+        policy = PolicySet(narrowed(installed, grant))
+        for a in policy.denied(reqs):
+            problems.append(f"{key[1]} (with {grant[1:]}) does not allow {describe(a)}")
+        for edit in edits_of(roles[key]):
+            needed = PolicySet(narrowed(installed, grant), edit).denied(reqs)
+            reason = UNREACHED.get((edit.kind, edit.role, edit.index, edit.field, edit.value))
+            if not needed and reason is None:
+                problems.append(f"not needed by any request: {edit}")
+            if needed and reason is not None:
+                problems.append(f"listed as unreached but needed by {describe(needed[0])}: {edit}")
+    assert not problems, "least privilege:\n" + "\n".join(problems) + "\n\nrecorded requests:\n" + "\n".join(
+        sorted({f"{name}: {describe(a)}" for name, reqs in by_process.items() for a in reqs}))
