@@ -60,7 +60,7 @@ lock: | $(BIN)/python
 	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^gpuops' > constraints.txt
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache demo.kubeconfig demo-operator.log
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache demo.kubeconfig demo-operator.log demo-agents.log demo-report
 
 # Regenerate the committed kubelet device-plugin gRPC modules from api.proto (`make test` never needs protoc).
 DEVICEPLUGIN := gpuops/kube/deviceplugin

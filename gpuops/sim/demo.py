@@ -3,7 +3,8 @@
 The operator runs as a separate process (`gpuops run`), exactly as it would against a real cluster, and
 reaches the emulator only over HTTP. The terminal shows what runs where and what each controller did (the
 Kubernetes Events our controllers record); `--seconds N` (or `DEMO_SECONDS=N`) ends the demo with a short
-report and exit code 0.
+report and exit code 0. At the end (or on Ctrl-C) the full report goes into `demo-report/` (`--report-dir`):
+README.md and PNG plots over time of the cluster's state, sampled about once a second (`gpuops.sim.report`).
 """
 
 from __future__ import annotations
@@ -15,18 +16,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter, deque
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
-from .cluster.access import EVENTS
+from .cluster.access import NODES
 from .cluster.cluster import SimCluster
 from .demo_mig import MigSide
+from .report import RunInfo, live, write_report
+from .report.events import Recorder
+from .report.timeline import Timeline, sample_cluster
 from .scenario import Scenario
-
-# Events from these components are the emulated cluster's own; everything else is an operator's doing.
-SIM_COMPONENTS = ("default-scheduler", "kubelet", "job-controller", "node-controller", "taint-eviction-controller",
-                  "pod-garbage-collector", "sim-workload")
 
 
 def usage(cluster: SimCluster, kubeconfig: str | None) -> str:
@@ -42,58 +41,8 @@ def usage(cluster: SimCluster, kubeconfig: str | None) -> str:
     ])
 
 
-class Recorder:
-    """Keeps the latest operator Events (not the emulator's own) for the live view and the report."""
-
-    def __init__(self, cluster: SimCluster, keep: int = 8) -> None:
-        self.recent: deque[str] = deque(maxlen=keep)
-        self.by_reason: Counter[str] = Counter()
-        cluster.access.listen(self._on_event)
-
-    def _on_event(self, ev: Any) -> None:
-        if ev.gr != EVENTS or ev.type != "ADDED":
-            return
-        obj = ev.new.obj
-        component = obj.get("reportingComponent") or (obj.get("source") or {}).get("component") or ""
-        if not component or component in SIM_COMPONENTS or component.startswith("system:"):
-            return
-        inv = obj.get("involvedObject") or {}
-        self.by_reason[f"{component}/{obj.get('reason', '')}"] += 1
-        ns = f"{inv['namespace']}/" if inv.get("namespace") else ""
-        where = f"{inv.get('kind', '')}/{ns}{inv.get('name', '')}"
-        self.recent.append(f"{component}: {obj.get('reason', '')} {where}: {obj.get('message', '')}"[:150])
-
-
-def render(summary: dict[str, Any], elapsed: float, operator: str, recorder: Recorder) -> str:
-    lines = [f"gpuops demo - scenario {summary['scenario']} - {elapsed:5.0f} s - operator: {operator}", ""]
-    lines.append(f"{'NODE':<12} {'MODEL':<11} {'POWER':<14} {'READY':<6} GPUS (used/allocatable)")
-    for n in summary["nodes"]:
-        bar = "#" * n["gpus_used"] + "." * max(0, n["gpus"] - n["gpus_used"])
-        cordon = " cordoned" if n["unschedulable"] else ""
-        mig = "  MIG " + ", ".join(f"{p} x{k}" for p, k in sorted(n["mig"].items())) if n.get("mig") else ""
-        lines.append(f"{n['name']:<12} {n['model'] or '-':<11} {n['power']:<14} {n['ready']!s:<6} "
-                     f"{n['gpus_used']}/{n['gpus']} {bar}{cordon}{mig}")
-    for m in summary["machines_off"]:
-        if not any(n["name"] == m for n in summary["nodes"]):
-            lines.append(f"{m:<12} {'':<11} {'off':<14} {'-':<6} (never registered)")
-    pods = summary["pods"]
-    lines += ["", "pods: " + ", ".join(f"{k} {v}" for k, v in sorted(pods.items())) +
-              f"  (unschedulable {summary['unschedulable']}, waiting for MIG slices {summary.get('gated', 0)})",
-              "jobs: " + (", ".join(f"{k} {v}" for k, v in sorted(summary["jobs"].items())) or "none"),
-              f"GPUs in use: {summary['gpus_used']} of {summary['gpus_total']} allocatable"]
-    if summary["budgets"]:
-        lines += ["", f"{'BUDGET':<28} {'CONSUMED':>10} {'QUOTA':>8} {'ACTION':<10} STATE"]
-        for b in summary["budgets"]:
-            lines.append(f"{b['name']:<28} {b['consumed']:>10} {b['quota']:>8} {b['action']:<10} "
-                         + ("over quota" if b["exceeded"] else "within quota"))
-    if summary["faults"]:
-        lines += ["", "faults:", *("  " + f for f in summary["faults"][-3:])]
-    lines += ["", "what the controllers did (latest Events):"]
-    lines += ["  " + e for e in recorder.recent] or ["  (nothing yet)"]
-    return "\n".join(lines)
-
-
 def report(summary: dict[str, Any], elapsed: float, operator_exit: int | None, recorder: Recorder) -> str:
+    """The short report printed at the end (the full one, with plots, goes into the report folder)."""
     pods = summary["pods"]
     lines = [
         f"gpuops demo report - scenario {summary['scenario']}, {elapsed:.0f} s",
@@ -109,12 +58,32 @@ def report(summary: dict[str, Any], elapsed: float, operator_exit: int | None, r
           + ("over quota" if b["exceeded"] else "within quota") for b in summary["budgets"]),
         f"  faults applied: {len(summary['faults'])}",
         *("    " + f for f in summary["faults"]),
-        "  operator Events by reason: " + (", ".join(f"{k} {v}" for k, v in recorder.by_reason.most_common())
+        "  operator Events by reason: " + (", ".join(f"{c}/{r} {n}" for (c, r), n in recorder.by_reason.most_common())
                                            or "none"),
         "  operator process: "
         + ("ran until the end (stopped by the demo)" if operator_exit is None else f"exited {operator_exit} early"),
     ]
     return "\n".join(lines)
+
+
+def compression(scenario: Scenario) -> list[str]:
+    """How the scenario squeezes hours into minutes, read from its own settings (for the report)."""
+    out = []
+    boots = sorted({g.boot_seconds for g in scenario.node_groups if g.gpu_model})
+    if boots:
+        out.append(f"machines boot in {', '.join(f'{b:g}' for b in boots)} s")
+    c = scenario.cloud
+    if c.instance_types:
+        out.append(f"spot instances launch in {c.launch_seconds:g} s and boot in {c.boot_seconds:g} s; a reclaim "
+                   f"notice gives {c.reclaim_notice_seconds:g} s")
+    for obj in scenario.objects:
+        spec, name = obj.get("spec") or {}, (obj.get("metadata") or {}).get("name", "")
+        if obj.get("kind") == "GPUWorkloadBudget":
+            q = spec.get("quota") or {}
+            out.append(f"budget {name} allows {q.get('gpuHours')} GPU-hours per {q.get('windowHours')} h")
+        elif obj.get("kind") == "GPUNodeGroup" and "scaleDownUnneededSeconds" in spec:
+            out.append(f"GPUNodeGroup {name} powers off after {spec['scaleDownUnneededSeconds']} s idle")
+    return out
 
 
 def _operator_command(kubeconfig: str) -> list[str]:
@@ -128,6 +97,21 @@ def repo_crds() -> list[Path]:
     """Our CRDs from the checkout's manifests/ (what `kubectl apply -k manifests` would install first)."""
     folder = Path(__file__).resolve().parents[2] / "manifests" / "crds"
     return sorted(folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+async def _gpus_allocatable(cluster: SimCluster, exclude: set[str], within: float = 30.0) -> bool:
+    """Wait until every powered-on GPU machine (but the MIG ones) has a Node with its GPUs allocatable, so the first
+    pods find the cluster as it is, not half-booted (a pod pending for a device plugin would wake a powered-off
+    machine for nothing)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        want = {m.name for m in cluster.fleet.machines.values() if m.state == "on" and m.gpus and m.name not in exclude}
+        have = {n["metadata"]["name"] for n in cluster.access.iter(NODES)
+                if str(((n.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu", "0")) != "0"}
+        if want <= have:
+            return True
+        await asyncio.sleep(0.2)
+    return False
 
 
 def _start_operator(cmd: list[str], log_path: str) -> tuple[subprocess.Popen[bytes], BinaryIO]:
@@ -144,8 +128,12 @@ async def run_demo(
     operator: bool = True,
     operator_log: str = "demo-operator.log",
     out: TextIO = sys.stdout,
-    refresh: float = 2.0,
+    refresh: float = 1.0,
+    report_dir: str | Path | None = "demo-report",
+    plain_every: float = 10.0,
 ) -> int:
+    """Run the demo until `seconds` (None: until Ctrl-C or SIGTERM), sampling the cluster every `refresh` s; then
+    print a short report and write the full one (README.md and PNGs) into `report_dir` (None: none)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -154,10 +142,12 @@ async def run_demo(
     tty = out.isatty()
     crds = repo_crds()
     mig = MigSide(kubeconfig)
+    timeline = Timeline()
     async with SimCluster(scenario, port=port, manifests=crds, device_plugin_root=mig.root,
                           hold_workload=operator) as cluster:
+        cluster_start = time.monotonic()  # the scenario's fault times count from here
         cluster.write_kubeconfig(kubeconfig)
-        recorder = Recorder(cluster)
+        recorder = Recorder().attach(cluster)
         print(f"gpuops demo: scenario {scenario.name}: {scenario.description}", file=out)
         print(usage(cluster, kubeconfig), file=out, flush=True)
         proc: subprocess.Popen[bytes] | None = None
@@ -171,26 +161,41 @@ async def run_demo(
                       f"{mig.log_path}", file=out, flush=True)
             if not await mig.webhook_ready(cluster):  # its failure policy refuses MIG pods until it serves
                 print("  (the operator's webhook did not answer within 30 s; starting the workload anyway)", file=out)
+        if not await _gpus_allocatable(cluster, exclude=set(MigSide.mig_machines(cluster))):
+            print("  (not every powered-on GPU node offered its GPUs within 30 s; starting the workload anyway)",
+                  file=out)
+        if report_dir is not None:
+            print(f"  report      {Path(report_dir) / 'README.md'} and PNG plots, written at the end", file=out)
         cluster.start_workload()
         start = time.monotonic()
+        recorder.restart_clock()
         next_plain = 0.0
+        printed = 0
+        ended_by = "Ctrl-C (or SIGTERM)"
         try:
             while not stop.is_set():
                 elapsed = time.monotonic() - start
                 if seconds is not None and elapsed >= seconds:
+                    ended_by = f"the time limit ({seconds:g} s)"
                     break
+                timeline.add(sample_cluster(cluster, elapsed))
                 state = "not started" if proc is None else (
                     "running" if proc.poll() is None else f"exited {proc.returncode}")
                 if tty:
-                    out.write("\x1b[H\x1b[2J" + render(cluster.summary(), elapsed, state, recorder) + "\n")
+                    out.write("\x1b[H\x1b[2J" + live.screen(cluster.summary(), timeline.last, recorder,
+                                                          elapsed=elapsed, total=seconds, operator=state) + "\n")
                     out.flush()
                 elif elapsed >= next_plain:
-                    out.write("\n" + render(cluster.summary(), elapsed, state, recorder) + "\n")
+                    out.write(live.plain(cluster.summary(), timeline.last, recorder, elapsed=elapsed, total=seconds,
+                                         operator=state, events_from=printed) + "\n")
                     out.flush()
-                    next_plain = elapsed + 15.0
+                    printed = recorder.seen
+                    next_plain = elapsed + plain_every
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), refresh)
+                    await asyncio.wait_for(stop.wait(), max(0.0, refresh - (time.monotonic() - start - elapsed)))
         finally:
+            elapsed = time.monotonic() - start
+            timeline.add(sample_cluster(cluster, elapsed))  # the state the run ended in
             exit_code = None
             if proc is not None:
                 exit_code = proc.poll()
@@ -202,8 +207,22 @@ async def run_demo(
                         proc.kill()
             if log_file is not None:
                 log_file.close()
+            agents = sorted(mig.procs)
             await mig.stop()
-        print("\n" + report(cluster.summary(), time.monotonic() - start, exit_code, recorder), file=out, flush=True)
+        summary = cluster.summary()
+        print("\n" + report(summary, elapsed, exit_code, recorder), file=out, flush=True)
+        if report_dir is not None:
+            info = RunInfo(
+                scenario=scenario.name, description=scenario.description, planned_seconds=seconds, elapsed=elapsed,
+                ended_by=ended_by, agents=agents, summary=summary, compression=compression(scenario),
+                fault_offset=start - cluster_start,
+                operator="not started (--no-operator)" if proc is None else
+                "ran until the end (stopped by the demo)" if exit_code is None else
+                f"stopped by the Ctrl-C too (exit code {exit_code})" if ended_by.startswith("Ctrl-C") else
+                f"exited {exit_code} early",
+            )
+            readme = write_report(Path(report_dir), info, timeline, recorder)
+            print(f"  full report: {readme} (plots beside it)", file=out, flush=True)
     return 0
 
 
