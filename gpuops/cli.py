@@ -88,7 +88,8 @@ def _run_cluster(args: argparse.Namespace) -> int:
 
     return asyncio.run(run_up(scenario, host=args.host, port=args.port, cloud_port=args.cloud_port,  # type: ignore[arg-type]
                               kubeconfig=args.kubeconfig, tls=args.tls, workload=not args.no_workload,
-                              seconds=args.seconds, status_every=args.status_every))
+                              seconds=args.seconds, status_every=args.status_every,
+                              authorization=args.authorization))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--cloud-port", type=int, default=0, help="port of the emulated cloud API; 0 picks a free one")
     up.add_argument("--tls", action="store_true", help="serve the API over HTTPS (kubectl sends tokens only over TLS)")
     up.add_argument("--no-workload", action="store_true", help="start the cluster without the scenario's workload")
+    up.add_argument("--authorization", choices=["AlwaysAllow", "RBAC"], default="AlwaysAllow",
+                    help="RBAC enforces Roles/ClusterRoles and their bindings (use with --tls for kubectl)")
     up.add_argument("--status-every", type=float, default=30.0, metavar="SECONDS",
                     help="print a one-line status this often; 0 = never (default: %(default)s)")
     demo = sub.add_parser("demo", help="the demo scenario, our operator against it and a live view (make demo)")
