@@ -16,7 +16,7 @@ from gpuops.kube.sources import Sources
 
 from .api import STATES, GPUNodeGroup
 
-__all__ = ["DECISION_SECONDS", "IDLE_GPU_SECONDS", "PLAN_SECONDS", "STATE_COLLECTOR", "StateCollector"]
+__all__ = ["BOOT_TIMEOUTS", "DECISION_SECONDS", "IDLE_GPU_SECONDS", "PLAN_SECONDS", "STATE_COLLECTOR", "StateCollector"]
 
 PLAN_SECONDS = Histogram(
     "gpuops_autoprovision_plan_seconds",
@@ -32,6 +32,13 @@ IDLE_GPU_SECONDS = PromCounter(
     "gpuops_autoprovision_idle_gpu_seconds",
     "GPU-seconds of powered-on managed machines with no GPU pods (Ready, idle), summed over machines.",
 )
+
+BOOT_TIMEOUTS = PromCounter(
+    "gpuops_autoprovision_boot_timeouts",
+    "Power-ons whose machine was not Ready with its GPUs by the boot deadline (group -> Failed, BootTimeout).",
+)
+"""No labels, so the series exists (at 0) from the start and increase() sees the first timeout; which group
+failed is in the BootTimeout Event and in gpuops_autoprovision_node_groups{state="Failed"}."""
 
 
 class StateCollector(Collector):

@@ -62,7 +62,7 @@ from .api import (
     check_spec,
 )
 from .demand import NodeView, demand, gpu_request, is_unschedulable, uses_gpus
-from .metrics import DECISION_SECONDS, IDLE_GPU_SECONDS, PLAN_SECONDS
+from .metrics import BOOT_TIMEOUTS, DECISION_SECONDS, IDLE_GPU_SECONDS, PLAN_SECONDS
 from .power import Endpoint, Outcome, PowerClient, Transition, idempotency_key
 
 __all__ = ["DRAIN_TAINT", "PLAN", "Autoprovisioner", "Observed", "Settings", "wall_clock"]
@@ -93,6 +93,20 @@ class Settings:
     drain_recheck: float = 2.0
     off_recheck: float = 5.0
     webhook_retry: float = 10.0
+    refused_backoff_base: float = 10.0
+    """After a webhook refuses a transition (4xx, bad URL or Secret): the first wait, doubling per refusal."""
+    refused_backoff_max: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Hold:
+    """No new request for a transition before `until` (µs) after its webhook failed. Kept in memory because the
+    status write that records the failure wakes the group at once: a requeue delay alone would not hold it.
+    `identity` is (transition key, generation): a new decision or a fixed spec is tried at once."""
+
+    identity: tuple[str, int]
+    until: int
+    refusals: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +149,7 @@ class Autoprovisioner:
         self.controller: Controller | None = None
         """Set by `install`: decisions enqueue the group they concern at once."""
         self._idle_mark: dict[str, int] = {}
+        self._holds: dict[str, _Hold] = {}  # group uid -> the wait after its last failed webhook call
         self._pending_since: dict[str, float] = {}
         """When this process first saw each pending pod Unschedulable (monotonic), for DECISION_SECONDS."""
         groups.add_index(INDEX_GROUP_NODE, lambda g: (g.spec.node_name,) if g.spec.node_name else ())
@@ -359,6 +374,8 @@ class Autoprovisioner:
         if state == "PoweringOn":
             tr = st.transition
             if tr is not None and tr.direction == "up" and not tr.sent and not up:
+                if (held := self._held(group, tr, now)) is not None:
+                    return held
                 outcome = await self._send(group, group.spec.scale_up, tr)
                 if not outcome.ok:
                     return await self._webhook_failed(group, tr, outcome, now)
@@ -373,12 +390,13 @@ class Autoprovisioner:
             if deadline is not None and now >= deadline:
                 failures = st.failures + 1
                 pause = min(self.settings.boot_backoff_max, self.settings.boot_backoff_base * 2 ** (failures - 1))
-                await self._become(group, now, "Failed", "BootTimeout",
-                                   f"{group.spec.node_name} was not Ready with GPUs within "
-                                   f"{group.spec.boot_timeout_seconds}s of the power-on; another machine may be "
-                                   f"tried; this one is offered again in {pause:g}s", warning=True,
-                                   transition=None, failures=failures,
-                                   backoff_until=format_time(now + round(pause * _SECOND)))
+                if await self._become(group, now, "Failed", "BootTimeout",
+                                      f"{group.spec.node_name} was not Ready with GPUs within "
+                                      f"{group.spec.boot_timeout_seconds}s of the power-on; another machine may be "
+                                      f"tried; this one is offered again in {pause:g}s", warning=True,
+                                      transition=None, failures=failures,
+                                      backoff_until=format_time(now + round(pause * _SECOND))):
+                    BOOT_TIMEOUTS.inc()  # once per timeout: a write lost to a conflict is retried, not counted
                 return None
             return requeue_at(now, [deadline])
         if state == "Failed":
@@ -395,6 +413,8 @@ class Autoprovisioner:
         if state == "PoweringOff":
             tr = st.transition
             if tr is not None and tr.direction == "down" and not tr.sent:
+                if (held := self._held(group, tr, now)) is not None:
+                    return held
                 outcome = await self._send(group, group.spec.scale_down, tr)
                 if not outcome.ok:
                     return await self._webhook_failed(group, tr, outcome, now)
@@ -458,6 +478,7 @@ class Autoprovisioner:
                            error=outcome.error)
         status = msgspec.structs.replace(group.status, transition=done, last_webhook=last)
         if outcome.ok:
+            self._holds.pop(group.metadata.uid, None)
             status = _condition(status, group, "WebhookFailing", "False", "Accepted",
                                 f"{tr.direction} request accepted (HTTP {outcome.status})")
         else:
@@ -469,10 +490,24 @@ class Autoprovisioner:
     async def _webhook_failed(self, group: GPUNodeGroup, tr: PendingTransition, outcome: Outcome,
                               now: int) -> Result | None:
         self.recorder.record(group, "Warning", "WebhookFailed", outcome.error, kind=KIND, api_version=API_VERSION)
-        if not outcome.retryable:  # a configuration problem: say so, retry rarely
-            return Result(requeue_after=self.settings.boot_backoff_base)
-        wait = max(self.settings.webhook_retry, outcome.retry_after or 0.0)
-        return Result(requeue_after=wait)
+        identity = (tr.key, group.metadata.generation)
+        prev = self._holds.get(group.metadata.uid)
+        refusals = prev.refusals + 1 if prev is not None and prev.identity == identity else 1
+        s = self.settings
+        if not outcome.retryable:  # a configuration problem: said in the condition; retried ever more rarely
+            wait = min(s.refused_backoff_max, s.refused_backoff_base * 2 ** (refusals - 1))
+        else:  # the client already retried with backoff; try the whole call again after a pause
+            wait = max(s.webhook_retry, outcome.retry_after or 0.0)
+        until = max(now, self.clock()) + round(wait * _SECOND)
+        self._holds[group.metadata.uid] = _Hold(identity, until, refusals)
+        return requeue_at(now, [until])
+
+    def _held(self, group: GPUNodeGroup, tr: PendingTransition, now: int) -> Result | None:
+        """The wait still due for this transition after a failed call (None: call now)."""
+        hold = self._holds.get(group.metadata.uid)
+        if hold is None or hold.identity != (tr.key, group.metadata.generation) or now >= hold.until:
+            return None
+        return requeue_at(now, [hold.until])
 
     async def _endpoint(self, hook: Webhook) -> Endpoint:
         token: str | None = None
@@ -515,14 +550,17 @@ class Autoprovisioner:
             log.debug("node taint update skipped", node=node.metadata.name, error=str(e))
 
     async def _become(self, group: GPUNodeGroup, now: int, state: str, reason: str, message: str, *,
-                      warning: bool = False, **changes: Any) -> None:
+                      warning: bool = False, **changes: Any) -> bool:
+        """Move the group to `state`; False if the write lost a race (the group's next event brings us back)."""
         stamp = format_time(now)
         status = msgspec.structs.replace(group.status, state=state, since=stamp, **changes)
         status = _condition(status, group, "Ready", "True" if state == "Ready" else "False", reason, message)
-        if await self._write(group, status):
-            self.recorder.record(group, "Warning" if warning else "Normal", reason, message, kind=KIND,
-                                 api_version=API_VERSION)
-            log.info("node group state", group=group.metadata.name, state=state, reason=reason)
+        if not await self._write(group, status):
+            return False
+        self.recorder.record(group, "Warning" if warning else "Normal", reason, message, kind=KIND,
+                             api_version=API_VERSION)
+        log.info("node group state", group=group.metadata.name, state=state, reason=reason)
+        return True
 
     def _with_condition(self, group: GPUNodeGroup, type: str, status: str, reason: str, message: str) -> GroupStatus:
         return _condition(group.status, group, type, status, reason, message)

@@ -174,6 +174,10 @@ async def test_a_refused_webhook_is_shown_and_the_fixed_spec_sends_the_same_tran
         events = json.loads(await client.request("GET", "/api/v1/events"))["items"]
         assert any(e.get("reason") == "WebhookFailed" for e in events)
         assert cluster.fleet.machines["small-0"].power_cycles == 0
+        # the status write recording the refusal wakes the group at once: it must still wait (10 s at first)
+        refusals = cluster.cloud.calls[("power", "start", 401)]
+        await asyncio.sleep(1.5)
+        assert cluster.cloud.calls[("power", "start", 401)] == refusals, "a refused webhook was re-sent in a loop"
 
         fixed = {"spec": {"scaleUp": {"url": g.spec.scale_up.url, "secretRef": {"name": "bmc", "namespace": NS}}}}
         await client.patch(GROUPS, "small-0", fixed)
