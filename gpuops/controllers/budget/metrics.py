@@ -57,13 +57,23 @@ class SnapshotSource(Protocol):
     def now(self) -> int: ...
 
 
+# The *_gpu_seconds gauges are the same figures in Prometheus' base unit (GPU-seconds = GPU-hours x 3600), the
+# ones dashboards and alerts use (`promtool check metrics` flags "hours"). The *_gpu_hours gauges stay, deprecated,
+# for the bench, chaos and test scripts that read them, until they move to the seconds.
 _GAUGES = (
-    ("gpuops_budget_consumed_gpu_hours", "GPU-hours used inside the budget's window, at scrape time."),
-    ("gpuops_budget_quota_gpu_hours", "The budget's quota in GPU-hours per window."),
-    ("gpuops_budget_remaining_gpu_hours", "Quota minus consumption, floored at 0, at scrape time."),
+    ("gpuops_budget_consumed_gpu_hours", "Deprecated, use gpuops_budget_consumed_gpu_seconds. GPU-hours used inside "
+     "the budget's window, at scrape time."),
+    ("gpuops_budget_quota_gpu_hours", "Deprecated, use gpuops_budget_quota_gpu_seconds. The budget's quota in "
+     "GPU-hours per window."),
+    ("gpuops_budget_remaining_gpu_hours", "Deprecated, use gpuops_budget_remaining_gpu_seconds. Quota minus "
+     "consumption in GPU-hours, floored at 0, at scrape time."),
     ("gpuops_budget_tracked_pods", "Pods (live or in the ledger) whose GPU usage overlaps the window."),
     ("gpuops_budget_over_quota", "1 while consumption >= quota, else 0."),
+    ("gpuops_budget_consumed_gpu_seconds", "GPU-seconds used inside the budget's window, at scrape time."),
+    ("gpuops_budget_quota_gpu_seconds", "The budget's quota in GPU-seconds per window."),
+    ("gpuops_budget_remaining_gpu_seconds", "Quota minus consumption in GPU-seconds, floored at 0, at scrape time."),
 )
+_HOUR = 3600
 
 
 class BudgetCollector(Collector):
@@ -79,7 +89,7 @@ class BudgetCollector(Collector):
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         sources = self.sources.current()
-        rows: dict[tuple[str, str], tuple[float, float, float, float, float]] = {}
+        rows: dict[tuple[str, str], tuple[float, ...]] = {}
         for source in sources:
             now = source.now()
             for labels, snap in list(source.snapshots().items()):
@@ -92,6 +102,9 @@ class BudgetCollector(Collector):
                     float(usage.remaining),
                     float(usage.pods_in_window),
                     1.0 if usage.over_quota else 0.0,
+                    float(usage.consumed * _HOUR),
+                    float(snap.quota * _HOUR),
+                    float(usage.remaining * _HOUR),
                 )
         families = self._families()
         for labels, values in sorted(rows.items()):

@@ -1,0 +1,379 @@
+"""What the monitoring tests share (issue 10): the Prometheus binaries (skip when absent unless CI requires them),
+the PrometheusRule and dashboard of manifests/monitoring, PromQL metric-name extraction, the metric names our
+process exports, and `OperatorRig`: `gpuops run` (all four controllers, leader-elected) against an emulated cluster
+with a workload that exercises every controller, on a background thread so sync tests and subprocesses can use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import json
+import os
+import pkgutil
+import re
+import shutil
+import threading
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+MONITORING = ROOT / "manifests" / "monitoring"
+PROMETHEUS_RULE = MONITORING / "prometheusrule.yaml"
+DASHBOARD_JSON = MONITORING / "gpuops-dashboard.json"
+PROMTOOL_TESTS = MONITORING / "tests" / "prometheusrule_test.yaml"
+RULE_FILE_NAME = "gpuops-rules.yaml"  # what PROMTOOL_TESTS' rule_files names
+REQUIRE_ENV = "GPUOPS_REQUIRE_PROMETHEUS"
+LEASE_NAME = "gpuops-controller-manager"
+T = TypeVar("T")
+
+
+# ---------------------------------------------------------------------------------------------- binaries
+
+
+def binary(name: str) -> str:
+    """Path of `prometheus` / `promtool`; skips the test when missing, fails instead under GPUOPS_REQUIRE_PROMETHEUS=1
+    (CI installs them with .ci/install-prometheus, so a missing binary there is an error, not a skip)."""
+    path = shutil.which(name)
+    if path is not None:
+        return path
+    why = f"{name} is not installed (.ci/install-prometheus installs Debian's prometheus package)"
+    if os.environ.get(REQUIRE_ENV) == "1":
+        pytest.fail(f"{REQUIRE_ENV}=1 but {why}")
+    pytest.skip(why)
+
+
+# ---------------------------------------------------------------------------------------------- manifests
+
+
+def prometheus_rule() -> dict[str, Any]:
+    doc = yaml.safe_load(PROMETHEUS_RULE.read_text())
+    assert isinstance(doc, dict) and doc.get("kind") == "PrometheusRule", PROMETHEUS_RULE
+    return doc
+
+
+def write_rule_file(directory: Path) -> Path:
+    """The PrometheusRule's `spec` ({groups: [...]}) as a plain Prometheus rule file, as the operator loads it."""
+    path = directory / RULE_FILE_NAME
+    path.write_text(yaml.safe_dump(prometheus_rule()["spec"], sort_keys=False))
+    return path
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    return [r for g in prometheus_rule()["spec"]["groups"] for r in g["rules"] if "alert" in r]
+
+
+def dashboard() -> dict[str, Any]:
+    doc = json.loads(DASHBOARD_JSON.read_text())
+    assert isinstance(doc, dict)
+    return doc
+
+
+def panels(dash: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every panel, rows' nested panels included."""
+    stack = list(dash.get("panels", []))
+    while stack:
+        p = stack.pop(0)
+        yield p
+        stack.extend(p.get("panels", []))
+
+
+# ---------------------------------------------------------------------------------------------- PromQL
+
+_TOKEN = re.compile(r"""
+    (?P<string>"(?:\\.|[^"\\])*"|'(?:\\.|[^'\\])*'|`[^`]*`)
+  | (?P<var>\$\{[^}]*\}|\$[A-Za-z_][A-Za-z0-9_]*)
+  | (?P<range>\[[^\]]*\])
+  | (?P<number>0x[0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?(?:ms|s|m|h|d|w|y)?)
+  | (?P<ident>[A-Za-z_:][A-Za-z0-9_:]*)
+  | (?P<punct>[(){},=!~<>+\-*/%^@]+)
+  | (?P<space>\s+)
+""", re.VERBOSE)
+_KEYWORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right", "offset",
+             "bool", "inf", "nan", "atan2"}
+_LABEL_LIST = {"by", "without", "on", "ignoring", "group_left", "group_right"}
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """Metric names a PromQL expression selects: identifiers that are not functions, aggregations, keywords,
+    label names (in `{...}` matchers, `by`/`without`/`on`/`ignoring`/`group_*` lists) or Grafana variables."""
+    tokens: list[tuple[str, str]] = []
+    pos = 0
+    while pos < len(expr):
+        m = _TOKEN.match(expr, pos)
+        if m is None:
+            raise ValueError(f"cannot tokenize PromQL at {expr[pos:pos + 20]!r} in {expr!r}")
+        pos = m.end()
+        kind = m.lastgroup or ""
+        if kind == "space":
+            continue
+        if kind == "punct":  # split runs so "(" and "{" are tokens of their own
+            tokens.extend(("punct", c) for c in re.findall(r"[(){},]|[^(){},]+", m.group()))
+        else:
+            tokens.append((kind, m.group()))
+    names: set[str] = set()
+    i = 0
+    brace = 0
+    while i < len(tokens):
+        kind, text = tokens[i]
+        nxt = tokens[i + 1][1] if i + 1 < len(tokens) else ""
+        if text == "{":
+            brace += 1
+        elif text == "}":
+            brace -= 1
+        elif brace == 0 and kind == "ident":
+            if text.lower() in _LABEL_LIST and nxt == "(":
+                depth, i = 0, i + 1
+                while i < len(tokens):  # skip the label list
+                    depth += tokens[i][1] == "("
+                    depth -= tokens[i][1] == ")"
+                    if depth == 0:
+                        break
+                    i += 1
+            elif nxt != "(" and nxt.lower() not in ("by", "without") and text.lower() not in _KEYWORDS:
+                names.add(text)
+        i += 1
+    return names
+
+
+def promql_label_names(expr: str) -> set[str]:
+    """Label names an expression mentions: matchers' left-hand sides and by/without/on/ignoring/group_* lists."""
+    found: set[str] = set()
+    for block in re.findall(r"\{([^}]*)\}", _strip_strings(expr)):
+        found.update(re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)", block))
+    for block in re.findall(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)", expr):
+        found.update(x.strip() for x in block.split(",") if x.strip())
+    return found
+
+
+def _strip_strings(expr: str) -> str:
+    return re.sub(r'"(?:\\.|[^"\\])*"', '""', expr)
+
+
+def grafana_query_metric_names(query: str) -> set[str]:
+    """Metric names of a Grafana template variable query: `label_values(metric, label)`, `query_result(expr)`,
+    `metrics(regex)` (none) or plain PromQL."""
+    m = re.fullmatch(r"\s*label_values\(\s*(.*?)\s*,\s*[A-Za-z_][A-Za-z0-9_]*\s*\)\s*", query, re.S)
+    if m:
+        return promql_metric_names(m.group(1))
+    m = re.fullmatch(r"\s*query_result\((.*)\)\s*", query, re.S)
+    if m:
+        return promql_metric_names(m.group(1))
+    if re.fullmatch(r"\s*(label_names|metrics)\(.*\)\s*", query, re.S):
+        return set()
+    return promql_metric_names(query)
+
+
+# ---------------------------------------------------------------------------------------------- our metrics
+
+METRIC_PACKAGES = ("gpuops.kube", "gpuops.controllers")
+"""Everything `gpuops run` can import; its metrics register on the default registry at import."""
+TARGET_LABELS = frozenset({"job", "instance", "le", "quantile", "__name__"})
+"""Labels Prometheus adds (job, instance) or that belong to the exposition format (le, quantile)."""
+
+_SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_sum", "_count", "_created"),
+    "gaugehistogram": ("_bucket", "_gsum", "_gcount"),
+    "summary": ("", "_sum", "_count", "_created"),
+    "info": ("_info",),
+    "stateset": ("",),
+    "gauge": ("",),
+    "unknown": ("",),
+}
+
+
+def _import_metric_modules() -> None:
+    for package in METRIC_PACKAGES:
+        pkg = importlib.import_module(package)
+        for info in pkgutil.walk_packages(pkg.__path__, f"{package}."):
+            importlib.import_module(info.name)
+
+
+def exported_series() -> dict[str, frozenset[str]]:
+    """Every series name (`_total`, `_bucket`... included) our `gpuops run` process can export -> its label
+    names, from the prometheus_client default registry once all of gpuops.kube and gpuops.controllers is
+    imported (custom collectors included: they describe their families even with nothing to report)."""
+    from prometheus_client import REGISTRY
+
+    _import_metric_modules()
+    out: dict[str, frozenset[str]] = {}
+    for family in REGISTRY.collect():
+        labels = set(getattr(family, "_labelnames", ()))
+        for sample in family.samples:
+            labels.update(sample.labels)
+        owner = REGISTRY._names_to_collectors.get(family.name + ("_total" if family.type == "counter" else ""))
+        labels.update(getattr(owner, "_labelnames", ()))
+        for suffix in _SUFFIXES.get(family.type, ("",)):
+            out[family.name + suffix] = frozenset(labels)
+    return out
+
+
+def scraped_series_names(text: str) -> set[str]:
+    """Series names with at least one sample in a Prometheus text exposition."""
+    return {line.split("{", 1)[0].split(" ", 1)[0] for line in text.splitlines() if line and not line.startswith("#")}
+
+
+# ---------------------------------------------------------------------------------------------- the rig
+
+# Small and fast: every controller has work within seconds. team-a's budget is exceeded at once (AlertOnly), a
+# pod needing the powered-off L4 machine makes autoprovision power it on, the spot pool keeps one instance, and
+# two MIG pods get slices from the MIG slicer on the A100-40GB machine (via the webhook and the node agent).
+SCENARIO: dict[str, Any] = {
+    "name": "monitoring",
+    "description": "every controller busy within seconds, for the monitoring tests",
+    "seed": 10,
+    "namespaces": ["team-a", "gpuops-system"],
+    "kubelet": {"startLatencySeconds": 0.2, "leaseSeconds": 5},
+    "nodeGroups": [
+        {"name": "a100", "gpuModel": "A100-80GB", "gpusPerNode": 8, "count": 1, "bootSeconds": 0.5,
+         "devicePluginSeconds": 0.2, "labels": {"nvidia.com/mig.config": "all-disabled"}},
+        {"name": "l4", "gpuModel": "L4-24GB", "gpusPerNode": 4, "count": 1, "poweredOff": 1, "bootSeconds": 1,
+         "devicePluginSeconds": 0.5},
+        {"name": "mig", "gpuModel": "A100-40GB", "gpusPerNode": 2, "count": 1, "bootSeconds": 0.5,
+         "devicePluginSeconds": 0.2, "taints": [{"key": "gpuops.io/mig", "value": "true", "effect": "NoSchedule"}]},
+        {"name": "system", "count": 1},
+    ],
+    "cloud": {"launchSeconds": 0.5, "bootSeconds": 1, "devicePluginSeconds": 0.5,
+              "instanceTypes": [{"name": "sim.gpu.a10g.4x", "gpuModel": "L4-24GB", "gpus": 4, "capacity": 4}]},
+    "workload": [
+        {"name": "train", "namespace": "team-a", "arrival": {"at": [0, 0.2]}, "gpus": 2, "runtimeSeconds": 600,
+         "labels": {"team": "team-a"}, "nodeSelector": {"gpuops.io/gpu-model": "A100-80GB"}},
+        {"name": "wants-l4", "namespace": "team-a", "arrival": {"at": [0]}, "gpus": 4, "runtimeSeconds": 600,
+         "nodeSelector": {"gpuops.io/gpu-model": "L4-24GB"}},
+        {"name": "mig-small", "namespace": "team-a", "arrival": {"at": [0, 0.3]}, "gpus": 0,
+         "resources": {"nvidia.com/mig-1g.5gb": "1"}, "runtimeSeconds": 600,
+         "tolerations": [{"key": "gpuops.io/mig", "operator": "Exists", "effect": "NoSchedule"}]},
+    ],
+    "objects": [
+        {"apiVersion": "gpuops.io/v1alpha1", "kind": "GPUWorkloadBudget",
+         "metadata": {"name": "team-a-training", "namespace": "team-a"},
+         "spec": {"selector": {"matchLabels": {"team": "team-a"}}, "quota": {"gpuHours": "0.0001", "windowHours": 1},
+                  "enforcement": {"action": "AlertOnly", "delaySeconds": 1}}},
+        {"apiVersion": "gpuops.io/v1alpha1", "kind": "GPUNodeGroup", "metadata": {"name": "l4-0"},
+         "spec": {"nodeName": "l4-0", "gpuCount": 4,
+                  "scaleUp": {"url": "${SIM_CLOUD_URL}/power/v1/machines/l4-0/start"},
+                  "scaleDown": {"url": "${SIM_CLOUD_URL}/power/v1/machines/l4-0/stop"},
+                  "template": {"labels": {"gpuops.io/gpu-model": "L4-24GB"}},
+                  "bootTimeoutSeconds": 60, "scaleDownUnneededSeconds": 600}},
+        {"apiVersion": "gpuops.io/v1alpha1", "kind": "SpotPool", "metadata": {"name": "spot-l4"},
+         "spec": {"provider": "sim", "endpoint": "${SIM_CLOUD_URL}/spot/v1", "minimum": 1, "maximum": 2,
+                  "template": {"instanceTypes": ["sim.gpu.a10g.4x"], "gpusPerInstance": 4,
+                               "taints": [{"key": "gpuops.io/spot", "value": "true", "effect": "NoSchedule"}]}}},
+    ],
+}
+
+
+def http_get(url: str, timeout: float = 5.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        body: bytes = r.read()
+    return body.decode()
+
+
+def wait_for(what: str, probe: Callable[[], T | None], within: float) -> T:
+    """Poll a blocking probe until it returns something truthy (exceptions count as not yet); AssertionError naming
+    `what` and the last answer after `within` seconds."""
+    import time
+
+    deadline = time.monotonic() + within
+    last: object = None
+    while True:
+        try:
+            got = probe()
+            last = got
+            if got:
+                return got
+        except Exception as e:  # a server still starting: connection refused, 503
+            last = e
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within:g}s waiting for {what}; last: {last!r}"[:3000])
+        time.sleep(0.2)
+
+
+class OperatorRig:
+    """`gpuops run` (all controllers, --leader-elect) against the SCENARIO cluster, on its own event loop thread.
+
+    `start()` returns once the operator answers on /metrics and the workload runs; `metrics_url` is its /metrics;
+    `stop()` ends the agents, the operator and the cluster."""
+
+    CONTROLLERS = ("budget", "autoprovision", "spotpool", "migslicer")
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="operator-rig", daemon=True)
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/metrics"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "operator.log"
+
+    def start(self, within: float = 90.0) -> None:
+        self._thread.start()
+        if not self._ready.wait(within):
+            raise AssertionError(f"the operator rig did not start within {within:g}s")
+        if self._error is not None:
+            raise AssertionError(f"the operator rig failed to start: {self._error!r}") from self._error
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(60)
+
+    def scrape(self) -> str:
+        return http_get(self.metrics_url)
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as e:  # reported by start() (or lost after a stop, when nobody waits)
+            self._error = e
+        finally:
+            self._ready.set()
+
+    async def _main(self) -> None:
+        from gpuops.sim.cluster.cluster import SimCluster
+        from gpuops.sim.demo import repo_crds
+        from gpuops.sim.demo_mig import WEBHOOK_CONFIG, WEBHOOK_SERVICE, MigSide
+        from gpuops.sim.harness import OperatorHarness
+        from gpuops.sim.scenario import parse
+
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        kubeconfig = self.workdir / "kubeconfig"
+        mig = MigSide(str(kubeconfig), log_path=str(self.workdir / "agents.log"))
+        # the webhook's configuration exists before the operator starts, so it patches its CA in at once
+        cluster = SimCluster(parse(SCENARIO, "monitoring scenario"), manifests=[*repo_crds(), WEBHOOK_CONFIG],
+                             device_plugin_root=mig.root, hold_workload=True)
+        cluster.server.service_endpoints[WEBHOOK_SERVICE] = f"127.0.0.1:{mig.webhook_port}"
+        args = [*mig.operator_args(), "--leader-elect", "--leader-elect-namespace", "gpuops-system",
+                "--leader-elect-lease-name", LEASE_NAME, "--spotpool-resync", "5"]
+        async with OperatorHarness(cluster, self.workdir, controllers=self.CONTROLLERS, log_level="INFO",
+                                   extra_args=args) as rig:
+            self.port = rig.port
+            try:  # the agents go first, before the operator and the cluster they talk to
+                await mig.start(cluster)
+                if not await mig.webhook_ready(cluster, 30):
+                    raise TimeoutError("the operator's MIG webhook was not ready within 30 s")
+                cluster.start_workload()
+                self._ready.set()
+                await self._stop.wait()
+            finally:
+                await mig.stop()
