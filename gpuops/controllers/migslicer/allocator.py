@@ -281,15 +281,23 @@ class Allocator:
                 why["node selector, affinity or taints"] += 1
                 continue
             gpus = []
+            unusable = 0
             for g in mn.status.gpus:
                 if g.mig_mode != "Enabled":
                     continue
                 slices = held.get(name, {}).get(g.uuid, set())
-                gpus.append(mig.GPU(g.uuid, g.model, tuple(mig.Placement(p, s, z) for s, z, p in sorted(slices))))
+                placements = tuple(mig.Placement(p, s, z) for s, z, p in sorted(slices))
+                try:  # one GPU we cannot reason about (a model without tables, a layout the driver should
+                    mig.check_layout(mig.geometry(g.model), placements)  # not have) must not block the rest
+                except AccountingError as e:
+                    unusable += 1
+                    log.debug("GPU left out of MIG placement", node=name, gpu=g.uuid, model=g.model, error=str(e))
+                    continue
+                gpus.append(mig.GPU(g.uuid, g.model, placements))
             if gpus:
                 out.append(mig.Node(name, tuple(gpus)))
             else:
-                why["no MIG-enabled GPU"] += 1
+                why["only GPUs of unknown MIG model or layout" if unusable else "no MIG-enabled GPU"] += 1
         return out, why
 
     async def _plan(self, pod: Pod, profiles: list[str]) -> Result | None:

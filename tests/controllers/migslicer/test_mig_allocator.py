@@ -65,6 +65,7 @@ class FakeAgent:
         self.client = client
         self.slices: dict[str, tuple[str, int, int, str]] = {}  # claim key -> (gpu, start, size, profile)
         self.offered: dict[str, int] = {}
+        self.extra_gpus: list[dict[str, Any]] = []  # reported as they are (e.g. a model our tables lack)
 
     async def publish(self) -> None:
         gpus = []
@@ -73,6 +74,7 @@ class FakeAgent:
             gpus.append({"index": i, "uuid": g, "model": "A100-40GB", "migMode": "Enabled",
                          "slices": [{"profile": p, "start": st, "size": sz, "deviceUUID": f"MIG-{k}", "claim": k}
                                     for k, (_, st, sz, p) in mine]})
+        gpus += self.extra_gpus
         body = {"apiVersion": "gpuops.io/v1alpha1", "kind": "MigNode", "metadata": {"name": NODE},
                 "spec": {"nodeName": NODE}}
         with contextlib.suppress(ApiError):
@@ -221,3 +223,21 @@ async def test_no_fit_waits_with_a_reason_then_runs_when_capacity_frees(tmp_path
         await until("all three ran (the third after a slice was released)", all_done, 30)
         released = [c for c in (await client.list(CLAIMS, namespace=NS))[1] if c.status.phase == "Released"]
         assert len(released) == 3
+
+
+async def test_a_gpu_of_unknown_model_does_not_block_the_others(tmp_path: Path) -> None:
+    """The agent reports a MIG-enabled GPU our tables do not know (a newer SKU, model ""): it is left out of
+    placement, and pods still get slices on the GPUs we can reason about."""
+    async with running(tmp_path) as (_cluster, client, agent):
+        agent.extra_gpus = [{"index": 2, "uuid": "GPU-newer-sku", "model": "", "migMode": "Enabled", "slices": []},
+                            {"index": 3, "uuid": "GPU-odd-layout", "model": "A100-40GB", "migMode": "Enabled",
+                             "slices": [{"profile": "3g.20gb", "start": 1, "size": 4}]}]  # not a legal start
+        await agent.publish()
+        await client.create(PODS, mig_pod("small", {"1g.5gb": 1}), NS)
+
+        async def ran() -> bool:
+            return (await client.get(PODS, "small", NS)).status.phase == "Running"
+
+        await until("the pod runs on a known GPU", ran)
+        (claim,) = await claims_of(client, "small")
+        assert claim.spec.gpu_uuid in GPUS
