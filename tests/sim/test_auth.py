@@ -908,6 +908,111 @@ def test_protobuf_token_requests_as_kubectl_create_token_sends_them() -> None:
     assert e.value.code == 400
 
 
+# What kubectl v1.37 `auth can-i create pods/eviction` posts (`-v=9`): TypeMeta, an ObjectMeta of empty
+# fields, spec.resourceAttributes with empty strings for the unset fields, an empty status, and the envelope's
+# empty contentEncoding/contentType. (`pods/eviction` is TYPE/NAME to can-i: the pod named "eviction".)
+KUBECTL_CAN_I = bytes.fromhex(
+    "6b3873000a320a17617574686f72697a6174696f6e2e6b38732e696f2f763112175365"
+    "6c665375626a6563744163636573735265766965771247"
+    "0a100a0012001a0022002a00320038004200"
+    "12290a270a0764656661756c741206637265617465"
+    "1a0022002a04706f647332003a086576696374696f6e"
+    "1a08080012001a002000"
+    "1a002200"
+)
+
+
+def _envelope(kind: str, api_version: str, obj: bytes) -> bytes:
+    type_meta = _pb(1, api_version.encode()) + _pb(2, kind.encode())
+    return b"k8s\x00" + _pb(1, type_meta) + _pb(2, obj) + _pb(4, b"application/vnd.kubernetes.protobuf")
+
+
+def test_protobuf_self_subject_access_review_as_kubectl_auth_can_i_sends_it() -> None:
+    review = auth.self_subject_access_review_from_protobuf(KUBECTL_CAN_I)
+    assert review == {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "metadata": {},
+        "spec": {"resourceAttributes": {"namespace": "default", "verb": "create", "resource": "pods",
+                                        "name": "eviction"}},
+    }
+    assert auth.from_protobuf("SelfSubjectAccessReview", KUBECTL_CAN_I) == review
+    # The decoded review answers like its JSON twin.
+    rbac = FakeRBAC([role("evict", [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"],
+                                     "resourceNames": ["eviction"]}]),
+                     binding("evict", "ClusterRole", "evict", [{"kind": "User", "name": "alice"}])])
+    assert self_subject_access_review(review, user("alice"), rbac)["status"]["allowed"] is True
+    assert self_subject_access_review(review, user("bob"), rbac)["status"] == {"allowed": False}
+
+
+def test_protobuf_self_subject_access_review_non_resource_and_selectors() -> None:
+    non = _pb(2, _pb(1, b"/metrics") + _pb(2, b"get"))
+    raw = _envelope("SelfSubjectAccessReview", "authorization.k8s.io/v1", _pb(1, b"") + _pb(2, non))
+    assert auth.self_subject_access_review_from_protobuf(raw)["spec"] == {
+        "nonResourceAttributes": {"path": "/metrics", "verb": "get"}}
+    # fieldSelector (8) and labelSelector (9) are skipped; an empty resourceAttributes is still present, and
+    # SubjectAccessReview-only fields (user = 3) are not part of a SelfSubjectAccessReview.
+    res = _pb(1, _pb(2, b"list") + _pb(5, b"pods") + _pb(8, _pb(1, b"spec.nodeName=n")) + _pb(9, b"\x0a\x00"))
+    raw = _envelope("SelfSubjectAccessReview", "authorization.k8s.io/v1", _pb(2, res + _pb(3, b"root")))
+    assert auth.self_subject_access_review_from_protobuf(raw)["spec"] == {
+        "resourceAttributes": {"verb": "list", "resource": "pods"}}
+    raw = _envelope("", "", _pb(2, _pb(1, b"")))
+    assert auth.self_subject_access_review_from_protobuf(raw)["spec"] == {"resourceAttributes": {}}
+
+
+def test_protobuf_subject_access_review() -> None:
+    extra = _pb(5, _pb(1, b"scopes") + _pb(2, _pb(1, b"view") + _pb(1, b"edit")))
+    spec = (_pb(1, _pb(1, b"team-a") + _pb(2, b"get") + _pb(3, b"apps") + _pb(5, b"deployments")
+                + _pb(6, b"scale") + _pb(7, b"web"))
+            + _pb(3, b"alice") + _pb(4, b"devs") + _pb(4, b"ops") + extra + _pb(6, b"uid-1"))
+    raw = _envelope("SubjectAccessReview", "authorization.k8s.io/v1", _pb(1, b"") + _pb(2, spec))
+    review = auth.subject_access_review_from_protobuf(raw)
+    assert review["spec"] == {
+        "resourceAttributes": {"namespace": "team-a", "verb": "get", "group": "apps", "resource": "deployments",
+                               "subresource": "scale", "name": "web"},
+        "user": "alice", "groups": ["devs", "ops"], "extra": {"scopes": ["view", "edit"]}, "uid": "uid-1",
+    }
+    rbac = FakeRBAC([role("scale", [{"apiGroups": ["apps"], "resources": ["deployments/scale"], "verbs": ["get"]}]),
+                     binding("scale", "ClusterRole", "scale", [{"kind": "Group", "name": "ops"}])])
+    assert subject_access_review(review, rbac)["status"]["allowed"] is True
+
+
+def test_protobuf_token_review() -> None:
+    a = Authenticator()
+    a.add_token("tok", user("alice"))
+    raw = _envelope("TokenReview", "authentication.k8s.io/v1", _pb(2, _pb(1, b"tok") + _pb(2, b"https://x")))
+    review = auth.token_review_from_protobuf(raw)
+    assert review["spec"] == {"token": "tok", "audiences": ["https://x"]}
+    raw = _envelope("TokenReview", "authentication.k8s.io/v1", _pb(2, _pb(1, b"tok")))
+    assert token_review(auth.token_review_from_protobuf(raw), a)["status"]["user"]["username"] == "alice"
+
+
+@pytest.mark.parametrize(
+    ("kind", "raw", "message"),
+    [
+        ("SelfSubjectAccessReview", b"not protobuf", "expected prefix [107 56 115 0]"),
+        ("SelfSubjectAccessReview", b"", "expected prefix"),
+        ("SelfSubjectAccessReview", b"k8s\x00\x12\x80", "truncated varint"),
+        ("SelfSubjectAccessReview", b"k8s\x00\x12\x05ab", "truncated field"),
+        ("SelfSubjectAccessReview", b"k8s\x00\x12\x02\x11\x00", "truncated field"),  # fixed64 cut short
+        ("SelfSubjectAccessReview", b"k8s\x00\x00\x00", "illegal tag 0"),
+        ("SelfSubjectAccessReview", b"k8s\x00\x12\x02\x13\x00", "unsupported wire type 3"),
+        ("SelfSubjectAccessReview", b"k8s\x00" + _pb(2, _pb(2, _pb(1, 7))), "wrong wire type"),
+        ("SubjectAccessReview", b"k8s\x00" + _pb(2, _pb(2, _pb(3, b"\xff\xfe"))), "utf-8"),
+        ("TokenReview", b"k8s\x00" + _pb(2, _pb(2, _pb(1, b"\xc3"))), "utf-8"),
+        ("TokenRequest", b"k8s\x00" + _pb(2, _pb(2, _pb(4, b"x"))), "wrong wire type"),
+        ("SelfSubjectAccessReview", _envelope("Pod", "v1", b""), 'kind must be "SelfSubjectAccessReview"'),
+        ("SelfSubjectAccessReview", bytes(range(256)), "expected prefix"),
+        ("SelfSubjectAccessReview", b"k8s\x00" + bytes(range(255, 0, -1)), ""),
+    ],
+)
+def test_garbage_protobuf_bodies_are_bad_requests(kind: str, raw: bytes, message: str) -> None:
+    with pytest.raises(StatusError) as e:
+        auth.from_protobuf(kind, raw)
+    assert (e.value.code, e.value.reason) == (400, "BadRequest")
+    assert message.lower() in e.value.message.lower()
+
+
 @pytest.mark.anyio
 async def test_serviceaccount_token_subresource_and_the_audit_hook() -> None:
     import aiohttp

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import secrets
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -512,6 +514,165 @@ def forbidden(attrs: Attributes, reason: str = "") -> StatusError:
 
 
 # ----------------------------------------------------------------------------------------------------------
+# User impersonation (`kubectl --as/--as-group/--as-uid`): the Impersonate-* headers, authorized like
+# kube-apiserver's impersonation filter does before the request itself is authorized as the new user.
+
+IMPERSONATE_USER = "Impersonate-User"
+IMPERSONATE_GROUP = "Impersonate-Group"
+IMPERSONATE_UID = "Impersonate-Uid"
+IMPERSONATE_EXTRA_PREFIX = "Impersonate-Extra-"
+_AUTHN_GROUP = "authentication.k8s.io"
+_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_PERCENT_ESCAPES = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+@dataclass(frozen=True)
+class ImpersonationRequest:
+    """One thing a request asks to act as; its `impersonate` check is on `resource` (see attributes())."""
+
+    kind: str  # "User", "ServiceAccount", "Group", "UserExtra" or "UID"
+    name: str
+    namespace: str = ""
+    extra_key: str = ""
+
+    def attributes(self, requester: UserInfo) -> Attributes:
+        """What the requester must be allowed: verb impersonate on users/groups/serviceaccounts (core group)
+        or uids/userextras/<key> (authentication.k8s.io), named like the impersonated value."""
+        resource, group, version, subresource = {
+            "User": ("users", "", "", ""),
+            "ServiceAccount": ("serviceaccounts", "", "", ""),
+            "Group": ("groups", "", "", ""),
+            "UserExtra": ("userextras", _AUTHN_GROUP, "v1", self.extra_key),
+            "UID": ("uids", _AUTHN_GROUP, "v1", ""),
+        }[self.kind]
+        return Attributes(requester, "impersonate", self.namespace, group, version, resource, subresource,
+                          self.name, "", True)
+
+    def go_string(self) -> str:
+        """How Go's %v prints the v1.ObjectReference upstream builds for it (in its one error message)."""
+        api_version = "authentication.k8s.io/v1" if self.kind in ("UserExtra", "UID") else ""
+        return "{" + " ".join((self.kind, self.namespace, self.name, "", api_version, "", self.extra_key)) + "}"
+
+
+class ImpersonationHeaderError(ValueError):
+    """Impersonation headers that cannot be honoured (groups, uid or extras without a user): upstream answers
+    these with a plain-text 500 (responsewriters.InternalError), not a Status."""
+
+    def response_text(self, request_uri: str) -> str:
+        return f"Internal Server Error: {json.dumps(request_uri)}: {self}\n"
+
+
+def split_service_account_username(username: str) -> tuple[str, str] | None:
+    """(namespace, name) of a `system:serviceaccount:<ns>:<name>` username with a valid namespace and name."""
+    if not username.startswith(SA_PREFIX):
+        return None
+    parts = username[len(SA_PREFIX):].split(":")
+    if len(parts) != 2:
+        return None
+    namespace, name = parts
+    if len(namespace) > 63 or not _DNS1123_LABEL.fullmatch(namespace):
+        return None
+    if len(name) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(name):
+        return None
+    return namespace, name
+
+
+def _unescape_extra_key(key: str) -> str:
+    """Extra keys travel lower-cased and percent-encoded in header names; a malformed escape is kept as is."""
+    if _PERCENT_ESCAPES.search(key):
+        return key
+    return urllib.parse.unquote(key)
+
+
+def impersonation_requests(headers: Iterable[tuple[str, str]]) -> list[ImpersonationRequest]:
+    """The impersonation a request's headers ask for, in upstream's order: user, groups, extras, uid.
+
+    Header names are matched case-insensitively; every Impersonate-Group (and Impersonate-Extra-*) header
+    line is one value. Raises ImpersonationHeaderError for groups, extras or a uid without a user.
+    """
+    users: list[str] = []
+    groups: list[str] = []
+    uids: list[str] = []
+    extras: list[ImpersonationRequest] = []
+    extra_prefix = IMPERSONATE_EXTRA_PREFIX.lower()
+    for name, value in headers:
+        lower = name.lower()
+        if lower == IMPERSONATE_USER.lower():
+            users.append(value)
+        elif lower == IMPERSONATE_GROUP.lower():
+            groups.append(value)
+        elif lower == IMPERSONATE_UID.lower():
+            uids.append(value)
+        elif lower.startswith(extra_prefix):
+            key = _unescape_extra_key(lower[len(extra_prefix):])
+            extras.append(ImpersonationRequest("UserExtra", value, extra_key=key))
+    out: list[ImpersonationRequest] = []
+    user = users[0] if users else ""  # like http.Header.Get: the first value
+    if user:
+        sa = split_service_account_username(user)
+        if sa is not None:
+            out.append(ImpersonationRequest("ServiceAccount", sa[1], namespace=sa[0]))
+        else:
+            out.append(ImpersonationRequest("User", user))
+    out.extend(ImpersonationRequest("Group", g) for g in groups)
+    out.extend(extras)
+    uid = uids[0] if uids else ""
+    if uid:
+        out.append(ImpersonationRequest("UID", uid))
+    if (groups or extras or uid) and not user:
+        shown = "[" + " ".join(r.go_string() for r in out) + "]"
+        raise ImpersonationHeaderError(f"requested {shown} without impersonating a user")
+    return out
+
+
+def impersonate(
+    requester: UserInfo,
+    headers: Iterable[tuple[str, str]],
+    check: Callable[[Attributes], tuple[bool, str]],
+) -> UserInfo:
+    """The user a request acts as: `requester`, or whom its Impersonate-* headers name once `check` (the
+    authorizer, e.g. RBAC) allowed the requester every one of them; the first denied one is a 403 about the
+    requester (`users "bob" is forbidden: User "alice" cannot impersonate resource "users" ...`).
+
+    Like upstream: impersonated groups are exactly those asked for; without any, a service account gets
+    system:serviceaccounts and system:serviceaccounts:<namespace>; system:authenticated is added unless
+    system:authenticated or system:unauthenticated was asked for (system:anonymous gets
+    system:unauthenticated instead). Nothing of the requester (groups, extra, uid) carries over.
+    """
+    requests = impersonation_requests(headers)
+    if not requests:
+        return requester
+    username = uid = ""
+    groups: list[str] = []
+    extra: dict[str, list[str]] = {}
+    groups_specified = any(r.kind == "Group" for r in requests)
+    for req in requests:
+        attrs = req.attributes(requester)
+        allowed, reason = check(attrs)
+        if not allowed:
+            raise forbidden(attrs, reason)
+        if req.kind == "ServiceAccount":
+            username = f"{SA_PREFIX}{req.namespace}:{req.name}"
+            if not groups_specified:
+                groups = [SA_GROUP, f"{SA_GROUP}:{req.namespace}"]
+        elif req.kind == "User":
+            username = req.name
+        elif req.kind == "Group":
+            groups.append(req.name)
+        elif req.kind == "UserExtra":
+            extra.setdefault(req.extra_key, []).append(req.name)
+        else:
+            uid = req.name
+    if username != ANONYMOUS:
+        if AUTHENTICATED not in groups and UNAUTHENTICATED not in groups:
+            groups.append(AUTHENTICATED)
+    elif UNAUTHENTICATED not in groups:
+        groups.append(UNAUTHENTICATED)
+    return UserInfo(username, uid, tuple(groups), {k: tuple(v) for k, v in extra.items()})
+
+
+# ----------------------------------------------------------------------------------------------------------
 # TokenReview / SubjectAccessReview
 
 
@@ -767,10 +928,15 @@ def bootstrap_policy() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Protobuf TokenRequests: client-go's typed clients (`kubectl create token`) send built-in kinds as protobuf.
+# Protobuf bodies: client-go's typed clients send built-in kinds as protobuf (`kubectl create token` a
+# TokenRequest, `kubectl auth can-i` a SelfSubjectAccessReview). Only what the server reads is decoded: the
+# spec (field 2 of every one of these kinds); metadata is ignored and status is output. Answers stay JSON,
+# which clients accept (they send `Accept: application/vnd.kubernetes.protobuf,application/json`).
 
 PROTOBUF = "application/vnd.kubernetes.protobuf"
 _PROTOBUF_MAGIC = b"k8s\x00"
+
+_Field = tuple[int, int | bytes]
 
 
 def _varint(data: bytes, i: int) -> tuple[int, int]:
@@ -786,13 +952,15 @@ def _varint(data: bytes, i: int) -> tuple[int, int]:
         shift += 7
 
 
-def _fields(data: bytes) -> list[tuple[int, int | bytes]]:
+def _fields(data: bytes) -> list[_Field]:
     """(field number, value) of one protobuf message: varints as ints, length-delimited fields as bytes."""
-    out: list[tuple[int, int | bytes]] = []
+    out: list[_Field] = []
     i = 0
     while i < len(data):
         key, i = _varint(data, i)
         number, wire = key >> 3, key & 7
+        if number == 0:
+            raise ValueError("illegal tag 0")
         if wire == 0:
             value, i = _varint(data, i)
             out.append((number, value))
@@ -804,42 +972,168 @@ def _fields(data: bytes) -> list[tuple[int, int | bytes]]:
             i += size
         elif wire in (1, 5):
             i += 8 if wire == 1 else 4
+            if i > len(data):
+                raise ValueError("truncated field")
         else:
             raise ValueError(f"unsupported wire type {wire}")
     return out
 
 
-def token_request_from_protobuf(raw: bytes) -> dict[str, Any]:
-    """The JSON form of a protobuf-encoded authentication.k8s.io/v1 TokenRequest (runtime.Unknown envelope).
+def _pb_bytes(value: int | bytes) -> bytes:
+    if not isinstance(value, bytes):
+        raise ValueError("wrong wire type for a string or message field")
+    return value
 
-    Only the spec matters to the server (metadata is the ServiceAccount's, status is output)."""
+
+def _pb_string(value: int | bytes) -> str:
+    return _pb_bytes(value).decode()  # proto3 strings are UTF-8: anything else fails to decode (400)
+
+
+def _pb_int(value: int | bytes) -> int:
+    if not isinstance(value, int):
+        raise ValueError("wrong wire type for an integer field")
+    return value - (1 << 64) if value >= 1 << 63 else value  # int64 as two's complement
+
+
+def _pb_strings(message: bytes, names: Mapping[int, str]) -> dict[str, str]:
+    """A message of string fields as JSON: non-empty ones only (Go's `omitempty`), unknown numbers skipped."""
+    out: dict[str, str] = {}
+    for number, value in _fields(message):
+        if number in names:
+            text = _pb_string(value)
+            if text:
+                out[names[number]] = text
+            else:
+                out.pop(names[number], None)
+    return out
+
+
+def _from_protobuf(
+    raw: bytes, kind: str, api_version: str, decode_spec: Callable[[list[_Field]], dict[str, Any]]
+) -> dict[str, Any]:
+    """The JSON form of a protobuf-encoded `kind`: the k8s envelope (magic, then a runtime.Unknown
+    {typeMeta = 1 {apiVersion = 1, kind = 2}, raw = 2, contentEncoding = 3, contentType = 4}) around the
+    object, whose spec (field 2) `decode_spec` turns into JSON. Undecodable bodies are 400s."""
     try:
         if not raw.startswith(_PROTOBUF_MAGIC):
-            raise ValueError("missing the k8s protobuf envelope")
-        unknown = _fields(raw[len(_PROTOBUF_MAGIC):])
-        kind = ""
+            prefix = " ".join(str(b) for b in _PROTOBUF_MAGIC)
+            raise ValueError(f"provided data does not appear to be a protobuf message, expected prefix [{prefix}]")
+        sent_kind = ""
         body = b""
-        for number, value in unknown:
-            if number == 1 and isinstance(value, bytes):  # TypeMeta {apiVersion = 1, kind = 2}
-                kind = next((v.decode() for n, v in _fields(value) if n == 2 and isinstance(v, bytes)), "")
-            elif number == 2 and isinstance(value, bytes):
-                body = value
-        spec: dict[str, Any] = {}
-        for number, value in _fields(body):
-            if number != 2 or not isinstance(value, bytes):
-                continue
-            for n, v in _fields(value):
-                if n == 1 and isinstance(v, bytes):
-                    spec.setdefault("audiences", []).append(v.decode())
-                elif n == 4 and isinstance(v, int):
-                    spec["expirationSeconds"] = v - (1 << 64) if v >= 1 << 63 else v
-                elif n == 3 and isinstance(v, bytes):
-                    names = {1: "kind", 2: "apiVersion", 3: "name", 4: "uid"}
-                    spec["boundObjectRef"] = {names[k]: x.decode() for k, x in _fields(v)
-                                              if k in names and isinstance(x, bytes)}
+        for number, value in _fields(raw[len(_PROTOBUF_MAGIC):]):
+            if number == 1:
+                for n, v in _fields(_pb_bytes(value)):
+                    if n == 2:
+                        sent_kind = _pb_string(v)
+            elif number == 2:
+                body = _pb_bytes(value)
+        # Repeated occurrences of a message field merge, which is what decoding their concatenation does.
+        spec_bytes = b"".join(_pb_bytes(v) for n, v in _fields(body) if n == 2)
+        spec = decode_spec(_fields(spec_bytes))
     except (ValueError, UnicodeDecodeError) as e:
-        raise bad_request(f"the body of the request could not be decoded as a protobuf TokenRequest: {e}") from None
-    if kind not in ("", "TokenRequest"):
-        raise bad_request(f'TokenRequest: kind must be "TokenRequest", not {kind!r}')
-    return {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+        raise bad_request(f"the body of the request could not be decoded as a protobuf {kind}: {e}") from None
+    if sent_kind not in ("", kind):
+        raise bad_request(f'{kind}: kind must be "{kind}", not {sent_kind!r}')
+    return {"apiVersion": api_version, "kind": kind, "metadata": {}, "spec": spec}
 
+
+def _token_request_spec(fields: list[_Field]) -> dict[str, Any]:
+    """TokenRequestSpec {audiences = 1, boundObjectRef = 3 {kind, apiVersion, name, uid}, expirationSeconds = 4}."""
+    spec: dict[str, Any] = {}
+    for number, value in fields:
+        if number == 1:
+            spec.setdefault("audiences", []).append(_pb_string(value))
+        elif number == 3:
+            ref = _pb_strings(_pb_bytes(value), {1: "kind", 2: "apiVersion", 3: "name", 4: "uid"})
+            spec["boundObjectRef"] = {**spec.get("boundObjectRef", {}), **ref}
+        elif number == 4:
+            spec["expirationSeconds"] = _pb_int(value)
+    return spec
+
+
+def _token_review_spec(fields: list[_Field]) -> dict[str, Any]:
+    """TokenReviewSpec {token = 1, audiences = 2}."""
+    spec: dict[str, Any] = {}
+    for number, value in fields:
+        if number == 1:
+            spec["token"] = _pb_string(value)
+        elif number == 2:
+            spec.setdefault("audiences", []).append(_pb_string(value))
+    return spec
+
+
+# ResourceAttributes: fieldSelector = 8 and labelSelector = 9 are not decoded (RBAC ignores them anyway).
+_RESOURCE_ATTRIBUTES = {1: "namespace", 2: "verb", 3: "group", 4: "version", 5: "resource", 6: "subresource",
+                        7: "name"}
+_NON_RESOURCE_ATTRIBUTES = {1: "path", 2: "verb"}
+
+
+def _access_review_spec(fields: list[_Field]) -> dict[str, Any]:
+    """SubjectAccessReviewSpec {resourceAttributes = 1, nonResourceAttributes = 2, user = 3, groups = 4,
+    extra = 5 (map of ExtraValue {items = 1}), uid = 6}; SelfSubjectAccessReviewSpec is its first two fields.
+
+    An attributes message present but empty is still present (a nil pointer is what is absent)."""
+    spec: dict[str, Any] = {}
+    for number, value in fields:
+        if number == 1:
+            attrs = _pb_strings(_pb_bytes(value), _RESOURCE_ATTRIBUTES)
+            spec["resourceAttributes"] = {**spec.get("resourceAttributes", {}), **attrs}
+        elif number == 2:
+            attrs = _pb_strings(_pb_bytes(value), _NON_RESOURCE_ATTRIBUTES)
+            spec["nonResourceAttributes"] = {**spec.get("nonResourceAttributes", {}), **attrs}
+        elif number == 3:
+            spec["user"] = _pb_string(value)
+        elif number == 4:
+            spec.setdefault("groups", []).append(_pb_string(value))
+        elif number == 5:
+            key, items = "", []
+            for n, v in _fields(_pb_bytes(value)):  # map entry {key = 1, value = 2}
+                if n == 1:
+                    key = _pb_string(v)
+                elif n == 2:
+                    items = [_pb_string(x) for k, x in _fields(_pb_bytes(v)) if k == 1]
+            spec.setdefault("extra", {})[key] = items
+        elif number == 6:
+            spec["uid"] = _pb_string(value)
+    return {k: v for k, v in spec.items() if v != ""}
+
+
+def _self_access_review_spec(fields: list[_Field]) -> dict[str, Any]:
+    return _access_review_spec([(n, v) for n, v in fields if n in (1, 2)])
+
+
+_PROTOBUF_KINDS: dict[str, tuple[str, Callable[[list[_Field]], dict[str, Any]]]] = {
+    "TokenRequest": ("authentication.k8s.io/v1", _token_request_spec),
+    "TokenReview": ("authentication.k8s.io/v1", _token_review_spec),
+    "SubjectAccessReview": ("authorization.k8s.io/v1", _access_review_spec),
+    "SelfSubjectAccessReview": ("authorization.k8s.io/v1", _self_access_review_spec),
+}
+
+
+def protobuf_kinds() -> tuple[str, ...]:
+    """The kinds whose protobuf bodies the server decodes."""
+    return tuple(_PROTOBUF_KINDS)
+
+
+def from_protobuf(kind: str, raw: bytes) -> dict[str, Any]:
+    """The JSON form of a protobuf body of one of `protobuf_kinds()` (KeyError for any other kind)."""
+    api_version, decode_spec = _PROTOBUF_KINDS[kind]
+    return _from_protobuf(raw, kind, api_version, decode_spec)
+
+
+def token_request_from_protobuf(raw: bytes) -> dict[str, Any]:
+    """A protobuf-encoded authentication.k8s.io/v1 TokenRequest as JSON (what `kubectl create token` posts)."""
+    return from_protobuf("TokenRequest", raw)
+
+
+def self_subject_access_review_from_protobuf(raw: bytes) -> dict[str, Any]:
+    """A protobuf-encoded authorization.k8s.io/v1 SelfSubjectAccessReview (what `kubectl auth can-i` posts)."""
+    return from_protobuf("SelfSubjectAccessReview", raw)
+
+
+def subject_access_review_from_protobuf(raw: bytes) -> dict[str, Any]:
+    return from_protobuf("SubjectAccessReview", raw)
+
+
+def token_review_from_protobuf(raw: bytes) -> dict[str, Any]:
+    return from_protobuf("TokenReview", raw)

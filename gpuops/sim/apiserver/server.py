@@ -326,6 +326,12 @@ class APIServer:
             except Exception:
                 log.exception("audit hook failed")
 
+    def _authorize(self, attrs: auth.Attributes) -> tuple[bool, str]:
+        """The configured authorizer's decision (RBAC, or AlwaysAllow), told to the audit hooks."""
+        allowed, reason = auth.authorize(attrs, self.rbac) if self.authorization == "RBAC" else (True, "")
+        self._audit(attrs, allowed, reason)
+        return allowed, reason
+
     def kubeconfig(self, token: str | None = None, user: str = "admin") -> str:
         ca = ""
         if self.serving_cert is not None:
@@ -369,19 +375,24 @@ class APIServer:
         user = self.authn.authenticate(request.headers.get("Authorization"))
         if user is None:
             raise auth.unauthorized()
+        try:
+            user = auth.impersonate(user, request.headers.items(), self._authorize)
+        except auth.ImpersonationHeaderError as e:
+            return web.Response(
+                status=500,
+                text=e.response_text(request.raw_path),
+                content_type="text/plain",
+                headers={"X-Content-Type-Options": "nosniff"},
+            )
         if path.startswith("/sim/"):
             if "system:masters" not in user.groups:
                 raise StatusError(403, "Forbidden", "the emulator's control endpoints need the admin token")
             return await self._control(request)
         query = {k: v for k, v in request.query.items()}
         attrs = auth.request_attributes(user, request.method, path, query)
-        if self.authorization == "RBAC":
-            allowed, reason = auth.authorize(attrs, self.rbac)
-            self._audit(attrs, allowed, reason)
-            if not allowed:
-                raise auth.forbidden(attrs, reason)
-        else:
-            self._audit(attrs, True, "")
+        allowed, reason = self._authorize(attrs)
+        if not allowed:
+            raise auth.forbidden(attrs, reason)
         if attrs.resource_request:
             if self.faults.latency:
                 await asyncio.sleep(self.faults.latency)
@@ -512,11 +523,14 @@ class APIServer:
 
     # ------------------------------------------------------------------------------------ resources
 
-    async def _read_body(self, request: web.Request) -> Any:
+    async def _read_body(self, request: web.Request, protobuf_kind: str | None = None) -> Any:
+        """The JSON (or YAML) body; a protobuf one only for `protobuf_kind` (see auth.protobuf_kinds())."""
         raw = await request.read()
         if len(raw) > MAX_BODY:
             raise StatusError(413, "RequestEntityTooLarge", f"Request entity too large: limit is {MAX_BODY}")
         ctype = (request.headers.get("Content-Type") or "application/json").split(";")[0].strip().lower()
+        if protobuf_kind is not None and ctype == auth.PROTOBUF:
+            return auth.from_protobuf(protobuf_kind, raw)
         if request.method == "PATCH" and not ctype.endswith(("patch+json", "patch+yaml")):
             return None  # ObjectAPI.patch answers 415 listing the patch types this resource accepts
         if ctype.endswith("yaml"):
@@ -529,8 +543,8 @@ class APIServer:
             except (yaml.YAMLError, UnicodeDecodeError, TypeError, ValueError, msgspec.EncodeError) as e:
                 raise bad_request(f"error converting YAML to JSON: {e}") from None
         if ctype != "application/json" and not ctype.endswith("+json"):
-            # Protobuf/CBOR bodies (client-go typed clients) are not emulated: answer as the apiserver
-            # answers an unknown format, not with a JSON decode error.
+            # Protobuf bodies other than those above, and CBOR ones, are not emulated: answer as the
+            # apiserver answers an unknown format, not with a JSON decode error.
             raise StatusError(
                 415,
                 "UnsupportedMediaType",
@@ -611,10 +625,7 @@ class APIServer:
             return await self._list(request, info, ns if route.namespaced_path else None, query)
         ctx = self._context(request, user, query)
         if method == "POST":
-            if sub == "token" and request.content_type == auth.PROTOBUF:
-                body = auth.token_request_from_protobuf(await request.read())
-            else:
-                body = await self._read_body(request)
+            body = await self._read_body(request, protobuf_kind="TokenRequest" if sub == "token" else None)
             if sub == "eviction":
                 return _json(await self.api.evict(ns, name, body, ctx), 201, ctx.warnings)
             if sub == "binding":
@@ -727,7 +738,8 @@ class APIServer:
         )
 
     async def _review(self, request: web.Request, info: ResourceInfo, user: auth.UserInfo) -> web.Response:
-        body = await self._read_body(request)
+        kind = info.kind if info.kind in auth.protobuf_kinds() else None
+        body = await self._read_body(request, protobuf_kind=kind)
         if not isinstance(body, dict):
             raise bad_request("the body of a review must be an object")
         try:
