@@ -401,7 +401,8 @@ class Autoprovisioner:
             return requeue_at(now, [deadline])
         if state == "Failed":
             if up:
-                await self._become(group, now, "Ready", "NodeReady", f"{group.spec.node_name} came up late")
+                await self._become(group, now, "Ready", "NodeReady", f"{group.spec.node_name} came up late",
+                                   failures=0, backoff_until=None)  # it boots after all: a later timeout starts over
                 return None
             until = _t(st.backoff_until)
             if until is None or now >= until:

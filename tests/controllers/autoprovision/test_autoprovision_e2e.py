@@ -252,6 +252,30 @@ async def test_a_machine_that_never_boots_fails_backs_off_and_another_is_tried(t
         assert await state_of(client, "ghost") == "Failed"  # still backing off (30 s here)
 
 
+async def test_a_machine_that_boots_late_is_taken_and_its_failure_count_starts_over(tmp_path: Path) -> None:
+    """Booting takes 3 s, the group allows 1 s: Failed (failures 1); when the node joins after all the group
+    is Ready and forgets the failure, so a later timeout is not backed off as a second one."""
+    async with running(tmp_path) as (cluster, client):
+        cluster.fleet.machines["big-0"].boot_seconds = 3.0
+        slow = group(cluster, "big-0", 8)
+        slow["spec"]["bootTimeoutSeconds"] = 1
+        await client.create(GROUPS, slow)
+        await client.create(PODS, gpu_pod("job", 1, 30.0), NS)
+
+        async def failed() -> GPUNodeGroup | None:
+            g: GPUNodeGroup = await client.get(GROUPS, "big-0")
+            return g if g.status.state == "Failed" else None
+
+        assert (await until("Failed after its 1 s boot timeout", failed)).status.failures == 1
+
+        async def ready() -> GPUNodeGroup | None:
+            g: GPUNodeGroup = await client.get(GROUPS, "big-0")
+            return g if g.status.state == "Ready" else None
+
+        g = await until("Ready once the node joined late", ready)
+        assert g.status.failures == 0 and g.status.backoff_until is None
+
+
 async def test_every_idle_machine_goes_off_in_time_largest_first(tmp_path: Path) -> None:
     """The seed could only ever power off the single largest idle node: here both go, one at a time (the cap
     on concurrent power-offs is 1), the 8-GPU machine first."""
