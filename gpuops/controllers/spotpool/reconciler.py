@@ -337,7 +337,9 @@ class SpotPoolReconciler:
         elif inst.interruption_at is not None:
             doomed = inst.interruption_at
         elif inst.state not in LIVE and inst.state is not InstanceState.LAUNCH_FAILED:
-            doomed = now
+            # leaving on its own: from when we first saw it go (kept in status, so resyncs write nothing new)
+            seen = next((i.reclaim_at for i in pool.status.instances if i.id == inst.id), None)
+            doomed = _t(seen) or now
         if doomed is not None and inst.id not in self._doomed and inst.state in LIVE:
             self._doomed.add(inst.id)
             self._awaiting[inst.id] = time.monotonic()
