@@ -175,6 +175,9 @@ def check_spec(spec: PoolSpec) -> None:
     if spec.provider in ("tencent", "aws") and not t.region:
         raise SpecError("spec.template.region", f"required for the {spec.provider} provider (e.g. "
                         f"{'ap-guangzhou' if spec.provider == 'tencent' else 'us-east-1'})")
+    if spec.provider == "tencent" and not t.zones:
+        raise SpecError("spec.template.zones", "required for the tencent provider (CVM launches into a named zone, "
+                        "e.g. ap-guangzhou-3)")
     if spec.provider in ("webhook", "sim") and not spec.endpoint:
         raise SpecError("spec.endpoint", f"required for the {spec.provider} provider: the base URL of its "
                         "instance API")

@@ -59,6 +59,8 @@ async def test_the_sample_is_accepted_and_defaults_are_applied(client: Client) -
      "credentialsSecretRef"),
     ({"provider": "aws", "credentialsSecretRef": {"name": "k", "namespace": "ns"},
       "template": {"instanceTypes": ["x"]}}, "region"),
+    ({"provider": "tencent", "endpoint": None, "credentialsSecretRef": {"name": "k", "namespace": "ns"},
+      "template": {"region": "ap-guangzhou", "instanceTypes": ["x"]}}, "spec.template.zones"),
     ({"template": {"instanceTypes": []}}, "spec.template.instanceTypes"),
     ({"template": {"instanceTypes": ["x"], "maxPrice": "cheap"}}, "spec.template.maxPrice"),
     ({"template": {"instanceTypes": ["x"], "tags": {"gpuops.io/pool": "other"}}}, "reserved"),
@@ -78,6 +80,8 @@ async def test_invalid_pools_are_refused_at_admission(client: Client, spec: dict
     ({"endpoint": None}, "spec.endpoint"),
     ({"template": {"instanceTypes": ["x"], "gpusPerInstance": 0}}, "spec.template.gpusPerInstance"),
     ({"credentialsSecretRef": {"name": "k"}}, "spec.credentialsSecretRef"),
+    ({"provider": "tencent", "credentialsSecretRef": {"name": "k", "namespace": "ns"},
+      "template": {"region": "ap-guangzhou", "instanceTypes": ["x"]}}, "spec.template.zones"),
     ({"onDemandFallback": {"afterCapacityErrors": 0}}, "spec.onDemandFallback.afterCapacityErrors"),
 ])
 def test_check_spec_names_the_field(changes: dict[str, Any], field: str) -> None:
