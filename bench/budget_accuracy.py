@@ -9,12 +9,13 @@ cluster (kubelet start latency 0.5 s, scheduler and kubelet Events on), our CRD 
 operator as users run it: a `gpuops run --controllers budget` subprocess with /metrics on a free port. One
 AlertOnly budget with a large quota selects 50 pods created at 10 pods/s, each running 30 s. At t = 15 s
 (mid-flight), 30 s and 45 s after the first pod was created we read the budget's status (consumedGpuHours and
-computedAt) and scrape `gpuops_budget_consumed_gpu_hours`. Truth is computed with exact arithmetic from the
-emulator's container timestamps (startedAt/finishedAt, whole seconds as Kubernetes stores them), at the instant
-each figure claims: computedAt for the status, the scrape instant (the midpoint of the HTTP request, whose
-width is reported) for the metric. Reported per snapshot: accuracy = reported / truth, the delta in GPU-seconds,
-and the status's staleness (snapshot time - computedAt; the status is rewritten on pod changes, not polled).
-`--quick` runs this scenario with its times divided by 3 (figures keep the seed's names t15/t30/t45).
+computedAt) and scrape `gpuops_budget_consumed_gpu_seconds` (/ 3600, GPU-hours). Truth is computed with exact
+arithmetic from the emulator's container timestamps (startedAt/finishedAt, whole seconds as Kubernetes stores
+them), at the instant each figure claims: computedAt for the status, the scrape instant (the midpoint of the HTTP
+request, whose width is reported) for the metric. Reported per snapshot: accuracy = reported / truth, the delta
+in GPU-seconds, and the status's staleness (snapshot time - computedAt; the status is rewritten on pod changes,
+not polled). `--quick` runs this scenario with its times divided by 3 (figures keep the seed's names
+t15/t30/t45).
 
 Scale: B budgets in one namespace (the worst case for finding a pod's budgets), each selecting 1/B of the pods
 (`gpuResourceName: cpu`, 100m pods that run for an hour), pods created in-process. First a fill phase (not
@@ -54,7 +55,7 @@ CRD = ROOT / "manifests" / "crds" / "gpuworkloadbudgets.gpuops.io.yaml"
 NS = "bench"
 BUDGETS_PATH = f"/apis/gpuops.io/v1alpha1/namespaces/{NS}/gpuworkloadbudgets"
 PODS_PATH = f"/api/v1/namespaces/{NS}/pods"
-METRIC = "gpuops_budget_consumed_gpu_hours"
+METRIC = "gpuops_budget_consumed_gpu_seconds"  # GPU-seconds; the figures divide it by 3600 (GPU-hours)
 SNAPSHOTS = (15, 30, 45)
 TARGET = Fraction(999, 1000)
 
@@ -101,7 +102,7 @@ async def accuracy(resource: str, amount: str, pods: int, compress: float) -> di
                 reported_status = Fraction(st["consumedGpuHours"])
                 value = metric_value(text, METRIC, {"namespace": NS, "name": "seed"})
                 assert value is not None, f"no {METRIC} series for the budget"
-                reported_metric = Fraction(value)
+                reported_metric = Fraction(value) / 3600  # exact: the scraped float GPU-seconds in GPU-hours
                 scrape_at = (s0 + s1) // 2
                 t_status, t_metric = truth(raw, resource, computed), truth(raw, resource, scrape_at)
                 # how much the metric's truth moves across the scrape's HTTP request (its instant is inside)
@@ -112,7 +113,7 @@ async def accuracy(resource: str, amount: str, pods: int, compress: float) -> di
                     "pods_finished": sum(1 for p in raw if (p.get("status") or {}).get("phase") in
                                          ("Succeeded", "Failed")),
                     "status_gpu_hours": str(reported_status), "truth_status_gpu_hours": float(t_status),
-                    "metric_gpu_hours": value, "truth_metric_gpu_hours": float(t_metric),
+                    "metric_gpu_hours": float(reported_metric), "truth_metric_gpu_hours": float(t_metric),
                     "accuracy_status": ratio(reported_status, t_status),
                     # what a reader of the status gets at the snapshot (its value is as of computedAt)
                     "accuracy_status_at_snapshot": ratio(reported_status, truth(raw, resource, taken)),

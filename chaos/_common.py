@@ -42,9 +42,9 @@ from gpuops.sim.harness import OperatorHarness, metric_value, now_us, until
 
 __all__ = [
     "BUDGETS_PATH", "CRD", "GPU", "METRIC", "NS", "RESULTS", "TARGET", "Chaos", "PodLog", "PodRecord",
-    "accuracy_ok", "budget", "cli", "command", "figures_table", "gpu_seconds", "job", "metric_sum", "metric_value",
-    "micros", "now_us", "open_rig", "pace", "ratio", "run", "snapshot", "snapshot_ok", "until", "window_accuracy",
-    "write_results",
+    "accuracy_ok", "budget", "cli", "command", "figures_table", "gpu_seconds", "job", "metric_gpu_hours", "metric_sum",
+    "metric_value", "micros", "now_us", "open_rig", "pace", "ratio", "run", "snapshot", "snapshot_ok", "until",
+    "window_accuracy", "write_results",
 ]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,7 +52,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 CRD = ROOT / "manifests" / "crds" / "gpuworkloadbudgets.gpuops.io.yaml"
 NS = "chaos"
 BUDGETS_PATH = f"/apis/gpuops.io/v1alpha1/namespaces/{NS}/gpuworkloadbudgets"
-METRIC = "gpuops_budget_consumed_gpu_hours"
+METRIC = "gpuops_budget_consumed_gpu_seconds"  # GPU-seconds: `metric_gpu_hours` divides the scraped float by 3600
 GPU = "nvidia.com/gpu"
 TARGET = Fraction(999, 1000)
 
@@ -305,6 +305,12 @@ def window_accuracy(metric: Fraction | None, lo: Fraction, hi: Fraction) -> floa
     return 1.0 if lo <= metric <= hi else ratio(metric, lo if metric < lo else hi)
 
 
+def metric_gpu_hours(text: str, name: str) -> Fraction | None:
+    """Budget `name`'s scraped METRIC in GPU-hours: the exact quotient of the float GPU-seconds by 3600."""
+    value = metric_value(text, METRIC, {"namespace": NS, "name": name})
+    return Fraction(value) / 3600 if value is not None else None
+
+
 async def snapshot(chaos: Chaos, name: str, labels: Mapping[str, str], origin_us: int) -> dict[str, Any]:
     """The budget's status (at its computedAt) and its metric (at the scrape's midpoint) against the truth."""
     text, s0, s1 = await chaos.rig.scrape()
@@ -314,15 +320,14 @@ async def snapshot(chaos: Chaos, name: str, labels: Mapping[str, str], origin_us
     status = Fraction(st["consumedGpuHours"])
     t_status, t_metric = chaos.log.truth(labels, computed), chaos.log.truth(labels, (s0 + s1) // 2)
     lo, hi = chaos.log.truth(labels, s0), chaos.log.truth(labels, s1)
-    value = metric_value(text, METRIC, {"namespace": NS, "name": name})
-    metric = Fraction(value) if value is not None else None
+    metric = metric_gpu_hours(text, name)
     in_window = window_accuracy(metric, lo, hi)
     return {
         "offset_seconds": round((taken - origin_us) / MICROS, 3),
         "status_gpu_hours": str(status), "truth_status_gpu_hours": float(t_status),
         "accuracy_status": ratio(status, t_status),
         "delta_gpu_seconds_status": round(float((status - t_status) * 3600), 3),
-        "metric_gpu_hours": value, "truth_metric_gpu_hours": float(t_metric),
+        "metric_gpu_hours": float(metric) if metric is not None else None, "truth_metric_gpu_hours": float(t_metric),
         # a missing series (no reconcile since a restart) is an accuracy of 0, not a crash
         "accuracy_metric": ratio(metric, t_metric) if metric is not None else 0.0,
         "accuracy_metric_in_window": in_window,

@@ -35,8 +35,8 @@ from _common import (
     cli,
     command,
     figures_table,
+    metric_gpu_hours,
     metric_sum,
-    metric_value,
     micros,
     now_us,
     open_rig,
@@ -122,10 +122,10 @@ async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict
 
         async def converged() -> bool:
             text = await chaos.metrics()
-            value = metric_value(text, "gpuops_budget_consumed_gpu_hours", {"namespace": NS, "name": "seed"})
+            value = metric_gpu_hours(text, "seed")  # the GPU-seconds gauge / 3600, exact
             status = Fraction(chaos.status("seed")["consumedGpuHours"])
             return value is not None and abs(status - final_truth) <= HOUR_TOL \
-                and abs(Fraction(value) - final_truth) <= HOUR_TOL
+                and abs(value - final_truth) <= HOUR_TOL
 
         timed_out = False
         try:

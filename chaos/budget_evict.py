@@ -9,14 +9,14 @@ terminated state and the ledger holds its final usage). The controller then evic
 budget (policy/v1 Eviction, at most 3 per second per budget: enforcement.py), since consumption in a 1 h
 window only grows.
 
-Checked: every ~150 ms through the evictions, each budget's status.consumedGpuHours (GET over HTTP, as a user
-reads it) and the scraped `gpuops_budget_consumed_gpu_hours`; the largest drop between consecutive samples must
+Checked: every ~150 ms through the evictions, each budget's status.consumedGpuHours (GET over HTTP, as a user reads
+it) and the scraped `gpuops_budget_consumed_gpu_seconds` (/ 3600); the largest drop between consecutive samples must
 be <= 1e-9 GPU-h for both. Evictions done: pods of the set removed (all deletions here are evictions), the
-operator's `gpuops_budget_enforcement_actions_total{action="Evict",result="Evicted"}` (both budgets), the
-budgets' `Evicted` Events. Once every pod is gone: final accuracy of status (at computedAt) and metric (at the
-scrape) against the truth, which includes the evicted pods' last states (a pod removed while running ends at
-the instant the store removed it). Pass, per budget: all N pods evicted, no drop, final accuracy within
-0.999..1.001 (metric: inside its scrape window, see chaos/_common.py `snapshot_ok`).
+operator's `gpuops_budget_enforcement_actions_total{action="Evict",result="Evicted"}` (both budgets), the budgets'
+`Evicted` Events. Once every pod is gone: final accuracy of status (at computedAt) and metric (at the scrape)
+against the truth, which includes the evicted pods' last states (a pod removed while running ends at the instant the
+store removed it). Pass, per budget: all N pods evicted, no drop, final accuracy within 0.999..1.001 (metric: inside
+its scrape window, see chaos/_common.py `snapshot_ok`).
 
 `--quick`: N = 9 instead of 24 (the timeline is short already: about 15 s of evictions in full mode).
 """
@@ -31,7 +31,6 @@ from typing import Any
 
 from _common import (
     GPU,
-    METRIC,
     NS,
     Chaos,
     PodLog,
@@ -40,8 +39,8 @@ from _common import (
     cli,
     command,
     figures_table,
+    metric_gpu_hours,
     metric_sum,
-    metric_value,
     micros,
     now_us,
     open_rig,
@@ -120,9 +119,9 @@ async def sampler(chaos: Chaos, series: dict[str, Series], stop: asyncio.Event) 
             last = st.get("lastEnforcement") or {}
             if last.get("result") == "Evicted":
                 series[s].named.add(str(last.get("pod")))
-            value = metric_value(text, METRIC, {"namespace": NS, "name": s})
+            value = metric_gpu_hours(text, s)  # the GPU-seconds gauge / 3600, exact
             if value is not None:
-                series[s].metric.append(((s0 + s1) // 2, Fraction(value)))
+                series[s].metric.append(((s0 + s1) // 2, value))
         await asyncio.sleep(SAMPLE_EVERY)  # the sampling cadence
 
 

@@ -57,16 +57,8 @@ class SnapshotSource(Protocol):
     def now(self) -> int: ...
 
 
-# The *_gpu_seconds gauges are the same figures in Prometheus' base unit (GPU-seconds = GPU-hours x 3600), the
-# ones dashboards and alerts use (`promtool check metrics` flags "hours"). The *_gpu_hours gauges stay, deprecated,
-# for the bench, chaos and test scripts that read them, until they move to the seconds.
+# Amounts are in Prometheus' base unit, GPU-seconds (= GPU-hours x 3600; the status and the CRD speak GPU-hours).
 _GAUGES = (
-    ("gpuops_budget_consumed_gpu_hours", "Deprecated, use gpuops_budget_consumed_gpu_seconds. GPU-hours used inside "
-     "the budget's window, at scrape time."),
-    ("gpuops_budget_quota_gpu_hours", "Deprecated, use gpuops_budget_quota_gpu_seconds. The budget's quota in "
-     "GPU-hours per window."),
-    ("gpuops_budget_remaining_gpu_hours", "Deprecated, use gpuops_budget_remaining_gpu_seconds. Quota minus "
-     "consumption in GPU-hours, floored at 0, at scrape time."),
     ("gpuops_budget_tracked_pods", "Pods (live or in the ledger) whose GPU usage overlaps the window."),
     ("gpuops_budget_over_quota", "1 while consumption >= quota, else 0."),
     ("gpuops_budget_consumed_gpu_seconds", "GPU-seconds used inside the budget's window, at scrape time."),
@@ -97,9 +89,6 @@ class BudgetCollector(Collector):
                 if now > snap.published.at:
                     snap.published.at = now
                 rows[labels] = (
-                    float(usage.consumed),
-                    float(snap.quota),
-                    float(usage.remaining),
                     float(usage.pods_in_window),
                     1.0 if usage.over_quota else 0.0,
                     float(usage.consumed * _HOUR),

@@ -36,6 +36,12 @@ def gauge(name: str, budget_name: str) -> float | None:
     return REGISTRY.get_sample_value(name, {"namespace": NS, "name": budget_name})
 
 
+def gauge_hours(name: str, budget_name: str) -> Fraction | None:
+    """A *_gpu_seconds gauge in GPU-hours: the exact quotient of its float by 3600."""
+    value = gauge(name, budget_name)
+    return None if value is None else Fraction(value) / 3600
+
+
 async def quiet(env: Env, name: str, want: Fraction) -> GPUWorkloadBudget:
     """The budget once its status shows `want` (within the tolerance)."""
 
@@ -62,8 +68,9 @@ async def test_zero_pods_sums_accuracy_and_scrape_time_metrics(tmp_path: Path) -
         assert cond.is_false(b.status.conditions, "QuotaExceeded")
         assert cond.is_false(b.status.conditions, "Degraded")
         assert b.status.observed_generation == b.metadata.generation
-        assert gauge("gpuops_budget_consumed_gpu_hours", "team-a") == 0.0
-        assert gauge("gpuops_budget_quota_gpu_hours", "team-a") == 0.5
+        assert gauge_hours("gpuops_budget_consumed_gpu_seconds", "team-a") == 0
+        assert gauge_hours("gpuops_budget_quota_gpu_seconds", "team-a") == Fraction(1, 2)
+        assert gauge_hours("gpuops_budget_remaining_gpu_seconds", "team-a") == Fraction(1, 2)
 
         names = ["p1", "p2", "p3"]
         for name, gpus, runtime in zip(names, (1, 2, 3), (1.0, 2.0, 1.5), strict=True):
@@ -78,10 +85,10 @@ async def test_zero_pods_sums_accuracy_and_scrape_time_metrics(tmp_path: Path) -
         # projected: running pods that kept running would reach 0.5 GPU-hours within the hour
         assert Fraction(b.status.burn_rate_gpus) > 0 and b.status.exhausts_at is not None
         # while pods run, the gauge is computed at scrape time: it grows between two scrapes with no reconcile
-        g1 = gauge("gpuops_budget_consumed_gpu_hours", "team-a")
+        g1 = gauge("gpuops_budget_consumed_gpu_seconds", "team-a")
 
         async def grew() -> bool:
-            g2 = gauge("gpuops_budget_consumed_gpu_hours", "team-a")
+            g2 = gauge("gpuops_budget_consumed_gpu_seconds", "team-a")
             return g1 is not None and g2 is not None and g2 > g1
 
         await env.until("gauge accrues between scrapes", grew, within=5)
@@ -94,15 +101,15 @@ async def test_zero_pods_sums_accuracy_and_scrape_time_metrics(tmp_path: Path) -
         assert b.status.tracked_pods == 3 and b.status.running_pods == 0
         assert b.status.remaining_gpu_hours == format_gpu_hours(Fraction("0.5") - truth)
         assert b.status.ledger is not None and {e.name for e in b.status.ledger.entries or ()} == set(names)
-        metric = gauge("gpuops_budget_consumed_gpu_hours", "team-a")
-        assert metric is not None and abs(Fraction(metric) - truth) < Fraction(1, 10**9)
+        metric = gauge_hours("gpuops_budget_consumed_gpu_seconds", "team-a")
+        assert metric is not None and abs(metric - truth) < Fraction(1, 10**9)  # GPU-hours
         assert gauge("gpuops_budget_tracked_pods", "team-a") == 3.0
 
         # deleting the budget removes its series
         await env.client.delete(BUDGETS, "team-a", NS)
 
         async def series_gone() -> bool:
-            return gauge("gpuops_budget_consumed_gpu_hours", "team-a") is None
+            return gauge("gpuops_budget_consumed_gpu_seconds", "team-a") is None
 
         await env.until("series removed", series_gone)
 

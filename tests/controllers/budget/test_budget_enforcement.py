@@ -194,12 +194,12 @@ async def test_evict_largest_first_pdb_blocks_with_backoff_and_usage_never_drops
         await env.create_budget(budget("evict", "0.001", action="Evict"))  # 3.6 GPU-seconds
 
         seen: list[Fraction] = []
-        scraped: list[float] = []  # the scrape-time gauge too: evicted pods stop accruing as evicted, not later
+        scraped: list[Fraction] = []  # the scrape-time gauge too: evicted pods stop accruing as evicted, not later
 
         def scrape() -> None:
-            value = REGISTRY.get_sample_value("gpuops_budget_consumed_gpu_hours", {"namespace": NS, "name": "evict"})
+            value = REGISTRY.get_sample_value("gpuops_budget_consumed_gpu_seconds", {"namespace": NS, "name": "evict"})
             if value is not None:
-                scraped.append(value)
+                scraped.append(Fraction(value) / 3600)  # GPU-hours, exact
 
         async def big_gone() -> bool:
             b = await env.budget("evict")
