@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuops.sim.apiserver import APIServer
-from gpuops.sim.apiserver.auth import CREDENTIAL_ID, Attributes, Decision, authorize
+from gpuops.sim.apiserver.auth import CREDENTIAL_ID, Attributes, Decision, ObjectsRBAC, authorize
 
 RBAC_GROUP = "rbac.authorization.k8s.io"
 
@@ -92,38 +92,18 @@ def edits_of(role: Mapping[str, Any]) -> Iterator[RuleEdit]:
                     yield RuleEdit(base.kind, base.namespace, base.role, i, field, v)
 
 
-class PolicySet:
+class PolicySet(ObjectsRBAC):
     """An RBAC source (auth.RBACSource) over snapshots of RBAC objects, optionally with one rule edited."""
 
     def __init__(self, objects: Iterable[Mapping[str, Any]], edit: RuleEdit | None = None) -> None:
-        self.objs = [copy.deepcopy(dict(o)) for o in objects]
+        objs = [copy.deepcopy(dict(o)) for o in objects]
         if edit is not None:
-            for o in self.objs:
+            for o in objs:
                 m = o["metadata"]
                 if o["kind"] == edit.kind and m["name"] == edit.role and m.get("namespace", "") == edit.namespace:
                     o["rules"] = edit.apply(o.get("rules") or [])
+        super().__init__(objs)
 
-    def _of(self, kind: str, namespace: str | None = None) -> list[Mapping[str, Any]]:
-        return [o for o in self.objs if o["kind"] == kind
-                and (namespace is None or o["metadata"].get("namespace", "") == namespace)]
-
-    def roles(self, namespace: str) -> Iterable[Mapping[str, Any]]:
-        return self._of("Role", namespace)
-
-    def cluster_roles(self) -> Iterable[Mapping[str, Any]]:
-        return self._of("ClusterRole")
-
-    def role_bindings(self, namespace: str) -> Iterable[Mapping[str, Any]]:
-        return self._of("RoleBinding", namespace)
-
-    def cluster_role_bindings(self) -> Iterable[Mapping[str, Any]]:
-        return self._of("ClusterRoleBinding")
-
-    def cluster_role(self, name: str) -> Mapping[str, Any] | None:
-        return next((o for o in self._of("ClusterRole") if o["metadata"]["name"] == name), None)
-
-    def role(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-        return next((o for o in self._of("Role", namespace) if o["metadata"]["name"] == name), None)
 
     def denied(self, requests: Iterable[Attributes]) -> list[Attributes]:
         return [a for a in requests if not authorize(a, self)[0]]

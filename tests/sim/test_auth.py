@@ -5,7 +5,6 @@ Item 55's neighbours: who may call what, with the same decisions and Forbidden m
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pytest
@@ -15,6 +14,7 @@ from gpuops.sim.apiserver.auth import (
     ANONYMOUS_USER,
     Attributes,
     Authenticator,
+    ObjectsRBAC,
     UserInfo,
     authorize,
     forbidden,
@@ -24,36 +24,6 @@ from gpuops.sim.apiserver.auth import (
     token_review,
 )
 from gpuops.sim.apiserver.errors import StatusError
-
-
-class FakeRBAC:
-    def __init__(self, objs: Iterable[Mapping[str, Any]] = ()) -> None:
-        self.objs = list(objs)
-
-    def _of(self, kind: str, namespace: str | None = None) -> list[Mapping[str, Any]]:
-        return [
-            o
-            for o in self.objs
-            if o["kind"] == kind and (namespace is None or o["metadata"].get("namespace") == namespace)
-        ]
-
-    def roles(self, namespace: str) -> Iterable[Mapping[str, Any]]:
-        return self._of("Role", namespace)
-
-    def cluster_roles(self) -> Iterable[Mapping[str, Any]]:
-        return self._of("ClusterRole")
-
-    def role_bindings(self, namespace: str) -> Iterable[Mapping[str, Any]]:
-        return self._of("RoleBinding", namespace)
-
-    def cluster_role_bindings(self) -> Iterable[Mapping[str, Any]]:
-        return self._of("ClusterRoleBinding")
-
-    def cluster_role(self, name: str) -> Mapping[str, Any] | None:
-        return next((o for o in self._of("ClusterRole") if o["metadata"]["name"] == name), None)
-
-    def role(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-        return next((o for o in self._of("Role", namespace) if o["metadata"]["name"] == name), None)
 
 
 def role(name: str, rules: list[dict[str, Any]], namespace: str = "", **extra: Any) -> dict[str, Any]:
@@ -301,7 +271,7 @@ def test_request_attributes_special_verb_without_resource_is_an_error() -> None:
 POD_READER = role(
     "pod-reader", [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
 )
-POLICY = FakeRBAC(
+POLICY = ObjectsRBAC(
     [
         POD_READER,
         role("node-reader", [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}]),
@@ -444,7 +414,7 @@ def test_rbac_reasons_name_the_binding() -> None:
 
 
 def test_service_account_subject_in_cluster_role_binding_needs_a_namespace() -> None:
-    rbac = FakeRBAC(
+    rbac = ObjectsRBAC(
         [
             POD_READER,
             binding("b", "ClusterRole", "pod-reader", [{"kind": "ServiceAccount", "name": "budget"}]),
@@ -455,7 +425,7 @@ def test_service_account_subject_in_cluster_role_binding_needs_a_namespace() -> 
 
 def test_role_binding_applies_to_its_namespace_object() -> None:
     """GET /api/v1/namespaces/team-a is a request "in" team-a, so team-a RoleBindings apply."""
-    rbac = FakeRBAC(
+    rbac = ObjectsRBAC(
         [
             role("ns-reader", [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]}]),
             binding("b", "ClusterRole", "ns-reader", [{"kind": "User", "name": "eve"}], namespace="team-a"),
@@ -467,7 +437,7 @@ def test_role_binding_applies_to_its_namespace_object() -> None:
 
 
 def test_aggregated_cluster_roles_are_resolved() -> None:
-    rbac = FakeRBAC(
+    rbac = ObjectsRBAC(
         [
             role(
                 "gpu-view",
@@ -526,7 +496,7 @@ def test_aggregation_chains_and_cycles_terminate() -> None:
     def agg(value: str) -> dict[str, Any]:
         return {"clusterRoleSelectors": [{"matchLabels": {"agg": value}}]}
 
-    rbac = FakeRBAC(
+    rbac = ObjectsRBAC(
         [
             role("a", [], labels={"agg": "b"}, aggregationRule=agg("a")),
             role("b", [], labels={"agg": "a"}, aggregationRule=agg("b")),
@@ -755,7 +725,7 @@ def test_subject_access_review() -> None:
 
 def test_subject_access_review_takes_the_subject_literally() -> None:
     """No system:authenticated is added to a SAR subject, unlike a real request."""
-    rbac = FakeRBAC(
+    rbac = ObjectsRBAC(
         [
             POD_READER,
             binding("b", "ClusterRole", "pod-reader", [{"kind": "Group", "name": "system:authenticated"}]),
@@ -803,7 +773,7 @@ def test_self_subject_access_review_uses_the_caller() -> None:
 
 def test_bootstrap_policy_allows_discovery_and_can_i() -> None:
     roles, bindings = auth.bootstrap_policy()
-    rbac = FakeRBAC([*roles, *bindings])
+    rbac = ObjectsRBAC([*roles, *bindings])
     a = Authenticator()
     sa = a.authenticate(f"Bearer {a.service_account_token('team-a', 'budget')}")
     assert sa is not None
@@ -938,7 +908,7 @@ def test_protobuf_self_subject_access_review_as_kubectl_auth_can_i_sends_it() ->
     }
     assert auth.from_protobuf("SelfSubjectAccessReview", KUBECTL_CAN_I) == review
     # The decoded review answers like its JSON twin.
-    rbac = FakeRBAC([role("evict", [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"],
+    rbac = ObjectsRBAC([role("evict", [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"],
                                      "resourceNames": ["eviction"]}]),
                      binding("evict", "ClusterRole", "evict", [{"kind": "User", "name": "alice"}])])
     assert self_subject_access_review(review, user("alice"), rbac)["status"]["allowed"] is True
@@ -972,7 +942,7 @@ def test_protobuf_subject_access_review() -> None:
                                "subresource": "scale", "name": "web"},
         "user": "alice", "groups": ["devs", "ops"], "extra": {"scopes": ["view", "edit"]}, "uid": "uid-1",
     }
-    rbac = FakeRBAC([role("scale", [{"apiGroups": ["apps"], "resources": ["deployments/scale"], "verbs": ["get"]}]),
+    rbac = ObjectsRBAC([role("scale", [{"apiGroups": ["apps"], "resources": ["deployments/scale"], "verbs": ["get"]}]),
                      binding("scale", "ClusterRole", "scale", [{"kind": "Group", "name": "ops"}])])
     assert subject_access_review(review, rbac)["status"]["allowed"] is True
 

@@ -26,6 +26,7 @@ from gpuops.sim.apiserver.auth import (
     Attributes,
     ImpersonationHeaderError,
     ImpersonationRequest,
+    ObjectsRBAC,
     UserInfo,
     impersonate,
     impersonation_requests,
@@ -40,33 +41,6 @@ ROBOT = "system:serviceaccount:team-a:robot"
 RBAC_V1 = "rbac.authorization.k8s.io/v1"
 
 
-class Objects:
-    """An auth.RBACSource over a plain list of RBAC objects."""
-
-    def __init__(self, objs: Iterable[Mapping[str, Any]]) -> None:
-        self.objs = list(objs)
-
-    def _of(self, kind: str, namespace: str | None = None) -> list[Mapping[str, Any]]:
-        return [o for o in self.objs
-                if o["kind"] == kind and (namespace is None or o["metadata"].get("namespace") == namespace)]
-
-    def roles(self, namespace: str) -> Iterable[Mapping[str, Any]]:
-        return self._of("Role", namespace)
-
-    def cluster_roles(self) -> Iterable[Mapping[str, Any]]:
-        return self._of("ClusterRole")
-
-    def role_bindings(self, namespace: str) -> Iterable[Mapping[str, Any]]:
-        return self._of("RoleBinding", namespace)
-
-    def cluster_role_bindings(self) -> Iterable[Mapping[str, Any]]:
-        return self._of("ClusterRoleBinding")
-
-    def cluster_role(self, name: str) -> Mapping[str, Any] | None:
-        return next((o for o in self._of("ClusterRole") if o["metadata"]["name"] == name), None)
-
-    def role(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-        return next((o for o in self._of("Role", namespace) if o["metadata"]["name"] == name), None)
 
 
 def role(name: str, rules: list[dict[str, Any]], namespace: str = "") -> dict[str, Any]:
@@ -106,7 +80,7 @@ def impersonator_policy() -> list[dict[str, Any]]:
 
 
 def checker(objs: Iterable[Mapping[str, Any]], seen: list[Attributes] | None = None) -> Any:
-    rbac = Objects(objs)
+    rbac = ObjectsRBAC(objs)
 
     def check(attrs: Attributes) -> tuple[bool, str]:
         if seen is not None:

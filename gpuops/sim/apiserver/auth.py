@@ -325,6 +325,36 @@ class RBACSource(Protocol):
     def role(self, namespace: str, name: str) -> Mapping[str, Any] | None: ...
 
 
+class ObjectsRBAC:
+    """An RBACSource over a plain list of Role, ClusterRole, RoleBinding and ClusterRoleBinding objects (tests,
+    offline checks of manifests), with the same lookups the store-backed source answers."""
+
+    def __init__(self, objects: Iterable[Mapping[str, Any]] = ()) -> None:
+        self.objs: list[Mapping[str, Any]] = list(objects)
+
+    def _of(self, kind: str, namespace: str | None = None) -> list[Mapping[str, Any]]:
+        return [o for o in self.objs if o.get("kind") == kind
+                and (namespace is None or (o.get("metadata") or {}).get("namespace", "") == namespace)]
+
+    def roles(self, namespace: str) -> Iterable[Mapping[str, Any]]:
+        return self._of("Role", namespace)
+
+    def cluster_roles(self) -> Iterable[Mapping[str, Any]]:
+        return self._of("ClusterRole")
+
+    def role_bindings(self, namespace: str) -> Iterable[Mapping[str, Any]]:
+        return self._of("RoleBinding", namespace)
+
+    def cluster_role_bindings(self) -> Iterable[Mapping[str, Any]]:
+        return self._of("ClusterRoleBinding")
+
+    def cluster_role(self, name: str) -> Mapping[str, Any] | None:
+        return next((o for o in self._of("ClusterRole") if _meta_name(o) == name), None)
+
+    def role(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return next((o for o in self._of("Role", namespace) if _meta_name(o) == name), None)
+
+
 def _meta_name(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("name", ""))
 
