@@ -83,3 +83,14 @@ def rbac_apiserver(tmp_path: Path) -> Iterator[RunningServer]:
         yield rs
     finally:
         rs.stop()
+
+
+@pytest.fixture
+def tls_rbac_apiserver(tmp_path: Path) -> Iterator[RunningServer]:
+    """RBAC enforced over HTTPS (kubectl sends bearer tokens only over TLS); the kubeconfig is admin.kubeconfig."""
+    rs = RunningServer(tmp_path / "admin.kubeconfig", authorization="RBAC", tls=True)
+    rs.start()
+    try:
+        yield rs
+    finally:
+        rs.stop()

@@ -13,12 +13,11 @@ import shutil
 import subprocess
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import pytest
 import yaml
-from conftest import RunningServer  # type: ignore[import-not-found, unused-ignore]
 
 from gpuops.sim.apiserver import APIServer, auth
 from gpuops.sim.apiserver.auth import (
@@ -32,6 +31,9 @@ from gpuops.sim.apiserver.auth import (
     impersonation_requests,
 )
 from gpuops.sim.apiserver.errors import StatusError
+
+if TYPE_CHECKING:
+    from conftest import RunningServer  # type: ignore[import-not-found, unused-ignore]
 
 KUBECTL = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "kubectl"
 if not KUBECTL.exists():
@@ -373,19 +375,15 @@ class Kubectl:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[tuple[Kubectl, Kubectl, RunningServer]]:
+def cluster(tls_rbac_apiserver: RunningServer, tmp_path: Path) -> Iterator[tuple[Kubectl, Kubectl, RunningServer]]:
     """An RBAC-enforcing emulator over TLS with POLICY applied: kubectl as the admin and as alice."""
-    rs = RunningServer(tmp_path / "admin.kubeconfig", authorization="RBAC", tls=True)
-    rs.start()
-    try:
-        admin = Kubectl(rs.kubeconfig)
-        applied = admin("apply", "-f", "-", stdin=yaml.safe_dump_all(POLICY))
-        assert applied.returncode == 0, applied.stderr
-        rs.run(rs.server.authn.add_token, "alice-token", UserInfo("alice"))
-        (tmp_path / "alice.kubeconfig").write_text(rs.server.kubeconfig("alice-token", user="alice"))
-        yield admin, Kubectl(tmp_path / "alice.kubeconfig"), rs
-    finally:
-        rs.stop()
+    rs = tls_rbac_apiserver
+    admin = Kubectl(rs.kubeconfig)
+    applied = admin("apply", "-f", "-", stdin=yaml.safe_dump_all(POLICY))
+    assert applied.returncode == 0, applied.stderr
+    rs.run(rs.server.authn.add_token, "alice-token", UserInfo("alice"))
+    (tmp_path / "alice.kubeconfig").write_text(rs.server.kubeconfig("alice-token", user="alice"))
+    yield admin, Kubectl(tmp_path / "alice.kubeconfig"), rs
 
 
 @needs_kubectl
