@@ -52,7 +52,7 @@ chaos: install
 	@failed=""; for s in chaos/$(SCENARIO).py; do [ -e "$$s" ] || { echo "no chaos scenario $$s"; exit 2; }; \
 	  echo "== $$s"; $(BIN)/python $$s $(QUICK) || failed="$$failed $$s"; done; \
 	  [ -n "$(QUICK)" ] || $(BIN)/python tests/readme_sections.py; \
-	  [ -z "$$failed" ] || { echo "chaos scenarios FAILED:$$failed (see chaos/results/SUMMARY.md)"; exit 1; }
+	  [ -z "$$failed" ] || { echo "chaos scenarios FAILED:$$failed (see chaos/results/$(if $(QUICK),quick/)SUMMARY.md)"; exit 1; }
 
 # Refresh constraints.txt from the current virtualenv (run after changing dependencies).
 lock: | $(BIN)/python

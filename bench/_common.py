@@ -28,7 +28,12 @@ def machine() -> dict[str, Any]:
 def write_results(
     name: str, figures: dict[str, float | int], summary_md: str, extra: dict[str, Any], folder: Path = RESULTS
 ) -> Path:
-    """<folder>/<name>.json (machine facts, `figures`, then `extra`) and <folder>/<name>.md."""
+    """<folder>/<name>.json (machine facts, `figures`, then `extra`) and <folder>/<name>.md.
+
+    A quick run (`extra["mode"] == "quick"`, what CI does) writes to <folder>/quick/ instead (git-ignored), so it
+    never replaces the committed full-run figures that the README's tables quote."""
+    if extra.get("mode") == "quick":
+        folder = folder / "quick"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.json"
     path.write_text(json.dumps({"name": name, "machine": machine(), "figures": figures, **extra}, indent=2) + "\n")

@@ -350,21 +350,22 @@ def figures_table(figures: Mapping[str, float | int], notes: Mapping[str, str] |
 
 def write_results(name: str, figures: dict[str, float | int], md: str, *, passed: bool, summary: dict[str, str],
                   extra: dict[str, Any]) -> Path:
-    """<name>.json and <name>.md under chaos/results, then SUMMARY.md from every results file there; prints the
-    summary and the path.
+    """<name>.json and <name>.md under chaos/results (chaos/results/quick for --quick runs, git-ignored, so CI
+    never replaces the committed full runs), then SUMMARY.md from every results file there; prints the summary
+    and the path.
 
     `summary`: injected, checked, key (one line each) for SUMMARY.md."""
     path: Path = _BENCH.write_results(name, figures, md, {"passed": int(passed), "summary": summary, **extra},
                                       folder=RESULTS)
-    write_summary()
+    write_summary(path.parent)
     print(md)
     print(f"wrote {path}")
     return path
 
 
-def write_summary() -> Path:
+def write_summary(folder: Path = RESULTS) -> Path:
     rows = []
-    for p in sorted(RESULTS.glob("*.json")):
+    for p in sorted(folder.glob("*.json")):
         try:
             data = json.loads(p.read_text())
         except (OSError, ValueError):
@@ -374,8 +375,9 @@ def write_summary() -> Path:
         rows.append(f"| [{data.get('name', p.stem)}]({p.stem}.md) | {data.get('mode', '?')} | "
                     f"{s.get('injected', '')} | {s.get('checked', '')} | {s.get('key', '')} | "
                     f"{'PASS' if data.get('passed') else 'FAIL'} | {when} |")
-    out = RESULTS / "SUMMARY.md"
-    out.write_text("# Chaos scenarios: summary\n\nRegenerated from chaos/results/*.json by whichever scenario ran "
+    out = folder / "SUMMARY.md"
+    where = "chaos/results/quick" if folder.name == "quick" else "chaos/results"
+    out.write_text(f"# Chaos scenarios: summary\n\nRegenerated from {where}/*.json by whichever scenario ran "
                    "last (`make chaos`, or `python chaos/<name>.py [--quick]`).\n\n"
                    "| scenario | mode | injected | checked | key figures | result | run at |\n"
                    "|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
