@@ -239,6 +239,10 @@ class WebhookServer:
     async def wait_started(self) -> None:
         await self._started.wait()
 
+    @property
+    def listening(self) -> bool:
+        return self._started.is_set()
+
     async def __aenter__(self) -> WebhookServer:
         await self.start()
         return self
@@ -368,6 +372,9 @@ class CABundlePatcher:
     interval: float = 60.0
     max_cas: int = MAX_CAS
     writes: int = 0
+    trusted: bool = False
+    """Our CA was seen in (or written to) every webhook's caBundle by the last successful check, or there is no
+    configuration to call us. Readiness waits for it: the API server calls any ready replica."""
     _wake: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     _missing_logged: bool = field(default=False, repr=False)
 
@@ -419,7 +426,9 @@ class CABundlePatcher:
             try:
                 await self.sync()
                 failures, self._missing_logged = 0, False
+                self.trusted = True
             except NotFound:
+                self.trusted = True  # nothing calls the webhook until the configuration exists
                 if not self._missing_logged:
                     log.warning("MutatingWebhookConfiguration not found; the webhook is not called until it "
                                 "exists", configuration=self.config_name)
@@ -471,4 +480,15 @@ def install(
         keeper.before_new_ca.append(patcher.sync)
         manager.add_runnable("migslicer-webhook-cabundle", patcher.run, need_leader_election=False)
     manager.add_runnable("migslicer-webhook", server.run, need_leader_election=False)
+
+    def ready() -> str | None:
+        """With `failurePolicy: Fail`, a replica the Service routes to before it serves, or before the API server
+        trusts its CA, refuses MIG pods: keep it out of the endpoints until both hold."""
+        if not server.listening:
+            return "the webhook server is not listening yet"
+        if patcher is not None and not patcher.trusted:
+            return f"our CA is not yet in the caBundle of {config_name}"
+        return None
+
+    manager.readyz.add("mig-webhook", ready)
     return MigWebhook(keeper, server, patcher)
