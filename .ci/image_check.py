@@ -4,8 +4,9 @@ Reads the Dockerfile's own install line (extras, constraints) and USER, installs
 virtualenv (not editable, as the image does), then, as that numeric user with no writable home and the working
 directory `/` (the Deployment's read-only root filesystem leaves nothing else writable):
   - `gpuops --help`, `gpuops run --help`, `gpuops agent --help` (the entrypoints of the operator and agent);
-  - `gpuops run` against an emulated API server with our CRDs, until /readyz answers 200 and /metrics serves
-    our series, then SIGTERM and a clean exit.
+  - `gpuops run` with the Deployment's flags (leader election, --metrics-secure, the MIG webhook) against an
+    emulated API server with our CRDs, until /readyz answers 200 and /metrics serves our series over HTTPS to a
+    bearer token, then SIGTERM and a clean exit with no error logged.
 Fails (exit 1) with the step that broke. Needs root (to switch user); `.ci/run` calls it.
 """
 
@@ -17,6 +18,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -44,14 +46,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_http(url: str, within: float, proc: subprocess.Popen[bytes]) -> str:
+def wait_http(url: str, within: float, proc: subprocess.Popen[bytes], token: str | None = None) -> str:
+    """GET `url` until it answers 200 (HTTPS without verification: the metrics certificate is self-signed)."""
     deadline = time.monotonic() + within
     last = ""
+    unverified = ssl.create_default_context()
+    unverified.check_hostname = False
+    unverified.verify_mode = ssl.CERT_NONE
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"gpuops run exited with {proc.returncode} before {url} answered")
         try:
-            with urllib.request.urlopen(url, timeout=2) as r:
+            with urllib.request.urlopen(request, timeout=2, context=unverified) as r:
                 return str(r.read().decode())
         except OSError as e:
             last = str(e)
@@ -93,15 +100,19 @@ def main() -> int:
             kubeconfig.chmod(0o644)
             subprocess.run([str(MAIN_BIN / "kubectl"), "--kubeconfig", str(kubeconfig), "apply", "-f",
                             str(ROOT / "manifests" / "crds")], check=True, stdout=subprocess.DEVNULL)
-            metrics, probes = free_port(), free_port()
+            metrics, probes, webhook = free_port(), free_port(), free_port()
+            # the Deployment's arguments (manifests/manager/deployment.yaml), on loopback ports
             op = subprocess.Popen([*as_user, str(venv / "bin" / "gpuops"), "run", "--kubeconfig", str(kubeconfig),
-                                   "--controllers", "budget,autoprovision,spotpool", "--log-format", "json",
-                                   "--metrics-bind-address", f"127.0.0.1:{metrics}",
-                                   "--health-probe-bind-address", f"127.0.0.1:{probes}"],
+                                   "--leader-elect", "--leader-elect-namespace", "default", "--log-format", "json",
+                                   "--metrics-bind-address", f"127.0.0.1:{metrics}", "--metrics-secure",
+                                   "--health-probe-bind-address", f"127.0.0.1:{probes}",
+                                   "--mig-webhook-host", "127.0.0.1", "--mig-webhook-port", str(webhook)],
                                   cwd="/", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             try:
                 wait_http(f"http://127.0.0.1:{probes}/readyz", 60, op)
-                text = wait_http(f"http://127.0.0.1:{metrics}/metrics", 10, op)
+                token = next(line.split(":", 1)[1].strip() for line in kubeconfig.read_text().splitlines()
+                             if line.strip().startswith("token:"))
+                text = wait_http(f"https://127.0.0.1:{metrics}/metrics", 10, op, token=token)
                 if "gpuops_informer_synced" not in text:
                     raise SystemExit("/metrics lacks gpuops_informer_synced")
                 op.send_signal(signal.SIGTERM)
@@ -115,7 +126,8 @@ def main() -> int:
             finally:
                 if op.poll() is None:
                     op.kill()
-            print(f"image check: gpuops run as {uid} (cwd /, no home): ready, /metrics served, clean SIGTERM: ok")
+            print(f"image check: gpuops run as {uid} with the Deployment's flags (cwd /, no home): ready, "
+                  "/metrics over HTTPS with a token, clean SIGTERM: ok")
         finally:
             api.terminate()
             api.wait(15)
