@@ -2,6 +2,11 @@
 the PrometheusRule and dashboard of manifests/monitoring, PromQL metric-name extraction, the metric names our
 process exports, and `OperatorRig`: `gpuops run` (all four controllers, leader-elected) against an emulated cluster
 with a workload that exercises every controller, on a background thread so sync tests and subprocesses can use it.
+
+The rig runs the shipped metrics path: the API server enforces RBAC with manifests/rbac and the monitoring
+binding installed, the operator runs with a TokenRequest token of its installed ServiceAccount and serves
+/metrics with `--metrics-secure` (HTTPS, self-signed; TokenReview + SubjectAccessReview), and scrapers use
+TokenRequest tokens of Prometheus' ServiceAccount (bound to gpuops-metrics-reader) or of one bound to nothing.
 """
 
 from __future__ import annotations
@@ -14,14 +19,19 @@ import os
 import pkgutil
 import re
 import shutil
+import ssl
 import threading
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 import yaml
+
+if TYPE_CHECKING:  # imported lazily at run time (see OperatorRig._main)
+    from gpuops.sim.apiserver.auth import Decision
 
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "manifests" / "monitoring"
@@ -31,6 +41,10 @@ PROMTOOL_TESTS = MONITORING / "tests" / "prometheusrule_test.yaml"
 RULE_FILE_NAME = "gpuops-rules.yaml"  # what PROMTOOL_TESTS' rule_files names
 REQUIRE_ENV = "GPUOPS_REQUIRE_PROMETHEUS"
 LEASE_NAME = "gpuops-controller-manager"
+RBAC_DIR = ROOT / "manifests" / "rbac"
+METRICS_READER_BINDING = MONITORING / "metrics-reader-rbac.yaml"
+OPERATOR_SA = ("gpuops-system", "gpuops-controller-manager")  # manifests/rbac/service-account.yaml
+STRANGER_SA = ("monitoring", "gpuops-test-stranger")  # authenticated, bound to nothing
 T = TypeVar("T")
 
 
@@ -229,7 +243,7 @@ SCENARIO: dict[str, Any] = {
     "name": "monitoring",
     "description": "every controller busy within seconds, for the monitoring tests",
     "seed": 10,
-    "namespaces": ["team-a", "gpuops-system"],
+    "namespaces": ["team-a", "gpuops-system", "monitoring"],
     "kubelet": {"startLatencySeconds": 0.2, "leaseSeconds": 5},
     "nodeGroups": [
         {"name": "a100", "gpuModel": "A100-80GB", "gpusPerNode": 8, "count": 1, "bootSeconds": 0.5,
@@ -270,10 +284,42 @@ SCENARIO: dict[str, Any] = {
 }
 
 
-def http_get(url: str, timeout: float = 5.0) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
+def _insecure() -> ssl.SSLContext:
+    """What `tls_config.insecure_skip_verify` / the ServiceMonitor's `insecureSkipVerify` do: encrypt, trust any
+    certificate (the operator's is self-signed, made at start)."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def http_get(url: str, timeout: float = 5.0, token: str | None = None) -> str:
+    """The body of a GET (HTTPError on a 4xx/5xx); with `token` as a bearer token, and any certificate accepted
+    over HTTPS."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    ctx = _insecure() if url.startswith("https://") else None
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout, context=ctx) as r:
         body: bytes = r.read()
     return body.decode()
+
+
+def http_status(url: str, token: str | None = None, timeout: float = 5.0) -> tuple[int, str]:
+    """(status, body) of a GET, errors included."""
+    try:
+        return 200, http_get(url, timeout, token)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+def token_subject(path: Path) -> tuple[str, str]:
+    """(namespace, name) of the ServiceAccount a ClusterRoleBinding manifest binds (its only subject)."""
+    doc = yaml.safe_load(path.read_text())
+    (subject,) = doc["subjects"]
+    assert subject["kind"] == "ServiceAccount", subject
+    return str(subject["namespace"]), str(subject["name"])
+
+
+READER_SA = token_subject(METRICS_READER_BINDING)  # monitoring/prometheus-k8s, as kube-prometheus names it
 
 
 def wait_for(what: str, probe: Callable[[], T | None], within: float) -> T:
@@ -297,9 +343,18 @@ def wait_for(what: str, probe: Callable[[], T | None], within: float) -> T:
 
 
 class OperatorRig:
-    """`gpuops run` (all controllers, --leader-elect) against the SCENARIO cluster, on its own event loop thread.
+    """`gpuops run` (all controllers, --leader-elect, --metrics-secure) against the SCENARIO cluster with RBAC
+    enforced, on its own event loop thread.
 
-    `start()` returns once the operator answers on /metrics and the workload runs; `metrics_url` is its /metrics;
+    The cluster starts with manifests/rbac (the operator's ServiceAccount, per-controller ClusterRoles, the Lease
+    Role, gpuops-metrics-auth and gpuops-metrics-reader, their bindings) and manifests/monitoring's binding of
+    the reader role to Prometheus' ServiceAccount. The operator runs with a TokenRequest token of its own
+    ServiceAccount, so it reconciles and reviews scrapers with exactly the installed permissions; the MIG node
+    agents, which are not under test here, use the admin kubeconfig.
+
+    `start()` returns once the operator answers on /metrics (HTTPS, to the reader's token) and the workload runs;
+    `metrics_url` is its /metrics, `reader_token` a token allowed to read it, `stranger_token` one that is
+    authenticated but bound to nothing; `denied` lists the operator's requests the API server refused;
     `stop()` ends the agents, the operator and the cluster."""
 
     CONTROLLERS = ("budget", "autoprovision", "spotpool", "migslicer")
@@ -307,6 +362,13 @@ class OperatorRig:
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.port = 0
+        self.reader_token = ""
+        self.stranger_token = ""
+        self.operator_user = "system:serviceaccount:{}:{}".format(*OPERATOR_SA)
+        self.denied: list[str] = []
+        """The operator's requests the API server refused ("verb resource/subresource ns/name" or a path)."""
+        self.reviews: list[str] = []
+        """TokenReviews and SubjectAccessReviews the operator created (the --metrics-secure filter at work)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
@@ -315,7 +377,7 @@ class OperatorRig:
 
     @property
     def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/metrics"
+        return f"https://127.0.0.1:{self.port}/metrics"
 
     @property
     def log_path(self) -> Path:
@@ -335,7 +397,8 @@ class OperatorRig:
         self._thread.join(60)
 
     def scrape(self) -> str:
-        return http_get(self.metrics_url)
+        """/metrics as Prometheus gets it: over HTTPS with the reader's token."""
+        return http_get(self.metrics_url, token=self.reader_token)
 
     def logs(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""
@@ -348,26 +411,79 @@ class OperatorRig:
         finally:
             self._ready.set()
 
+    def _manifests(self) -> list[Path]:
+        """What the cluster starts with besides the CRDs: our RBAC as installed, the reader binding of
+        manifests/monitoring, and the scrapers' ServiceAccounts (Prometheus' and the stranger's)."""
+        accounts = self.workdir / "scraper-accounts.yaml"
+        accounts.write_text(yaml.safe_dump_all(
+            [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": ns}}
+             for ns, name in (READER_SA, STRANGER_SA)]))
+        return [*sorted(RBAC_DIR.glob("*.yaml")), METRICS_READER_BINDING, accounts]
+
+    def _audit(self, decision: Decision) -> None:
+        """The API server's audit hook (its loop thread): the operator's refusals and reviews."""
+        a = decision.attrs
+        if a.user.username != self.operator_user:
+            return
+        if not decision.allowed:
+            what = f"{a.resource}/{a.subresource}" if a.subresource else a.resource
+            self.denied.append(f"{a.verb} {what} {a.namespace}/{a.name}" if a.resource_request else
+                               f"{a.verb} {a.path}")
+        elif a.resource in ("tokenreviews", "subjectaccessreviews") and a.verb == "create":
+            self.reviews.append(a.resource)
+
     async def _main(self) -> None:
         from gpuops.sim.cluster.cluster import SimCluster
         from gpuops.sim.demo import repo_crds
         from gpuops.sim.demo_mig import WEBHOOK_CONFIG, WEBHOOK_SERVICE, MigSide
-        from gpuops.sim.harness import OperatorHarness
+        from gpuops.sim.harness import OperatorHarness, now_us
         from gpuops.sim.scenario import parse
+
+        rig = self
+
+        class SecureHarness(OperatorHarness):
+            """The harness with the operator as its ServiceAccount and /metrics probed over HTTPS with the
+            reader's token (so `start_operator` returns once a scrape is authenticated and authorized)."""
+
+            async def token(self, namespace: str, name: str) -> str:
+                """A TokenRequest (what `kubectl create token` and the kubelet's projected tokens use)."""
+                body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                        "spec": {"expirationSeconds": 3600}}
+                got = await self.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", body)
+                return str(got["status"]["token"])
+
+            async def start_operator(self) -> None:
+                self.cluster.server.write_kubeconfig(self.kubeconfig, token=await self.token(*OPERATOR_SA))
+                rig.reader_token = rig.reader_token or await self.token(*READER_SA)
+                rig.stranger_token = rig.stranger_token or await self.token(*STRANGER_SA)
+                await super().start_operator()
+
+            async def scrape(self) -> tuple[str, int, int]:
+                if self.http is None:
+                    raise RuntimeError("the harness is not started")
+                before = now_us()
+                async with self.http.get(f"https://127.0.0.1:{self.port}/metrics", ssl=_insecure(),
+                                         headers={"Authorization": f"Bearer {rig.reader_token}"}) as r:
+                    r.raise_for_status()  # a ClientError: not up yet
+                    text = await r.text()
+                return text, before, now_us()
 
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        kubeconfig = self.workdir / "kubeconfig"
-        mig = MigSide(str(kubeconfig), log_path=str(self.workdir / "agents.log"))
+        agents_kubeconfig = self.workdir / "agents.kubeconfig"
+        mig = MigSide(str(agents_kubeconfig), log_path=str(self.workdir / "agents.log"))
         # the webhook's configuration exists before the operator starts, so it patches its CA in at once
-        cluster = SimCluster(parse(SCENARIO, "monitoring scenario"), manifests=[*repo_crds(), WEBHOOK_CONFIG],
+        cluster = SimCluster(parse(SCENARIO, "monitoring scenario"), authorization="RBAC",
+                             manifests=[*repo_crds(), WEBHOOK_CONFIG, *self._manifests()],
                              device_plugin_root=mig.root, hold_workload=True)
+        cluster.server.audit_hooks.append(self._audit)
         cluster.server.service_endpoints[WEBHOOK_SERVICE] = f"127.0.0.1:{mig.webhook_port}"
         args = [*mig.operator_args(), "--leader-elect", "--leader-elect-namespace", "gpuops-system",
-                "--leader-elect-lease-name", LEASE_NAME, "--spotpool-resync", "5"]
-        async with OperatorHarness(cluster, self.workdir, controllers=self.CONTROLLERS, log_level="INFO",
-                                   extra_args=args) as rig:
-            self.port = rig.port
+                "--leader-elect-lease-name", LEASE_NAME, "--spotpool-resync", "5", "--metrics-secure"]
+        async with SecureHarness(cluster, self.workdir, controllers=self.CONTROLLERS, log_level="INFO",
+                                 extra_args=args) as harness:
+            self.port = harness.port
+            cluster.write_kubeconfig(agents_kubeconfig)
             try:  # the agents go first, before the operator and the cluster they talk to
                 await mig.start(cluster)
                 if not await mig.webhook_ready(cluster, 30):

@@ -1,10 +1,16 @@
-"""A real Prometheus scraping a real `gpuops run` (issue 10): the operator runs as a subprocess with all four
-controllers against an emulated cluster whose workload keeps every controller busy; `promtool check metrics`
-accepts its /metrics, and a Prometheus (temp config and TSDB, 1 s scrape and rule evaluation) scrapes it,
-answers queries for our series and evaluates the PrometheusRule's alerts on them."""
+"""A real Prometheus scraping a real `gpuops run` (issue 10) the way it is shipped: the operator runs as a
+subprocess with all four controllers against an emulated cluster that enforces RBAC (manifests/rbac installed; the
+operator uses its ServiceAccount's token) and whose workload keeps every controller busy, serving /metrics with
+`--metrics-secure` (HTTPS with a self-signed certificate; bearer tokens checked by TokenReview and
+SubjectAccessReview). `promtool check metrics` accepts its /metrics (fetched with the reader's token), and a
+Prometheus (temp config and TSDB, 1 s scrape and rule evaluation) configured as the ServiceMonitor configures it
+(https, a ServiceAccount token bound to gpuops-metrics-reader, insecure_skip_verify) scrapes it, answers queries
+for our series and evaluates the PrometheusRule's alerts on them; a second job whose token is not bound to the
+reader role is refused with a 403."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import signal
@@ -22,6 +28,7 @@ from monitoring_kit import (
     alert_rules,
     binary,
     http_get,
+    http_status,
     prometheus_rule,
     wait_for,
     write_rule_file,
@@ -30,6 +37,7 @@ from monitoring_kit import (
 from gpuops.sim.harness import free_port, metric_value
 
 JOB = "gpuops-controller-manager-metrics"  # the job the ServiceMonitor gives us, which the alerts select
+DENIED_JOB = "gpuops-metrics-not-a-reader"  # a token that authenticates but is not bound to gpuops-metrics-reader
 BUDGET = {"namespace": "team-a", "name": "team-a-training"}
 
 
@@ -68,8 +76,23 @@ def busy_scrape(rig: OperatorRig) -> str:
         raise
 
 
+def assert_operator_never_refused(rig: OperatorRig) -> None:
+    """The installed roles were enough: no request of the operator's ServiceAccount got a 403."""
+    assert not rig.denied, f"the API server refused the operator: {rig.denied[:20]}\n{rig.logs()}"
+
+
 def test_promtool_check_metrics_accepts_our_metrics(rig: OperatorRig) -> None:
-    text = busy_scrape(rig)
+    text = busy_scrape(rig)  # over HTTPS, with the reader's token
+    assert rig.metrics_url.startswith("https://")
+    # only the reader gets it: no token is a 401, an authenticated stranger a 403, plain HTTP no answer at all
+    assert http_status(rig.metrics_url)[0] == 401
+    status, body = http_status(rig.metrics_url, rig.stranger_token)
+    assert status == 403 and 'may not get path "/metrics"' in body, (status, body)
+    with pytest.raises((OSError, http.client.HTTPException)):  # reset, or TLS bytes where a status line goes
+        http_get(rig.metrics_url.replace("https://", "http://"), token=rig.reader_token)
+    # and each scrape was reviewed by the API server, asked by the operator's ServiceAccount
+    assert {"tokenreviews", "subjectaccessreviews"} <= set(rig.reviews), rig.reviews
+    assert_operator_never_refused(rig)
     promtool = binary("promtool")
     # The whole /metrics must pass the lint: budget amounts are exported in GPU-seconds only (the deprecated
     # *_gpu_hours aliases are gone), so nothing is left out of it.
@@ -88,15 +111,31 @@ def test_promtool_check_metrics_accepts_our_metrics(rig: OperatorRig) -> None:
     assert out.returncode != 0 and 'use base unit "seconds" instead of "hours"' in out.stdout + out.stderr
 
 
+def secure_job(name: str, target: str, token_file: Path) -> dict[str, Any]:
+    """A scrape job as the ServiceMonitor's endpoint becomes one (port https, path /metrics, honorLabels,
+    bearerTokenFile, tlsConfig.insecureSkipVerify), the job named as its relabeling pins it."""
+    return {"job_name": name, "scheme": "https", "metrics_path": "/metrics", "honor_labels": True,
+            "authorization": {"type": "Bearer", "credentials_file": str(token_file)},
+            "tls_config": {"insecure_skip_verify": True},
+            "static_configs": [{"targets": [target]}]}
+
+
+def token_file(directory: Path, name: str, token: str) -> Path:
+    path = directory / name
+    path.write_text(token)
+    path.chmod(0o600)
+    return path
+
+
 class Prometheus:
     """prometheus with a temp config and TSDB on a free loopback port; stop() ends it (SIGTERM, then SIGKILL)."""
 
-    def __init__(self, workdir: Path, target: str) -> None:
+    def __init__(self, workdir: Path, jobs: list[dict[str, Any]]) -> None:
         rules = write_rule_file(workdir)
         config = {
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(rules)],
-            "scrape_configs": [{"job_name": JOB, "honor_labels": True, "static_configs": [{"targets": [target]}]}],
+            "scrape_configs": jobs,
         }
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.url = f"http://127.0.0.1:{free_port()}"
@@ -134,15 +173,28 @@ class Prometheus:
 
 def test_prometheus_scrapes_our_series_and_evaluates_our_alerts(rig: OperatorRig, tmp_path: Path) -> None:
     busy_scrape(rig)
-    prom = Prometheus(tmp_path, f"127.0.0.1:{rig.port}")
+    scrape_target = f"127.0.0.1:{rig.port}"
+    prom = Prometheus(tmp_path, [
+        secure_job(JOB, scrape_target, token_file(tmp_path, "reader.token", rig.reader_token)),
+        secure_job(DENIED_JOB, scrape_target, token_file(tmp_path, "stranger.token", rig.stranger_token)),
+    ])
     try:
         wait_for("prometheus ready", lambda: http_get(f"{prom.url}/-/ready"), 30)
 
-        def target_up() -> bool:
-            targets = prom.api("targets")["activeTargets"]
-            return any(t["labels"]["job"] == JOB and t["health"] == "up" for t in targets)
+        def target(job: str, health: str, error: str = "") -> dict[str, Any]:
+            """The job's target once its last scrape had `health` and `error` in its lastError (else an
+            AssertionError showing the target, which wait_for reports on timeout)."""
+            got: list[dict[str, Any]] = [t for t in prom.api("targets")["activeTargets"] if t["labels"]["job"] == job]
+            assert len(got) == 1 and got[0]["health"] == health and error in got[0]["lastError"], got
+            return got[0]
 
-        wait_for("the gpuops target up", target_up, 20)
+        # the reader's job: up, over HTTPS
+        up = wait_for("the gpuops target up", lambda: target(JOB, "up"), 20)
+        assert up["scrapeUrl"] == f"https://{scrape_target}/metrics" and not up["lastError"], up
+        # the stranger's: authenticated, not authorized
+        wait_for("the stranger's target down with a 403", lambda: target(DENIED_JOB, "down", "403"), 20)
+        wait_for(f"up{{job={DENIED_JOB!r}}} 0", lambda: [s for s in prom.query(f'up{{job="{DENIED_JOB}"}}')
+                                                          if s["value"][1] == "0"], 10)
 
         # our series, back from Prometheus' query API
         synced = wait_for("gpuops_informer_synced", lambda: prom.query(f'gpuops_informer_synced{{job="{JOB}"}}'), 20)
@@ -186,6 +238,11 @@ def test_prometheus_scrapes_our_series_and_evaluates_our_alerts(rig: OperatorRig
         for quiet in ("GpuopsLeaderAbsent", "GpuopsOperatorAbsent", "GpuopsInformerWatchStalled",
                       "GpuopsInformerNotSynced", "SpotPoolCapacityError"):
             assert rules[quiet]["state"] == "inactive", rules[quiet]
+
+        # still refused, still up: neither was a blip
+        target(JOB, "up")
+        target(DENIED_JOB, "down", "403")
     finally:
         prom.stop()
     assert prom.proc.returncode is not None
+    assert_operator_never_refused(rig)
