@@ -11,9 +11,21 @@ What it proves:
    the recorded requests are authorized again by the API server's own RBAC code with exactly that rule (or
    that verb / resource) taken out, and at least one of them must then be denied. A denied recorded request
    is one this very run would have seen answered 403 - and a 403 fails this test (point 1) - so removing
-   any single rule (or verb, or resource) from the manifests makes the suite fail. The exceptions are rules
-   that only a path this scenario cannot reach needs; they are listed in UNREACHED below, each with the
-   reason, and carry the same reason in their YAML comment.
+   any single rule (or verb, or resource) from the manifests makes the suite fail. There is no exception: the
+   scenario reaches every path our roles serve (UNREACHED below would list, with a reason, a rule only an
+   unreachable path needs; it is empty):
+   - the API server answers like a kube-apiserver with the WatchList feature gate off, so every informer is
+     refused its streaming list and falls back to a paginated one (the `list` verbs), then watches;
+   - budget: Evict, Pause, and an AlertOnly budget that goes under quota and over again (the same
+     QuotaExceeded Event twice: the recorder patches it);
+   - autoprovision: powers gng-0 on for a pending pod, then drains it (taint, evicts the CPU pod left on it)
+     and powers it off; a machine the power API does not know is refused twice (WebhookFailed patched);
+   - spot pool: launches an instance that joins, then scales in (cordon: nodes patch; drain: an eviction);
+     a pool the CRD admits but the controller refuses says InvalidSpec twice (patched);
+   - MIG slicer: webhook and slices; then the node's GPU loses its slices (MIG switched off while the agent is
+     stopped): a running pod's Bound claim fails (the pod is deleted), a claim planned but not yet made fails
+     (it is deleted and the pod planned again); a pod that fits nowhere changes its reason and back (its
+     FailedMigAllocation Event patched).
    The four controllers run as four `gpuops run --controllers X` processes, each with its own token of the
    same ServiceAccount (TokenRequest gives each token an ID the audit log carries), so that each request is
    known to come from one controller: a controller's ClusterRole must allow all of that controller's
@@ -31,7 +43,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import fcntl
 import functools
+import inspect
 import json
 import os
 import shutil
@@ -51,6 +65,7 @@ import yaml
 from rbac_audit import AuditLog, PolicySet, describe, edits_of, narrowed, snapshot
 from waiting import until
 
+from gpuops.controllers.migslicer.agent.fakenvml import FakeNVML
 from gpuops.sim.apiserver.auth import CREDENTIAL_ID, Attributes
 from gpuops.sim.cluster.cluster import SimCluster
 from gpuops.sim.scenario import load
@@ -64,39 +79,9 @@ AGENT_SA = "system:serviceaccount:gpuops-node:gpuops-mig-agent"
 CONTROLLERS = ("budget", "autoprovision", "spotpool", "migslicer")
 
 # Rules (or verbs/resources of rules) that only paths this scenario does not reach need: (kind, role, rule
-# index, field, value) -> why. Each has the same reason in its YAML comment.
-_LIST = ("the informers' paginated-list fallback, for API servers that refuse streaming lists (WatchList); the "
-         "emulator serves them, so informers only ever watch")
-_REPEAT = "an Event that repeats is patched (count, lastTimestamp); this short scenario repeats none"
-_B, _A, _S, _M = (f"gpuops-{n}-controller" for n in CONTROLLERS)
-UNREACHED: dict[tuple[str, str, int, str | None, str | None], str] = {
-    ("ClusterRole", _B, 0, "verbs", "list"): _LIST,
-    ("ClusterRole", _B, 2, "verbs", "list"): _LIST,
-    ("ClusterRole", _B, 3, "verbs", "list"): _LIST,
-    ("ClusterRole", _B, 5, "verbs", "patch"): _REPEAT,
-    ("ClusterRole", _A, 0, "verbs", "list"): _LIST,
-    ("ClusterRole", _A, 1, None, None): "a drain evicts the pods left on a node going off; the scenario's node "
-                                        "only ever runs the pod that woke it, finished by then",
-    ("ClusterRole", _A, 2, "verbs", "list"): _LIST,
-    ("ClusterRole", _A, 3, "verbs", "list"): _LIST,
-    ("ClusterRole", _A, 4, "verbs", "list"): _LIST,
-    ("ClusterRole", _A, 7, "verbs", "patch"): _REPEAT,
-    ("ClusterRole", _S, 0, "verbs", "list"): _LIST,
-    ("ClusterRole", _S, 1, None, None): "draining a retired or reclaimed spot node; the pool never scales in here",
-    ("ClusterRole", _S, 2, "verbs", "list"): _LIST,
-    ("ClusterRole", _S, 2, "verbs", "patch"): "labels/taints a joined node lacks and the cordon before a drain; the "
-                                              "emulated cloud's nodes join with them and the pool never scales in",
-    ("ClusterRole", _S, 3, "verbs", "list"): _LIST,
-    ("ClusterRole", _S, 6, "verbs", "patch"): _REPEAT,
-    ("ClusterRole", _M, 0, "verbs", "list"): _LIST,
-    ("ClusterRole", _M, 1, None, None): "deleting a running pod whose slice vanished (node reboot, GPU reset)",
-    ("ClusterRole", _M, 3, "verbs", "list"): _LIST,
-    ("ClusterRole", _M, 4, "verbs", "list"): _LIST,
-    ("ClusterRole", _M, 5, "verbs", "list"): _LIST,
-    ("ClusterRole", _M, 6, None, None): "deleting a claim the agent failed, to plan anew; the agent fails none",
-    ("ClusterRole", _M, 9, "verbs", "patch"): _REPEAT,
-    ("ClusterRole", "gpuops-mig-agent", 2, "verbs", "list"): _LIST,
-}
+# index, field, value) -> why. Each has the same reason in its YAML comment. None left: the scenario reaches
+# every path our roles grant (see the module docstring), so every rule, verb and resource is proven needed.
+UNREACHED: dict[tuple[str, str, int, str | None, str | None], str] = {}
 
 SCENARIO = """
 name: install-rbac
@@ -140,11 +125,12 @@ def free_port() -> int:
 
 
 def pod(name: str, namespace: str, *, labels: dict[str, str], limits: dict[str, str], node_group: str | None = None,
-        runtime: float | None = None, tolerations: list[dict[str, str]] | None = None) -> dict[str, Any]:
+        runtime: float | None = None, tolerations: list[dict[str, str]] | None = None,
+        selector: dict[str, str] | None = None) -> dict[str, Any]:
     spec: dict[str, Any] = {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0, "containers": [
         {"name": "main", "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04", "resources": {"limits": limits}}]}
-    if node_group:
-        spec["nodeSelector"] = {"gpuops.io/node-group": node_group}
+    if node_group or selector:
+        spec["nodeSelector"] = {**({"gpuops.io/node-group": node_group} if node_group else {}), **(selector or {})}
     if tolerations:
         spec["tolerations"] = tolerations
     meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels}
@@ -235,6 +221,9 @@ async def environment(tmp_path: Path) -> AsyncIterator[Env]:
     scenario_file.write_text(SCENARIO)
     dp_root = Path(tempfile.mkdtemp(prefix="gpuops-rbac-", dir="/tmp"))  # unix socket paths stay short
     cluster = SimCluster(load(str(scenario_file)), tls=True, authorization="RBAC", device_plugin_root=dp_root)
+    # as a kube-apiserver with its WatchList feature gate off: informers are refused streaming lists, fall back to
+    # a paginated list (the `list` verbs of our roles), then watch
+    cluster.server.watch_list = False
     audit = AuditLog(cluster.server)
     env = Env(cluster, audit, tmp_path, dp_root)
     await cluster.start()
@@ -260,6 +249,77 @@ def has_condition(obj: Any, kind: str, status: str = "True") -> bool:
 async def event_reasons(env: Env, namespace: str | None = None) -> set[str]:
     items = (await env.get("events", *(["-n", namespace] if namespace else ["-A"]))) or {"items": []}
     return {e.get("reason", "") for e in items["items"]}
+
+
+def stored(env: Env, group: str, resource: str, namespace: str | None = None) -> list[dict[str, Any]]:
+    """What the API server holds now (read in-process: polls cost no kubectl run). Read-only."""
+    return [s.obj for s in env.cluster.server.store.iter((group, resource), namespace)]
+
+
+def stored_one(env: Env, group: str, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
+    found = env.cluster.server.store.get((group, resource), namespace, name)
+    return found.obj if found is not None else None
+
+
+def events_about(env: Env, kind: str, name: str, reason: str) -> list[dict[str, Any]]:
+    return [e for e in stored(env, "", "events") if e.get("reason") == reason
+            and (e.get("involvedObject") or {}).get("kind") == kind and e["involvedObject"].get("name") == name]
+
+
+def repeated(env: Env, kind: str, name: str, reason: str, text: str = "") -> bool:
+    """One Event recorded twice: created, then patched (count 2) by its controller's EventRecorder."""
+    return any(int(e.get("count") or 1) >= 2 and text in e.get("message", "")
+               for e in events_about(env, kind, name, reason))
+
+
+def claims_of(env: Env, namespace: str, pod_name: str) -> list[dict[str, Any]]:
+    return [c for c in stored(env, "gpuops.io", "allocationclaims", namespace) if c["spec"]["podName"] == pod_name]
+
+
+MIG_NODE, MIG_GPUS = "mig-0", "A100-80GB:1"
+
+
+def set_mig_mode(env: Env, enabled: bool) -> None:
+    """`nvidia-smi -mig 0|1` and a GPU reset on the emulated node's driver (the agent's state file): disabling drops
+    every slice. Blocking (the driver's file lock): run in a thread."""
+    FakeNVML.from_spec(MIG_GPUS, MIG_NODE, state_file=env.dp_root / f"{MIG_NODE}.gpus.json").set_mig_mode(0, enabled)
+
+
+def stopped(pid: int) -> bool:
+    """Every thread of the process is stopped (state T in /proc)."""
+    try:
+        return all((t / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+                   for t in Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return False
+
+
+@contextlib.asynccontextmanager
+async def agent_frozen(env: Env) -> AsyncIterator[None]:
+    """The node agent stopped (SIGSTOP) between two driver calls, then continued: what it would have done meanwhile
+    it does after, against the driver as it then is. The driver's lock is held until the agent is stopped, so it
+    is not stopped holding it (which would block our own driver calls)."""
+    agent = env.procs["agent"]
+    fd = os.open(env.dp_root / f"{MIG_NODE}.gpus.json.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        await asyncio.wait_for(asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX), 30)
+        agent.send_signal(signal.SIGSTOP)
+
+        async def is_stopped() -> bool:
+            return stopped(agent.pid)
+
+        try:
+            await until("the agent stopped", is_stopped, 10)
+        except BaseException:
+            agent.send_signal(signal.SIGCONT)
+            raise
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+    try:
+        yield
+    finally:
+        agent.send_signal(signal.SIGCONT)
 
 
 pytestmark = pytest.mark.anyio
@@ -311,6 +371,25 @@ async def test_install_with_rbac_runs_every_controller_and_every_rule_is_needed(
              "spec": {"backoffLimit": 0, "template": {
                  "metadata": {"labels": {"team": "b"}},
                  "spec": pod("x", "team-b", labels={}, limits={"nvidia.com/gpu": "1"}, node_group="a100")["spec"]}}},
+            # a CPU pod that lands on gng-0 once it is up and is still there when autoprovision drains it
+            pod("filler", "batch", labels={"app": "filler"}, limits={"cpu": "100m"}, node_group="gng"),
+            # a CPU pod on the spot node, evicted when the pool scales in
+            pod("spot-job", "batch", labels={"app": "spot-job"}, limits={"cpu": "100m"},
+                selector={"gpuops.io/capacity-type": "spot"},
+                tolerations=[{"key": "gpuops.io/spot", "operator": "Exists", "effect": "NoSchedule"}]),
+            # a pool the CRD admits and the controller refuses: its user data is 6145 characters (within the
+            # schema's maxLength, which counts characters) but 12290 bytes, over the cloud's 12 KiB: InvalidSpec
+            {"apiVersion": "gpuops.io/v1alpha1", "kind": "SpotPool", "metadata": {"name": "broken"},
+             "spec": {"provider": "sim", "endpoint": f"{cloud}/spot/v1", "minimum": 0, "maximum": 0,
+                      "credentialsSecretRef": {"name": "spot-keys", "namespace": "gpuops-system"},
+                      "template": {"instanceTypes": ["sim.l4"], "gpusPerInstance": 1, "userData": "\u00e9" * 6145}}},
+            # a machine the power API does not know: powering it on for its pending pod fails (HTTP 404)
+            {"apiVersion": "gpuops.io/v1alpha1", "kind": "GPUNodeGroup", "metadata": {"name": "ghost-0"},
+             "spec": {"nodeName": "ghost-0", "gpuCount": 1, "bootTimeoutSeconds": 600,
+                      "scaleUp": {"url": f"{cloud}/power/v1/machines/ghost-0/start"},
+                      "scaleDown": {"url": f"{cloud}/power/v1/machines/ghost-0/stop"},
+                      "template": {"labels": {"gpuops.io/node-group": "ghost"}}}},
+            pod("ghost", "batch", labels={"app": "ghost"}, limits={"nvidia.com/gpu": "1"}, node_group="ghost"),
         )
 
         # --------------------------------------------------------------------------------- processes
@@ -335,10 +414,10 @@ async def test_install_with_rbac_runs_every_controller_and_every_rule_is_needed(
                              "GPU_NODE_1_SCALE_DOWN_ENDPOINT": f"{cloud}/power/v1/machines/gng-0/stop"}
             env.spawn(name, args, extra_env)
         agent_kc = await env.token_kubeconfig("agent", "gpuops-node", "gpuops-mig-agent")
-        (env.dp_root / "mig-0").mkdir(exist_ok=True)
-        env.spawn("agent", ["agent", "--kubeconfig", str(agent_kc), "--node-name", "mig-0", "--emulated",
-                            "--gpus", "A100-80GB:1", "--device-plugin-dir", str(env.dp_root / "mig-0"),
-                            "--state-file", str(env.dp_root / "mig-0.gpus.json"), "--metrics-bind-address", "0",
+        (env.dp_root / MIG_NODE).mkdir(exist_ok=True)
+        env.spawn("agent", ["agent", "--kubeconfig", str(agent_kc), "--node-name", MIG_NODE, "--emulated",
+                            "--gpus", MIG_GPUS, "--device-plugin-dir", str(env.dp_root / MIG_NODE),
+                            "--state-file", str(env.dp_root / f"{MIG_NODE}.gpus.json"), "--metrics-bind-address", "0",
                             "--health-probe-bind-address", "0", "--log-format", "json", "--heartbeat", "5"])
 
         async with aiohttp.ClientSession() as http:
@@ -372,9 +451,11 @@ async def test_install_with_rbac_runs_every_controller_and_every_rule_is_needed(
             _, out, _ = await env.kubectl("apply", "-f", str(ROOT / "manifests" / "samples"), "--dry-run=server")
             for kind in ("gpuworkloadbudget", "gpunodegroup", "spotpool", "pod/mig-inference"):
                 assert kind in out, out
+            mig_ok = [{"key": "gpuops.io/mig", "operator": "Exists", "effect": "NoSchedule"}]
             await env.apply(pod("infer", "ml", labels={"app": "infer"}, limits={"nvidia.com/mig-1g.10gb": "1"},
-                                runtime=2, tolerations=[{"key": "gpuops.io/mig", "operator": "Exists",
-                                                         "effect": "NoSchedule"}]))
+                                runtime=2, tolerations=mig_ok),
+                            pod("serve", "ml", labels={"app": "serve"}, limits={"nvidia.com/mig-1g.10gb": "1"},
+                                tolerations=mig_ok))
             mutated = await env.get("pod", "infer", "-n", "ml")
             assert "gpuops.io/mig-1g.10gb" in mutated["spec"]["containers"][0]["resources"]["limits"], mutated
 
@@ -382,8 +463,12 @@ async def test_install_with_rbac_runs_every_controller_and_every_rule_is_needed(
             async def done(what: str, probe: Callable[[], Any]) -> None:
                 async def checked() -> Any:
                     env.check_alive()
-                    return await probe()
+                    got = probe()
+                    return await got if inspect.isawaitable(got) else got
                 await until(what, checked, 90)
+
+            def phase(namespace: str, name: str) -> str | None:
+                return status_of(stored_one(env, "", "pods", namespace, name)).get("phase")
 
             async def budget_evicted() -> bool:
                 b = await env.get("gwb", "evict", "-n", "team-a")
@@ -398,26 +483,108 @@ async def test_install_with_rbac_runs_every_controller_and_every_rule_is_needed(
                 g = await env.get("gng", "gng-0")
                 return status_of(p).get("phase") == "Succeeded" and bool(status_of(g).get("lastWebhook"))
 
+            async def machine_off() -> bool:
+                g = await env.get("gng", "gng-0")
+                return status_of(g).get("state") in ("PoweringOff", "Off")
+
             async def spot_joined() -> bool:
                 nodes = (await env.get("nodes", "-l", "gpuops.io/capacity-type=spot")) or {"items": []}
                 return any(has_condition(n, "Ready") for n in nodes["items"])
+
+            async def merge_patch(kind: str, name: str, patch: dict[str, Any], *ns: str) -> None:
+                await env.kubectl("patch", kind, name, *ns, "--type", "merge", "-p", json.dumps(patch))
+
+            async def budget_alert() -> None:
+                """AlertOnly on the finished wake pod (its usage no longer moves): QuotaExceeded; under quota and over
+                again, the same alert again (a patched Event)."""
+                await done("the wake pod finished", lambda: phase("batch", "wake") == "Succeeded")
+                await env.apply({"apiVersion": "gpuops.io/v1alpha1", "kind": "GPUWorkloadBudget",
+                                 "metadata": {"name": "alert", "namespace": "batch"},
+                                 "spec": {"selector": {"matchLabels": {"app": "wake"}},
+                                          "quota": {"gpuHours": "0.0001", "windowHours": 1},
+                                          "enforcement": {"action": "AlertOnly", "delaySeconds": 0}}})
+                await done("the budget controller alerts (QuotaExceeded)",
+                           lambda: events_about(env, "GPUWorkloadBudget", "alert", "QuotaExceeded"))
+                await merge_patch("gwb", "alert", {"spec": {"quota": {"gpuHours": "1000"}}}, "-n", "batch")
+
+                def under() -> bool:
+                    b = stored_one(env, "gpuops.io", "gpuworkloadbudgets", "batch", "alert") or {}
+                    return has_condition(b, "QuotaExceeded", "False") and \
+                        status_of(b).get("observedGeneration") == b["metadata"]["generation"]
+
+                await done("budget alert within its raised quota", under)
+                await merge_patch("gwb", "alert", {"spec": {"quota": {"gpuHours": "0.0001"}}}, "-n", "batch")
+                await done("the same QuotaExceeded alert again (Event patched)",
+                           lambda: repeated(env, "GPUWorkloadBudget", "alert", "QuotaExceeded"))
+
+            async def autoprovision() -> None:
+                await done("autoprovision powers gng-0 on for the pending pod", machine_woken)
+                # idle again: tainted, drained (the filler pod evicted), powered off
+                await done("autoprovision drains the idle gng-0 and powers it off", machine_off)
+                await done("the filler pod evicted by the drain", lambda: not stored_one(env, "", "pods", "batch",
+                                                                                         "filler"))
+
+            async def ghost() -> None:
+                """The power API refuses ghost-0 (404): WebhookFailed. A spec change retries at once: the same
+                Event again (patched)."""
+                await done("WebhookFailed for ghost-0", lambda: events_about(env, "GPUNodeGroup", "ghost-0",
+                                                                            "WebhookFailed"))
+                await merge_patch("gng", "ghost-0", {"spec": {"priority": 1}})
+                await done("the same WebhookFailed again (Event patched)",
+                           lambda: repeated(env, "GPUNodeGroup", "ghost-0", "WebhookFailed"))
+
+            async def spot_scale_in() -> None:
+                await done("the spot pool's instance joins as a node", spot_joined)
+                await done("spot-job runs on the spot node", lambda: phase("batch", "spot-job") == "Running")
+                await merge_patch("spotpool", "spot", {"spec": {"minimum": 0, "maximum": 0}})
+                # cordon (the retire taint), drain (spot-job evicted), terminate
+                await done("the spot pool scales in", lambda: not stored_one(env, "", "pods", "batch", "spot-job")
+                           and events_about(env, "SpotPool", "spot", "ScaleIn"))
+
+            async def broken_pool() -> None:
+                await done("InvalidSpec for pool broken", lambda: events_about(env, "SpotPool", "broken",
+                                                                              "InvalidSpec"))
+                await merge_patch("spotpool", "broken", {"spec": {"drainTimeoutSeconds": 60}})
+                await done("the same InvalidSpec again (Event patched)",
+                           lambda: repeated(env, "SpotPool", "broken", "InvalidSpec"))
 
             async def sliced() -> bool:
                 p = await env.get("pod", "infer", "-n", "ml")
                 return status_of(p).get("phase") == "Succeeded"
 
+            def no_mig(name: str) -> bool:
+                return any("no MIG-enabled GPU" in e.get("message", "")
+                           for e in events_about(env, "Pod", name, "FailedMigAllocation"))
+
+            async def mig() -> None:
+                """MIG switched off on the node's GPU (every slice gone) while the agent is stopped, after the
+                allocator planned a slice for `replan` there: serve's Bound claim fails (the pod is deleted), replan's
+                Pending one fails (the claim is deleted, the pod planned again). `huge` (two whole GPUs: fits
+                nowhere) waits for a reason that changes and, with MIG back, is the first one again."""
+                await done("the MIG pod gets a slice and runs", sliced)
+                await done("serve runs on its Bound slice", lambda: phase("ml", "serve") == "Running" and any(
+                    (c.get("status") or {}).get("phase") == "Bound" for c in claims_of(env, "ml", "serve")))
+                async with agent_frozen(env):
+                    await env.apply(pod("replan", "ml", labels={"app": "replan"}, runtime=1, tolerations=mig_ok,
+                                        limits={"nvidia.com/mig-1g.10gb": "1"}),
+                                    pod("huge", "ml", labels={"app": "huge"}, tolerations=mig_ok,
+                                        limits={"nvidia.com/mig-7g.80gb": "2"}))
+                    await done("replan's claim planned (Pending: the agent is stopped)",
+                               lambda: claims_of(env, "ml", "replan"))
+                    await done("huge fits nowhere", lambda: events_about(env, "Pod", "huge", "FailedMigAllocation"))
+                    await asyncio.wait_for(asyncio.to_thread(set_mig_mode, env, False), 30)
+                await done("serve, whose slice vanished, deleted (MigSliceLost)", lambda: not stored_one(
+                    env, "", "pods", "ml", "serve") and events_about(env, "Pod", "serve", "MigSliceLost"))
+                await done("replan's failed claim deleted, replan waiting for a MIG GPU", lambda: no_mig("replan"))
+                await done("huge waiting for a MIG GPU", lambda: no_mig("huge"))
+                await asyncio.wait_for(asyncio.to_thread(set_mig_mode, env, True), 30)
+                await done("huge's first reason again (Event patched)", lambda: repeated(
+                    env, "Pod", "huge", "FailedMigAllocation", "not enough free slices"))
+
             await asyncio.gather(
                 done("the budget controller evicts over quota", budget_evicted),
                 done("the budget controller pauses the Job", job_paused),
-                done("autoprovision powers gng-0 on for the pending pod", machine_woken),
-                done("the spot pool's instance joins as a node", spot_joined),
-                done("the MIG pod gets a slice and runs", sliced))
-
-            async def machine_off() -> bool:
-                g = await env.get("gng", "gng-0")
-                return status_of(g).get("state") in ("PoweringOff", "Off")
-
-            await done("autoprovision powers the idle gng-0 off again", machine_off)
+                budget_alert(), autoprovision(), ghost(), spot_scale_in(), broken_pool(), mig())
 
             # metrics: HTTPS, and only for a token allowed to GET /metrics (TokenReview + SubjectAccessReview)
             await env.apply({"apiVersion": "v1", "kind": "Namespace",

@@ -111,7 +111,11 @@ class APIServer:
         seed_namespaces: Iterable[str] = ("default", "kube-system", "kube-public", "kube-node-lease"),
         terminated_pod_gc_threshold: int | None = None,
         tls: bool = False,
+        watch_list: bool = True,
     ) -> None:
+        """`watch_list`: serve streaming lists (watch with `sendInitialEvents`), as kube-apiserver does with its
+        WatchList feature gate on; False refuses them as a server with the gate off does (the `watch_list`
+        property switches it while the server runs)."""
         if authorization not in ("AlwaysAllow", "RBAC"):
             raise ValueError("authorization: must be 'AlwaysAllow' or 'RBAC'")
         self.host = host
@@ -133,7 +137,7 @@ class APIServer:
         self.api = ObjectAPI(self.store, self.registry, self.webhooks)
         self.api.on_crd_change.append(self._crd_changed)
         self.lister = Lister(self.store, continue_ttl=continue_ttl)
-        self.watch_settings = WatchSettings(bookmark_interval, watch_timeout)
+        self.watch_settings = WatchSettings(bookmark_interval, watch_timeout, watch_list)
         self.controllers = ControllerLoops(self.api, terminated_pod_gc_threshold)
         self.faults = Faults()
         self.requests_total = 0
@@ -177,6 +181,16 @@ class APIServer:
             b["metadata"].setdefault("uid", str(uuid.uuid4()))
             b["metadata"].setdefault("creationTimestamp", now)
             self.store.put((RBAC_GROUP, "clusterrolebindings"), b)
+
+    @property
+    def watch_list(self) -> bool:
+        """Whether streaming lists are served (kube-apiserver's WatchList feature gate); settable at run time:
+        watches opened from then on are judged by the new value."""
+        return self.watch_settings.watch_list
+
+    @watch_list.setter
+    def watch_list(self, enabled: bool) -> None:
+        self.watch_settings.watch_list = enabled
 
     @property
     def url(self) -> str:

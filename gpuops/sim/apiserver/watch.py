@@ -41,42 +41,47 @@ def _status_event(code: int, reason: str, message: str) -> bytes:
     )
 
 
-def validate_watch_params(params: Mapping[str, str]) -> None:
+def validate_watch_params(params: Mapping[str, str], *, watch_list: bool = True) -> None:
+    """ListOptions validation of a watch, as kube-apiserver's (all errors of the request in one 422).
+
+    `watch_list=False` answers like a kube-apiserver with the WatchList feature gate disabled: a watch that
+    asks for `sendInitialEvents` (streaming list) is refused with 422 Invalid, cause FieldValueForbidden on
+    `sendInitialEvents`, so clients fall back to a paginated list then a plain watch.
+    """
     send_initial = params.get("sendInitialEvents")
     rvm = params.get("resourceVersionMatch") or ""
+    causes: list[Cause] = []
     if send_initial is not None and send_initial != "":
         if rvm != "NotOlderThan":
-            raise invalid(
-                "ListOptions",
-                "meta.k8s.io",
-                "",
-                [
-                    Cause(
-                        "FieldValueForbidden",
-                        "Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
-                        "resourceVersionMatch",  # upstream validation.go reports it on this field
-                    )
-                ],
-            )
+            causes.append(Cause(
+                "FieldValueForbidden",
+                "Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+                "resourceVersionMatch",  # upstream validation.go reports it on this field
+            ))
+        if not watch_list:
+            causes.append(Cause(
+                "FieldValueForbidden",
+                "Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+                "sendInitialEvents",
+            ))
     elif rvm:
-        raise invalid(
-            "ListOptions",
-            "meta.k8s.io",
-            "",
-            [
-                Cause(
-                    "FieldValueForbidden",
-                    "Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
-                    "resourceVersionMatch",
-                )
-            ],
-        )
+        causes.append(Cause(
+            "FieldValueForbidden",
+            "Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+            "resourceVersionMatch",
+        ))
+    if causes:
+        raise invalid("ListOptions", "meta.k8s.io", "", causes)
 
 
 class WatchSettings:
-    def __init__(self, bookmark_interval: float = 60.0, default_timeout: float = 1800.0) -> None:
+    def __init__(self, bookmark_interval: float = 60.0, default_timeout: float = 1800.0,
+                 watch_list: bool = True) -> None:
         self.bookmark_interval = bookmark_interval
         self.default_timeout = default_timeout
+        self.watch_list = watch_list
+        """Streaming lists (`sendInitialEvents`) are served: kube-apiserver's WatchList feature gate. Read on
+        every request, so it may be switched while the server runs."""
 
 
 async def serve_watch(
@@ -91,7 +96,7 @@ async def serve_watch(
     content_type: str = "application/json",
     open_streams: set[web.StreamResponse] | None = None,
 ) -> web.StreamResponse:
-    validate_watch_params(params)
+    validate_watch_params(params, watch_list=settings.watch_list)
     label_sel, field_sel = selectors(info, params)
     filtered = not (label_sel.empty and field_sel.empty)
     # Query booleans decode like upstream's parameter codec (Python clients send "True").
