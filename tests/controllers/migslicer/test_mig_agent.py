@@ -16,8 +16,17 @@ from waiting import install_crds, until
 from gpuops.controllers.migslicer.agent import agent as mig_agent
 from gpuops.controllers.migslicer.agent.fakenvml import FakeNVML, gpu_uuid
 from gpuops.controllers.migslicer.agent.gpus import MigBackend
-from gpuops.controllers.migslicer.api import CLAIMS, MIG_NODES, NODE_LABEL, AllocationClaim, MigNode
+from gpuops.controllers.migslicer.api import (
+    ADVERTISE,
+    CLAIMS,
+    MIG_NODES,
+    NODE_LABEL,
+    AllocationClaim,
+    MigNode,
+    resource_of_profile,
+)
 from gpuops.kube.client import Client
+from gpuops.kube.deviceplugin.server import preferred_allocation
 from gpuops.kube.errors import NotFound
 from gpuops.kube.manager import Manager
 from gpuops.sim.apiserver import APIServer
@@ -36,18 +45,18 @@ def anyio_backend() -> str:
 
 
 @asynccontextmanager
-async def agent_running(tmp_path: Path, grace: float = 0.5) -> AsyncIterator[Client]:
+async def agent_running(tmp_path: Path, grace: float = 0.5) -> AsyncIterator[tuple[Client, mig_agent.NodeAgent]]:
     async with APIServer() as server:
         server.write_kubeconfig(tmp_path / "k")
         client = await Client.from_kubeconfig(str(tmp_path / "k"))
         await install_crds(client, ["mignodes", "allocationclaims"], [CLAIMS, MIG_NODES])
         mgr = Manager(client, namespace=None, metrics_bind_address="0", health_probe_bind_address="0")
         backend = MigBackend.emulated("A100-40GB:2", NODE, state_file=tmp_path / "gpus.json")
-        mig_agent.install(mgr, NODE, backend, settings=mig_agent.AgentSettings(grace=grace, heartbeat=0.3,
-                                                                            backend_name="emulated"))
+        agent = mig_agent.install(mgr, NODE, backend, settings=mig_agent.AgentSettings(
+            grace=grace, heartbeat=0.3, backend_name="emulated"))
         task = asyncio.create_task(mgr.run())
         try:
-            yield client
+            yield client, agent
         finally:
             mgr.request_stop()
             await asyncio.wait_for(task, 10)
@@ -76,7 +85,7 @@ def driver(tmp_path: Path) -> FakeNVML:
 
 
 async def test_claims_become_slices_and_the_node_is_reported(tmp_path: Path) -> None:
-    async with agent_running(tmp_path) as client:
+    async with agent_running(tmp_path) as (client, _):
         await claim(client, "a", "3g.20gb", 4, 4)
         await claim(client, "b", "4g.20gb", 0, 4)
         a = await until("a Created", lambda: phase(client, "a", "Created"))
@@ -100,7 +109,7 @@ async def test_claims_become_slices_and_the_node_is_reported(tmp_path: Path) -> 
 async def test_adopts_a_slice_made_before_a_crash(tmp_path: Path) -> None:
     with MigBackend(driver(tmp_path)) as other:  # an earlier agent made it, then died before writing Created
         made = other.create(G0, "2g.10gb", 0)
-    async with agent_running(tmp_path) as client:
+    async with agent_running(tmp_path) as (client, _):
         await claim(client, "c", "2g.10gb", 0, 2)
         c = await until("c Created", lambda: phase(client, "c", "Created"))
         assert c.status.device_uuid == made.device_uuid  # adopted, not made twice
@@ -109,7 +118,7 @@ async def test_adopts_a_slice_made_before_a_crash(tmp_path: Path) -> None:
 
 
 async def test_reboot_remakes_created_slices_and_fails_bound_ones(tmp_path: Path) -> None:
-    async with agent_running(tmp_path) as client:
+    async with agent_running(tmp_path) as (client, _):
         await claim(client, "made", "1g.5gb", 0, 1)
         await claim(client, "used", "1g.5gb", 1, 1)
         await until("made Created", lambda: phase(client, "made", "Created"))
@@ -130,7 +139,7 @@ async def test_reboot_remakes_created_slices_and_fails_bound_ones(tmp_path: Path
 async def test_released_and_orphaned_slices_are_destroyed(tmp_path: Path) -> None:
     with MigBackend(driver(tmp_path)) as other:
         other.create(G0, "1g.5gb", 6)  # no claim will ever name it
-    async with agent_running(tmp_path, grace=0.5) as client:
+    async with agent_running(tmp_path, grace=0.5) as (client, _):
         await claim(client, "r", "3g.20gb", 0, 4)
         await until("r Created", lambda: phase(client, "r", "Created"))
         await client.patch(CLAIMS, "r", {"status": {"phase": "Released"}}, namespace=NS, subresource="status")
@@ -145,7 +154,36 @@ async def test_released_and_orphaned_slices_are_destroyed(tmp_path: Path) -> Non
 async def test_an_orphan_in_the_way_is_cleared_for_a_claim(tmp_path: Path) -> None:
     with MigBackend(driver(tmp_path)) as other:
         other.create(G0, "1g.5gb", 0)  # left behind by a deleted claim
-    async with agent_running(tmp_path, grace=60.0) as client:
+    async with agent_running(tmp_path, grace=60.0) as (client, _):
         await claim(client, "big", "7g.40gb", 0, 8)
         big = await until("big Created", lambda: phase(client, "big", "Created"))
         assert big.status.device_uuid
+
+
+async def test_slices_made_for_the_next_pod_are_preferred_over_a_freed_bound_one(tmp_path: Path) -> None:
+    """A pod ends and the kubelet frees its Bound slice before the allocator withdraws it, while the same
+    profile's slice made for the next pod is offered: the kubelet asks GetPreferredAllocation, and the agent
+    proposes the slice made for the pod being admitted, not the one that just came free."""
+    async with agent_running(tmp_path) as (client, agent):
+        for name, start in (("old", 0), ("new", 1)):
+            await claim(client, name, "1g.5gb", start, 1)
+            await client.patch(CLAIMS, name, {"metadata": {"annotations": {ADVERTISE: "1"}}}, namespace=NS)
+        old = await until("old offered", lambda: advertised(client, "old"))
+        new = await until("new offered", lambda: advertised(client, "new"))
+        await client.patch(CLAIMS, "old", {"status": {"phase": "Bound"}}, namespace=NS, subresource="status")
+        resource = resource_of_profile("1g.5gb")
+
+        async def bound_seen() -> bool:
+            c = agent.claims.store.get(f"{NS}/old")
+            return c is not None and c.status.phase == "Bound"
+
+        await until("the agent's cache sees old Bound", bound_seen)
+        devices = agent._devices(resource)
+        available = sorted(d.id for d in devices)  # both free in the kubelet's view
+        assert preferred_allocation(devices, available, [], 1) == [new.status.device_uuid]
+        assert {d.id for d in devices} == {old.status.device_uuid, new.status.device_uuid}
+
+
+async def advertised(client: Client, name: str) -> AllocationClaim | None:
+    c: AllocationClaim = await client.get(CLAIMS, name, NS)
+    return c if c.status.phase == "Created" and c.status.advertised else None

@@ -239,7 +239,14 @@ class NodeAgent:
             plugin.update()
 
     def _devices(self, resource: str) -> list[Device]:
-        return [Device(d) for d in self._offered.get(resource, [])]
+        """The plugin's devices, slices made but not yet handed to a container first. The kubelet frees a
+        finished pod's devices before the allocator has withdrawn them, so for a moment a Bound slice and the
+        slice made for the next pod can both be free; GetPreferredAllocation proposes in this order, so the
+        kubelet takes the one that was made for the pod it admits."""
+        ids = self._offered.get(resource, [])
+        waiting = {c.status.device_uuid for c in self.claims.store.list()
+                   if c.status.phase == "Created" and c.status.device_uuid}
+        return [Device(d) for d in sorted(ids, key=lambda d: d not in waiting)]
 
     async def _allocate(self, ids: list[str]) -> AllocationResult:
         """The kubelet gives these slices to a container: their claims are Bound."""
