@@ -37,6 +37,7 @@ from gpuops.accounting.capacity import (
     plan_scale_up,
 )
 from gpuops.accounting.quantity import parse_quantity
+from gpuops.controllers.scheduling import INDEX_UNSCHEDULABLE, unschedulable
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
 from gpuops.kube.controller import Controller, Request, Result, requeue_at
@@ -153,6 +154,7 @@ class Autoprovisioner:
         self._pending_since: dict[str, float] = {}
         """When this process first saw each pending pod Unschedulable (monotonic), for DECISION_SECONDS."""
         groups.add_index(INDEX_GROUP_NODE, lambda g: (g.spec.node_name,) if g.spec.node_name else ())
+        pods.add_index(INDEX_UNSCHEDULABLE, unschedulable)  # plan() reads demand from it, never from every pod
 
     # ------------------------------------------------------------------------------------------ mappers
 
@@ -283,7 +285,11 @@ class Autoprovisioner:
                                  gpu_pods=obs.gpu_pods, idle_since=idle_since, priority=spec.priority))
             views.append(NodeView.of(g.metadata.name, spec.node_name, spec.gpu_resource_name, obs.node,
                                      spec.template.labels, spec.template.taints, DRAIN_TAINT, ready=obs.ready))
-        pending = demand(self.pods.store.list(), views)
+        # the index holds only the pods the scheduler gave up on (a scan of every pod cost O(pods) per plan);
+        # in name order, so the plan does not depend on the index's set order
+        waiting = sorted(self.pods.store.by_index(INDEX_UNSCHEDULABLE, ""),
+                         key=lambda p: (p.metadata.namespace, p.metadata.name))
+        pending = demand(waiting, views)
         started = time.perf_counter()
         up = plan_scale_up(nodes, pending)
         policy = ScaleDownPolicy(min_warm_gpus=s.min_warm_gpus, max_concurrent_power_offs=s.max_concurrent_power_offs,

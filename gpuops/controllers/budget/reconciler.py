@@ -100,6 +100,7 @@ from .metrics import Published, Snapshot
 __all__ = [
     "Book",
     "BudgetReconciler",
+    "LedgerMemo",
     "Options",
     "PodSpan",
     "compact",
@@ -246,22 +247,49 @@ class Book:
         return self.compacted_through is not None and end <= self.compacted_through
 
 
-def ledger_from_status(status: LedgerStatus | None, resource: str) -> Book:
+EntryText = tuple[str, str, str, str]
+"""A ledger entry as status holds it: (uid, start, end, gpus)."""
+
+
+@dataclass(slots=True)
+class LedgerMemo:
+    """One budget's ledger entries parsed and formatted at its previous reconcile. A ledger holds up to
+    max_ledger_entries (500) entries and every reconcile read and rewrote all of them: exact time and quantity
+    parsing and formatting were two thirds of a reconcile's time (bench/scale.py, issue 11). Entries are
+    immutable once written, so each is parsed and formatted once; each use keeps only the entries still in
+    the ledger (bounded by it), and a forgotten budget drops its memo."""
+
+    parsed: dict[EntryText, LedgerEntry] = field(default_factory=dict)
+    texts: dict[LedgerEntry, tuple[str, str, str]] = field(default_factory=dict)
+
+
+def ledger_from_status(status: LedgerStatus | None, resource: str, memo: LedgerMemo | None = None) -> Book:
     """The ledger kept in status; unreadable items are skipped (and logged).
 
     A ledger kept for another resource name (spec.gpuResourceName changed) is not comparable: it starts over.
+    `memo`: entries parsed at the previous call for the same budget are reused (and only the current ones kept).
     """
     if status is None or (status.resource_name and status.resource_name != resource):
         return Book()
     entries: list[LedgerEntry] = []
     names: dict[str, str] = {}
+    known = memo.parsed if memo is not None else {}
+    kept: dict[EntryText, LedgerEntry] = {}
     for e in status.entries or ():
-        try:
-            entries.append(LedgerEntry(uid=e.uid, start=parse_time(e.start), end=parse_time(e.end),
-                                       gpus=parse_quantity(e.gpus)))
-            names[e.uid] = e.name
-        except (ValueError, AccountingError) as err:
-            log.warning("ledger entry unreadable; skipped", uid=e.uid, error=str(err))
+        text = (e.uid, e.start, e.end, e.gpus)
+        entry = known.get(text)
+        if entry is None:
+            try:
+                entry = LedgerEntry(uid=e.uid, start=parse_time(e.start), end=parse_time(e.end),
+                                    gpus=parse_quantity(e.gpus))
+            except (ValueError, AccountingError) as err:
+                log.warning("ledger entry unreadable; skipped", uid=e.uid, error=str(err))
+                continue
+        kept[text] = entry
+        entries.append(entry)
+        names[e.uid] = e.name
+    if memo is not None:
+        memo.parsed = kept
     buckets: list[LedgerBucket] = []
     for b in status.buckets or ():
         try:
@@ -274,20 +302,30 @@ def ledger_from_status(status: LedgerStatus | None, resource: str) -> Book:
 
 
 def ledger_to_status(
-    book: Book, *, resource: str, max_entries: int, bucket_width: int, error: Fraction
+    book: Book, *, resource: str, max_entries: int, bucket_width: int, error: Fraction,
+    memo: LedgerMemo | None = None,
 ) -> LedgerStatus:
+    """`memo`: entries formatted at the previous call for the same budget are reused (only the current kept)."""
     ledger, names = book.ledger, book.names
+    known = memo.texts if memo is not None else {}
+    kept: dict[LedgerEntry, tuple[str, str, str]] = {}
+    entries = []
+    for e in ledger.entries:
+        text = known.get(e)
+        if text is None:
+            text = (format_time(e.start), format_time(e.end), _quantity(e.gpus))
+        kept[e] = text
+        entries.append(LedgerEntryStatus(uid=e.uid, name=names.get(e.uid, ""), start=text[0], end=text[1],
+                                         gpus=text[2]))
+    if memo is not None:
+        memo.texts = kept
     return LedgerStatus(
         resource_name=resource,
         max_entries=max_entries,
         bucket_seconds=bucket_width // _SECOND,
         error_bound_gpu_hours=format_gpu_hours(error),
         compacted_through=format_time(book.compacted_through) if book.compacted_through is not None else None,
-        entries=tuple(
-            LedgerEntryStatus(uid=e.uid, name=names.get(e.uid, ""), start=format_time(e.start),
-                              end=format_time(e.end), gpus=_quantity(e.gpus))
-            for e in ledger.entries
-        ) or None,
+        entries=tuple(entries) or None,
         buckets=tuple(
             LedgerBucketStatus(start=format_time(b.start), end=format_time(b.end),
                                gpu_seconds=_quantity(b.gpu_micros / _SECOND), peak_gpus=_quantity(b.peak_gpus))
@@ -401,6 +439,7 @@ class BudgetReconciler:
         self._departed: dict[str, dict[str, tuple[Pod, int]]] = {}
         self._facts: dict[str, _PodFacts] = {}
         self._snapshots: dict[tuple[str, str], Snapshot] = {}
+        self._ledgers: dict[str, LedgerMemo] = {}  # budget key -> its ledger entries, parsed and formatted
         budgets.add_index(INDEX_ANCHOR, self._anchors)  # after _specs: the index parses specs through spec_of
         enforcer.on_stop = self._stop_counting
 
@@ -582,6 +621,7 @@ class BudgetReconciler:
         self._snapshots.pop((ns, name), None)
         self._departed.pop(key, None)
         self._specs.pop(key, None)
+        self._ledgers.pop(key, None)
         self.enforcer.forget(key)
 
     def _bucket_width(self, spec: ParsedSpec) -> int:
@@ -598,7 +638,8 @@ class BudgetReconciler:
         # 1. pods -> intervals; finished and departed pods -> ledger entries
         members: list[_Member] = []
         fresh: list[LedgerEntry] = []
-        prev_book = ledger_from_status(budget.status.ledger, spec.resource)
+        memo = self._ledgers.setdefault(key, LedgerMemo())
+        prev_book = ledger_from_status(budget.status.ledger, spec.resource, memo)
         names = dict(prev_book.names)
         open_uids: set[str] = set()
         stopped = self.enforcer.stopped_at
@@ -731,7 +772,8 @@ class BudgetReconciler:
             over_quota_since=format_time(over_since) if over_since is not None else None,
             exhausts_at=format_time(usage.exhausted_at) if usage.exhausted_at is not None else None,
             ledger=ledger_to_status(book, resource=spec.resource, max_entries=self.options.max_ledger_entries,
-                                    bucket_width=width, error=usage.error_bound),
+                                    bucket_width=width, error=usage.error_bound,
+                                    memo=self._ledgers.get(f"{budget.metadata.namespace}/{budget.metadata.name}")),
             last_enforcement=last,
             conditions=_conditions(items),
         )

@@ -30,7 +30,14 @@ import structlog
 from gpuops.accounting.pool import InstanceState, PoolInstance, plan_pool
 from gpuops.accounting.pool import PoolSpec as PlanSpec
 from gpuops.controllers.errors import SpecError
-from gpuops.controllers.scheduling import gpu_request, is_unschedulable, node_admits, uses_gpus
+from gpuops.controllers.scheduling import (
+    INDEX_UNSCHEDULABLE,
+    gpu_request,
+    is_unschedulable,
+    node_admits,
+    unschedulable,
+    uses_gpus,
+)
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
 from gpuops.kube.controller import Controller, Request, Result, requeue_at
@@ -76,8 +83,6 @@ __all__ = ["INDEX_UNSCHEDULABLE", "Settings", "SpotPoolReconciler", "client_toke
 log = structlog.get_logger("gpuops.controllers.spotpool")
 
 _SECOND = 1_000_000
-INDEX_UNSCHEDULABLE = "gpuops.io/unschedulable"
-"""Pods the scheduler gave up on, under one key: demand is read from them, not from a scan of every pod."""
 LIVE = frozenset({InstanceState.PENDING, InstanceState.STARTING, InstanceState.RUNNING, InstanceState.REBOOTING})
 STOPPED = frozenset({InstanceState.STOPPED, InstanceState.SHUTDOWN})
 """Not capacity and still billed for disks: terminated like LAUNCH_FAILED ones."""
@@ -103,10 +108,6 @@ class Settings:
     secret_recheck: float = 5.0
     """While the cloud refuses the keys (or the Secret is missing), the Secret is read again this often (a GET
     on the API server); the cloud is called again only once the Secret changed, or after config_retry."""
-
-
-def unschedulable(pod: Pod) -> tuple[str, ...]:
-    return ("",) if is_unschedulable(pod) else ()
 
 
 def owner_tags(pool: SpotPool) -> dict[str, str]:

@@ -11,6 +11,7 @@ import msgspec
 import pytest
 
 from gpuops.accounting.gpuhours import Ledger, LedgerBucket, LedgerEntry, format_gpu_hours
+from gpuops.controllers.budget import reconciler as reconciler_mod
 from gpuops.controllers.budget.api import (
     BudgetSpec,
     BudgetStatus,
@@ -26,6 +27,7 @@ from gpuops.controllers.budget.enforcement import Enforcer
 from gpuops.controllers.budget.reconciler import (
     Book,
     BudgetReconciler,
+    LedgerMemo,
     Options,
     _departed_entry,
     _diff,
@@ -161,6 +163,37 @@ def test_ledger_status_round_trip_is_exact() -> None:
     assert st.buckets is not None and st.buckets[0].gpu_seconds == "7500m" and st.bucket_seconds == 15
     assert ledger_from_status(msgspec.convert(msgspec.to_builtins(st), LedgerStatus), "cpu") == book
     assert ledger_from_status(st, "nvidia.com/gpu") == Book()  # another resource: not comparable
+
+
+def test_ledger_memo_parses_and_formats_each_entry_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every reconcile reads and rewrites the whole ledger (up to 500 entries); with the budget's memo an entry
+    is parsed and formatted once (two thirds of a reconcile's time went there: bench/scale.py, issue 11), the
+    results are the same as without it, and the memo keeps only the entries still in the ledger."""
+    parsed: list[str] = []
+    formatted: list[int] = []
+    real_parse, real_format = reconciler_mod.parse_time, reconciler_mod.format_time
+    monkeypatch.setattr(reconciler_mod, "parse_time", lambda t: parsed.append(t) or real_parse(t))
+    monkeypatch.setattr(reconciler_mod, "format_time", lambda t: formatted.append(t) or real_format(t))
+    entries = tuple(LedgerEntry(uid=f"u{i}", start=i * S, end=(i + 5) * S, gpus=Fraction(1)) for i in range(10))
+    book = Book(Ledger(entries=entries), {e.uid: e.uid for e in entries})
+    memo = LedgerMemo()
+    kw: dict[str, Any] = {"resource": "cpu", "max_entries": 500, "bucket_width": 15 * S, "error": Fraction(0)}
+    st = ledger_to_status(book, **kw, memo=memo)
+    assert st == ledger_to_status(book, **kw)  # the same status as without a memo
+    formatted.clear()
+    assert ledger_to_status(book, **kw, memo=memo) == st and formatted == []  # nothing formatted again
+    assert ledger_from_status(st, "cpu", memo) == book == ledger_from_status(st, "cpu")
+    parsed.clear()
+    assert ledger_from_status(st, "cpu", memo) == book and parsed == []  # nothing parsed again
+    # the ledger drops u0..u4 and gains u10: only u10 is new work, and the memo holds exactly the ledger
+    later = (*entries[5:], LedgerEntry(uid="u10", start=10 * S, end=20 * S, gpus=Fraction(2)))
+    book2 = Book(Ledger(entries=later), {e.uid: e.uid for e in later})
+    formatted.clear()
+    st2 = ledger_to_status(book2, **kw, memo=memo)
+    assert formatted == [10 * S, 20 * S] and set(memo.texts) == set(later)
+    parsed.clear()
+    assert ledger_from_status(st2, "cpu", memo) == book2
+    assert len(parsed) == 2 and len(memo.parsed) == len(later)
 
 
 def test_compaction_merges_up_to_a_watermark_and_keeps_open_pods() -> None:
