@@ -378,3 +378,20 @@ def test_rule_compile_error_at_runtime_is_a_cause() -> None:
 def test_null_values_are_not_validated() -> None:
     s = {"type": "string", "nullable": True, "x-kubernetes-validations": [{"rule": "self.size() > 3"}]}
     assert run(s, None) == []
+
+
+def test_rule_results_are_remembered_only_for_pure_rules_that_passed() -> None:
+    """A value that passed a node's rules (none reading oldSelf) is not evaluated again; a failing value is
+    reported every time; a transition rule always runs against its old value."""
+    from gpuops.sim.apiserver import cel
+
+    node = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "x-kubernetes-validations": [{"rule": "self.a <= self.b", "message": "a must not exceed b"}]}
+    assert cel.evaluate_rules(node, {"a": 1, "b": 2}, None, "spec") == []
+    assert cel.evaluate_rules(node, {"a": 1, "b": 2}, None, "spec") == []
+    for _ in range(2):
+        [cause] = cel.evaluate_rules(node, {"a": 3, "b": 2}, None, "spec")
+        assert (cause.field, cause.message) == ("spec", 'Invalid value: a must not exceed b')
+    frozen = {"type": "string", "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "immutable"}]}
+    assert cel.evaluate_rules(frozen, "x", "x", "spec.k") == []
+    assert [c.field for c in cel.evaluate_rules(frozen, "x", "y", "spec.k")] == ["spec.k"]

@@ -801,3 +801,39 @@ def test_validate_never_raises(value: Any, old: Any) -> None:
         assert isinstance(c, Cause) and c.reason and c.message
     cleaned = schema.apply_defaults(PROP_SCHEMA, schema.prune(PROP_SCHEMA, value))
     schema.validate(PROP_SCHEMA, cleaned, old=old)
+
+
+# -- validation caches: the same answers as without them ----------------------------------------------------
+
+ENTRY = obj({"uid": STR, "n": {"type": "integer", "minimum": 0}, "when": {"type": "string", "format": "date-time"}},
+            required=["uid"])
+LEDGER = obj({"entries": {"type": "array", "items": ENTRY}})
+
+
+def test_clean_item_cache_never_hides_an_error() -> None:
+    """A list item found valid is remembered by its encoding under its items schema: the same value is
+    valid again at any index, a different value is still checked, and an invalid one is reported each time."""
+    good = {"uid": "a", "n": 1, "when": "2026-11-22T12:00:00Z"}
+    bad = {"uid": "b", "n": -1, "when": "yesterday"}
+    assert causes(LEDGER, {"entries": [good]}) == []
+    assert causes(LEDGER, {"entries": [good, good, {**good, "n": 2}]}) == []
+    first = causes(LEDGER, {"entries": [good, bad]})
+    again = causes(LEDGER, {"entries": [bad, good, bad]})
+    assert [f for _, f, _ in first] == ["entries[1].n", "entries[1].when"]
+    assert [f for _, f, _ in again] == ["entries[0].n", "entries[0].when", "entries[2].n", "entries[2].when"]
+    # the same value under a stricter schema is checked against that schema, not answered from the cache
+    strict = obj({"entries": {"type": "array", "items": obj(ENTRY["properties"], required=["uid", "other"])}})
+    assert [f for _, f, _ in causes(strict, {"entries": [good]})] == ["entries[0].other"]
+    # a value beyond 64 bits cannot be encoded for the cache: it is checked as it is, every time
+    huge = {"entries": [{"uid": "c", "n": 2**70}]}
+    assert causes(LEDGER, huge) == causes(LEDGER, huge) != []
+
+
+def test_post_schema_walks_skip_subtrees_without_their_keywords() -> None:
+    """List-type, embedded-resource and CEL walks only enter subtrees that use them; answers are unchanged."""
+    s = obj({"plain": {"type": "array", "items": ENTRY},
+             "tags": {"type": "array", "items": STR, "x-kubernetes-list-type": "set"}})
+    assert schema.has_rules(s) is False
+    assert schema.has_rules(obj({"x": obj({}, **{"x-kubernetes-validations": [{"rule": "true"}]})})) is True
+    assert [(r, f) for r, f, _ in causes(s, {"plain": [{"uid": "a"}], "tags": ["x", "x"]})] == \
+        [("FieldValueDuplicate", "tags[1]")]

@@ -11,6 +11,8 @@ import base64
 import re
 from typing import Any
 
+import msgspec
+
 from .errors import Cause, StatusError, invalid
 
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -596,12 +598,43 @@ def go_decode_error(s: dict[str, Any], x: Any, path: str) -> str | None:
     return f"json: cannot unmarshal {jt} into Go struct field {path} of type {go_type}"
 
 
+_DECODES_MAX = 5_000
+_decodes_ok: dict[int, tuple[dict[str, Any], set[bytes]]] = {}
+
+
+def _decoded(bschema: dict[str, Any]) -> set[bytes]:
+    """Encodings of top-level values that decoded cleanly into this schema's kind (the schema is held so
+    its id cannot be reused while cached)."""
+    hit = _decodes_ok.get(id(bschema))
+    if hit is not None and hit[0] is bschema:
+        if len(hit[1]) >= _DECODES_MAX:
+            hit[1].clear()
+        return hit[1]
+    if len(_decodes_ok) > 1_000:
+        _decodes_ok.clear()
+    fresh: set[bytes] = set()
+    _decodes_ok[id(bschema)] = (bschema, fresh)
+    return fresh
+
+
 def builtin_decode_error(bschema: dict[str, Any], kind: str, obj: dict[str, Any]) -> str | None:
-    """go_decode_error for a whole object, skipping apiVersion/kind/metadata (validated elsewhere)."""
+    """go_decode_error for a whole object, skipping apiVersion/kind/metadata (validated elsewhere).
+
+    Pods of one workload are created with the same spec: top-level values that decoded before (by field
+    and encoding; the answer depends on nothing else) are not walked again."""
     props = bschema.get("properties") or {}
+    seen = _decoded(bschema)
     for k, v in obj.items():
         if k not in ("apiVersion", "kind", "metadata") and k in props:
+            try:
+                key: bytes | None = k.encode() + b"=" + msgspec.json.encode(v)
+            except (OverflowError, TypeError, ValueError):
+                key = None
+            if key is not None and key in seen:
+                continue
             err = go_decode_error(props[k], v, f"{kind}.{k}")
             if err:
                 return err
+            if key is not None:
+                seen.add(key)
     return None

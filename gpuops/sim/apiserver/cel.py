@@ -20,6 +20,7 @@ from fractions import Fraction
 from typing import Any
 
 import celpy
+import msgspec
 import re2  # type: ignore[import-untyped]
 from celpy import celtypes
 from celpy.evaluation import CELEvalError
@@ -636,6 +637,56 @@ def evaluate_rules(
     rules = schema.get("x-kubernetes-validations")
     if value is None or not isinstance(rules, list) or not rules:
         return []
+    passed = _passed_values(schema, rules)
+    key = _value_key(value, is_resource_root) if passed is not None else None
+    if key is not None and passed is not None and key in passed:
+        return []
+    causes = _evaluate(schema, rules, value, old, path, is_resource_root)
+    if not causes and key is not None and passed is not None:
+        passed.add(key)
+    return causes
+
+
+_PASSED_MAX = 20_000
+_passed_cache: dict[int, tuple[Any, set[bytes] | None]] = {}
+
+
+def _passed_values(schema: Mapping[str, Any], rules: list[Any]) -> set[bytes] | None:
+    """Values (encoded) that passed every rule of this node. Rules without oldSelf are pure functions of
+    self, so a status write that leaves the spec as it was does not run the spec's rules again (the emulator
+    interprets CEL in Python, thousands of times slower than the apiserver's compiled programs). None when a
+    rule reads oldSelf or does not compile: those always run."""
+    hit = _passed_cache.get(id(schema))
+    if hit is not None and hit[0] is schema:
+        if hit[1] is not None and len(hit[1]) >= _PASSED_MAX:
+            hit[1].clear()
+        return hit[1]
+    pure = True
+    for rule in rules:
+        source = rule.get("rule") if isinstance(rule, Mapping) else None
+        if not isinstance(source, str) or not source.strip():
+            continue
+        try:
+            pure = pure and not compile_rule(source).uses_old_self
+        except ValueError:
+            pure = False
+    if len(_passed_cache) > 10_000:
+        _passed_cache.clear()
+    passed: set[bytes] | None = set() if pure else None
+    _passed_cache[id(schema)] = (schema, passed)
+    return passed
+
+
+def _value_key(value: Any, is_resource_root: bool) -> bytes | None:
+    try:
+        return (b"R" if is_resource_root else b"-") + msgspec.json.encode(value)
+    except (OverflowError, TypeError, ValueError):
+        return None
+
+
+def _evaluate(
+    schema: Mapping[str, Any], rules: list[Any], value: Any, old: Any, path: str, is_resource_root: bool
+) -> list[Cause]:
     sts_type = schema.get("type") if isinstance(schema.get("type"), str) else ""
     field = path or "<nil>"
     self_val = to_cel(value, schema, resource_root=is_resource_root)

@@ -7,6 +7,8 @@ _GO_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", 
 
 def go_quote(s: str) -> str:
     """`strconv.Quote` / `%q`: printable runes stay, the rest become \\x, \\u or \\U escapes."""
+    if s.isascii() and s.isprintable() and '"' not in s and "\\" not in s:
+        return f'"{s}"'  # nothing to escape (printable ASCII): the common case, on every validated field
     out = ['"']
     for ch in s:
         code = ord(ch)

@@ -287,12 +287,19 @@ def apply_merge_patch(doc: Any, patch: Any) -> Any:
     the one to refuse such bodies the way the apiserver does."""
     if not isinstance(patch, dict):
         return clone(patch)
-    target = clone(doc) if isinstance(doc, dict) else {}
+    return _merge_into(clone(doc) if isinstance(doc, dict) else {}, patch)
+
+
+def _merge_into(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """Merge `patch` into `target`, a copy this call owns (cloned once at the top, not at every level)."""
     for k, v in patch.items():
         if v is None:
             target.pop(k, None)
+        elif isinstance(v, dict):
+            sub = target.get(k)
+            target[k] = _merge_into(sub if isinstance(sub, dict) else {}, v)
         else:
-            target[k] = apply_merge_patch(target.get(k), v)
+            target[k] = clone(v)
     return target
 
 

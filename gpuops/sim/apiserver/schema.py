@@ -19,6 +19,7 @@ from decimal import Decimal
 from functools import lru_cache
 from typing import Any
 
+import msgspec
 import re2  # type: ignore[import-untyped]
 
 from . import cel
@@ -320,6 +321,56 @@ def _preserve(s: Schema | None) -> bool:
 
 def _embedded(s: Schema | None) -> bool:
     return s is not None and s.get("x-kubernetes-embedded-resource") is True
+
+
+_CLEAN_ITEMS_MAX = 20_000
+_clean_cache: dict[int, tuple[Any, set[bytes]]] = {}
+
+
+def _clean_items(items: Schema) -> set[bytes] | None:
+    """Encoded list items already found valid against `items` (the OpenAPI checks are a pure function of
+    schema and value; paths only matter in errors, which are never cached). A status that rewrites a list
+    of hundreds of entries to add one is checked for the new entry only. None: not worth it (scalars)."""
+    t = items.get("type")
+    if t not in ("object", "array") and not _props(items):
+        return None
+    hit = _clean_cache.get(id(items))
+    if hit is not None and hit[0] is items:
+        if len(hit[1]) >= _CLEAN_ITEMS_MAX:
+            hit[1].clear()
+        return hit[1]
+    if len(_clean_cache) > 10_000:
+        _clean_cache.clear()
+    fresh: set[bytes] = set()
+    _clean_cache[id(items)] = (items, fresh)
+    return fresh
+
+
+_SUBTREE_KEYS = ("x-kubernetes-validations", "x-kubernetes-embedded-resource", "x-kubernetes-list-type")
+_subtree_cache: dict[int, tuple[Any, frozenset[str]]] = {}
+
+
+def _subtree(s: Any) -> frozenset[str]:
+    """Which of the post-schema checks' keywords occur anywhere under `s`: their walks skip the subtrees
+    that have none (a status ledger of hundreds of plain entries). Cached per schema node; the node is
+    kept referenced so its id cannot be reused while cached."""
+    if not isinstance(s, Mapping):
+        return frozenset()
+    hit = _subtree_cache.get(id(s))
+    if hit is not None and hit[0] is s:
+        return hit[1]
+    found = {k for k in _SUBTREE_KEYS if s.get(k)}
+    for v in s.values():
+        if isinstance(v, Mapping):
+            found |= _subtree(v)
+        elif isinstance(v, list):
+            for item in v:
+                found |= _subtree(item)
+    out = frozenset(found)
+    if len(_subtree_cache) > 50_000:  # schemas of deleted or replaced CRDs
+        _subtree_cache.clear()
+    _subtree_cache[id(s)] = (s, out)
+    return out
 
 
 def _types(s: Schema) -> list[str]:
@@ -824,6 +875,8 @@ class _Checker:
 
     def _junctors(self, s: Schema, x: JSON, name: str) -> list[Cause]:
         errs: list[Cause] = []
+        if not ("anyOf" in s or "oneOf" in s or "allOf" in s or "not" in s):
+            return errs  # the common case: quoting the path for messages is most of this function's cost
         quoted = go_quote(name)
         any_of = [a for a in s.get("anyOf") or [] if isinstance(a, Mapping)]
         if any_of:
@@ -934,8 +987,23 @@ class _Checker:
         errs: list[Cause] = []
         items = _items(s)
         if items is not None:
+            clean = _clean_items(items)
             for i, v in enumerate(x):
-                errs.extend(self.check(items, v, f"{name}[{i}]"))
+                if clean is None or not isinstance(v, (dict, list)):
+                    errs.extend(self.check(items, v, f"{name}[{i}]"))
+                    continue
+                try:
+                    key = msgspec.json.encode(v)
+                except (OverflowError, TypeError, ValueError):  # ints beyond 64 bits: check them as they are
+                    errs.extend(self.check(items, v, f"{name}[{i}]"))
+                    continue
+                if key in clean:
+                    continue
+                found = self.check(items, v, f"{name}[{i}]")
+                if found:
+                    errs.extend(found)
+                elif len(clean) < _CLEAN_ITEMS_MAX:
+                    clean.add(key)
         size = len(x)
         min_items, max_items = _num(s, "minItems"), _num(s, "maxItems")
         if min_items is not None and size < min_items:
@@ -1010,7 +1078,7 @@ def _path_key(path: str, key: str) -> str:
 
 def _embedded_errors(s: Schema | None, x: JSON, path: str) -> list[Cause]:
     """Embedded resources must carry apiVersion and kind (objectmeta.Validate)."""
-    if s is None:
+    if s is None or "x-kubernetes-embedded-resource" not in _subtree(s):
         return []
     errs: list[Cause] = []
     if isinstance(x, dict):
@@ -1054,7 +1122,7 @@ def _non_unique(values: list[Any]) -> list[int]:
 
 
 def _list_errors(s: Schema | None, x: JSON, path: str) -> list[Cause]:
-    if s is None:
+    if s is None or "x-kubernetes-list-type" not in _subtree(s):
         return []
     errs: list[Cause] = []
     if isinstance(x, dict):
@@ -1093,13 +1161,9 @@ def _list_map_errors(s: Schema, x: list[Any], path: str) -> list[Cause]:
 
 def has_rules(s: Any) -> bool:
     """Whether any node carries x-kubernetes-validations (then upstream builds a CEL validator)."""
-    if isinstance(s, Mapping):
-        if s.get("x-kubernetes-validations"):
-            return True
-        return any(has_rules(v) for v in s.values())
     if isinstance(s, list):
         return any(has_rules(v) for v in s)
-    return False
+    return "x-kubernetes-validations" in _subtree(s)
 
 
 def _map_list_old(s: Schema, old: JSON) -> Callable[[JSON], JSON]:
@@ -1121,7 +1185,7 @@ def _map_list_old(s: Schema, old: JSON) -> Callable[[JSON], JSON]:
 
 
 def _cel_errors(s: Schema | None, x: JSON, old: JSON, path: str, root: bool) -> list[Cause]:
-    if s is None or x is None:
+    if s is None or x is None or not has_rules(s):
         return []
     errs = cel.evaluate_rules(s, x, old, path, is_resource_root=root)
     if isinstance(x, dict):
