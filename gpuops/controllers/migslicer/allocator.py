@@ -64,10 +64,12 @@ from .metrics import ALLOCATION_SECONDS, PLAN_FAILURES
 
 __all__ = [
     "CONDITION",
+    "INDEX_CLAIMS_BY_NODE",
     "INDEX_CLAIMS_BY_POD",
     "INDEX_GATED",
     "Allocator",
     "Settings",
+    "claims_by_node",
     "claims_by_pod",
     "gated",
     "requested_profiles",
@@ -78,6 +80,7 @@ log = structlog.get_logger("gpuops.controllers.migslicer")
 CONDITION = "gpuops.io/MigSlices"
 INDEX_GATED = "gpuops.io/mig-gated"
 INDEX_CLAIMS_BY_POD = "gpuops.io/pod-uid"
+INDEX_CLAIMS_BY_NODE = "gpuops.io/claim-node"
 HOSTNAME = "kubernetes.io/hostname"
 _SECOND = 1_000_000
 _LIVE = ("Pending", "Created", "Bound")
@@ -98,6 +101,11 @@ class Settings:
 def gated(pod: Pod) -> tuple[str, ...]:
     """Index function: pods carrying our scheduling gate."""
     return ("",) if any(g.name == GATE for g in pod.spec.scheduling_gates or ()) else ()
+
+
+def claims_by_node(claim: AllocationClaim) -> tuple[str, ...]:
+    """Index function: the node a claim's slice is on."""
+    return (claim.spec.node_name,) if claim.spec.node_name else ()
 
 
 def claims_by_pod(claim: AllocationClaim) -> tuple[str, ...]:
@@ -159,13 +167,34 @@ class Allocator:
             return [Request(pod.metadata.namespace, pod.metadata.name)]
         return []
 
-    def map_capacity(self, _obj: object) -> list[Request]:
-        """A MigNode or claim changed: every gated pod may now fit (or may now be ungated)."""
-        return [Request(p.metadata.namespace, p.metadata.name) for p in self.pods.store.by_index(INDEX_GATED, "")]
+    def map_capacity(self, obj: object) -> list[Request]:
+        """A MigNode's slices or a Node's MIG allocatable changed: the gated pods it can concern."""
+        if isinstance(obj, MigNode):
+            return self._concerned(obj.spec.node_name or obj.metadata.name)
+        if isinstance(obj, Node):
+            return self._concerned(obj.metadata.name)
+        return self._concerned(None)
 
     def map_claim(self, claim: AllocationClaim) -> list[Request]:
-        own = [Request(claim.metadata.namespace, claim.spec.pod_name)]
-        return own + [r for r in self.map_capacity(claim) if r != own[0]]
+        own = Request(claim.metadata.namespace, claim.spec.pod_name)
+        return [own, *(r for r in self._concerned(claim.spec.node_name) if r != own)]
+
+    def _concerned(self, node: str | None) -> list[Request]:
+        """Gated pods a change on `node` can move: those not planned yet (capacity there changed) and those
+        whose claims are on that node (hand-off order, the kubelet's allocatable). Pods whose claims are on
+        other nodes are not: every check of theirs is about their own node. Waking every gated pod on every
+        claim change made the single worker's load grow with the square of the pods in hand-off.
+        `node` None (an unknown object): every gated pod."""
+        out: dict[Request, None] = {}
+        for p in self.pods.store.by_index(INDEX_GATED, ""):
+            if node is None or not self.claims.store.by_index(INDEX_CLAIMS_BY_POD, p.metadata.uid):
+                out[Request(p.metadata.namespace, p.metadata.name)] = None
+        if node is not None:
+            for c in self.claims.store.by_index(INDEX_CLAIMS_BY_NODE, node):
+                owner = self.pods.store.get(f"{c.metadata.namespace}/{c.spec.pod_name}")
+                if owner is not None and gated(owner):
+                    out[Request(c.metadata.namespace, c.spec.pod_name)] = None
+        return list(out)
 
     # ------------------------------------------------------------------------------------------ reconcile
 
@@ -192,6 +221,9 @@ class Allocator:
         self._seen_waiting.setdefault((pod.metadata.namespace, pod.metadata.name), now)
         live = [c for c in claims if c.status.phase in _LIVE]
         broken = [c for c in claims if c.status.phase == "Failed" or self._stuck(c, now)]
+        missing = _missing(profiles, live)
+        if not broken and live and missing and await self._complete(pod, live, missing):
+            return None
         if broken or (live and sorted(c.spec.profile for c in live) != sorted(profiles)):
             why = broken[0].status.message if broken else "the pod's request changed"
             log.info("replanning pod", pod=_key(pod), reason=why)
@@ -342,8 +374,40 @@ class Allocator:
             await self._no_fit(pod, "NoCapacity", f"no node can hold {', '.join(profiles)} now ({reasons}); "
                                "retried when slices are freed")
             return Result(requeue_after=self.settings.retry)
+        await self._create_claims(pod, plan, range(len(plan.slices)))
+        log.info("slices planned", pod=_key(pod), node=plan.node,
+                 slices=[f"{s.placement.profile}@{s.gpu}/{s.placement.start}" for s in plan.slices])
+        return None
+
+    async def _complete(self, pod: Pod, live: list[AllocationClaim], missing: list[str]) -> bool:
+        """A plan whose claims were only partly made (a create failed midway: an API error, an outage) gets the
+        missing ones on the same node. Deleting the made ones and planning again made and destroyed slices for
+        nothing and gave the pod more claims than slices. False when they no longer fit there (plan again)."""
+        node = live[0].spec.node_name
+        if any(c.spec.node_name != node for c in live):
+            return False
+        candidates = [n for n in self._candidates(pod, self.clock())[0] if n.name == node]
+        try:
+            plan = mig.place_in_cluster(candidates, missing) if candidates else None
+        except AccountingError:
+            return False
+        if plan is None:
+            return False
+        taken = {c.metadata.name for c in live}
+        free = (i for i in range(len(live) + len(missing) + len(taken))
+                if claim_name(pod.metadata.name, pod.metadata.uid, i) not in taken)
+        # a name taken on the server only (its create answered nothing) may hold another placement: stop there,
+        # the cache brings it and the next reconcile completes the rest around it
+        await self._create_claims(pod, plan, free, stop_if_exists=True)
+        log.info("plan completed", pod=_key(pod), node=plan.node,
+                 slices=[f"{s.placement.profile}@{s.gpu}/{s.placement.start}" for s in plan.slices])
+        return True
+
+    async def _create_claims(self, pod: Pod, plan: mig.NodePlacement, indices: Iterable[int], *,
+                             stop_if_exists: bool = False) -> None:
+        """One claim per slice of `plan`, named by the next of `indices`."""
         uid = pod.metadata.uid
-        for i, gp in enumerate(plan.slices):
+        for i, gp in zip(indices, plan.slices, strict=False):
             body = {
                 "apiVersion": "gpuops.io/v1alpha1", "kind": "AllocationClaim",
                 "metadata": {"name": claim_name(pod.metadata.name, uid, i), "namespace": pod.metadata.namespace,
@@ -356,11 +420,10 @@ class Allocator:
             try:
                 made = await self.client.create(CLAIMS, body, namespace=pod.metadata.namespace)
             except AlreadyExists:
+                if stop_if_exists:
+                    return
                 continue  # an earlier attempt made it: the cache brings it
             self._reserved[made.metadata.name] = made
-        log.info("slices planned", pod=_key(pod), node=plan.node,
-                 slices=[f"{s.placement.profile}@{s.gpu}/{s.placement.start}" for s in plan.slices])
-        return None
 
     def _kubelet_has(self, node: str, live: list[AllocationClaim], pod: Pod) -> bool:
         """The node's kubelet lists exactly the slices offered for each of these profiles: its allocatable equals
@@ -371,7 +434,7 @@ class Allocator:
             return False
         allocatable = n.status.allocatable or {}
         for profile in {c.spec.profile for c in live}:
-            offered = sum(1 for c in self.claims.store.list()
+            offered = sum(1 for c in self.claims.store.by_index(INDEX_CLAIMS_BY_NODE, node)
                           if c.spec.node_name == node and c.spec.profile == profile and c.status.advertised
                           and c.status.phase in ("Created", "Bound"))
             resource = resource_of_profile(profile)
@@ -408,7 +471,7 @@ class Allocator:
             if mine is not None and (self._advertising[(n, other_uid)][1], other_uid) > mine:
                 continue
             return f"pod {_key(other)} is being handed its slices on {node}; ours follow once it starts"
-        for c in self.claims.store.list():
+        for c in self.claims.store.by_index(INDEX_CLAIMS_BY_NODE, node):
             if (c.spec.node_name != node or c.spec.pod_uid == uid or c.spec.profile not in profiles
                     or c.status.phase not in ("Created", "Bound")
                     or not (c.status.advertised or ADVERTISE in (c.metadata.annotations or {}))):
@@ -513,6 +576,15 @@ class Allocator:
             log.info("pod condition not written", pod=_key(pod), error=str(e))
             return False
         return True
+
+
+def _missing(profiles: list[str], live: list[AllocationClaim]) -> list[str] | None:
+    """The profiles asked for that no live claim holds; None if a claim holds one not asked for."""
+    left = Counter(profiles)
+    left.subtract(c.spec.profile for c in live)
+    if any(n < 0 for n in left.values()):
+        return None
+    return sorted(left.elements())
 
 
 def _started(pod: Pod) -> bool:

@@ -19,7 +19,16 @@ from gpuops.kube.objects import Node
 from gpuops.kube.resources import NODES, PODS
 from gpuops.kube.times import wall_clock
 
-from .allocator import INDEX_CLAIMS_BY_POD, INDEX_GATED, Allocator, Settings, claims_by_pod, gated
+from .allocator import (
+    INDEX_CLAIMS_BY_NODE,
+    INDEX_CLAIMS_BY_POD,
+    INDEX_GATED,
+    Allocator,
+    Settings,
+    claims_by_node,
+    claims_by_pod,
+    gated,
+)
 from .api import CLAIMS, MIG_NODES, OUR_PREFIX, MigNode
 from .metrics import STATE_COLLECTOR
 
@@ -62,6 +71,7 @@ def install(
     mig_nodes = manager.informer(MIG_NODES)
     claims = manager.informer(CLAIMS, namespace=None)
     claims.add_index(INDEX_CLAIMS_BY_POD, claims_by_pod)
+    claims.add_index(INDEX_CLAIMS_BY_NODE, claims_by_node)
     recorder = EventRecorder(manager.client, COMPONENT)
     allocator = Allocator(manager.client, pods, nodes, mig_nodes, claims, recorder, settings=settings, clock=clock)
     # one worker: plans see each other's claims at once (the in-process reservations), never the same slice

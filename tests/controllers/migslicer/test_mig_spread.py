@@ -8,14 +8,27 @@ from typing import Any
 import msgspec
 
 from gpuops.accounting import mig
-from gpuops.controllers.migslicer.allocator import Allocator
-from gpuops.controllers.migslicer.api import AllocationClaim
+from gpuops.controllers.migslicer.allocator import (
+    INDEX_CLAIMS_BY_NODE,
+    INDEX_CLAIMS_BY_POD,
+    INDEX_GATED,
+    Allocator,
+    claims_by_node,
+    claims_by_pod,
+    gated,
+)
+from gpuops.controllers.migslicer.api import GATE, AllocationClaim, MigNode
+from gpuops.kube.controller import Request
 from gpuops.kube.objects import Pod
 
 
 class _Store:
     def __init__(self, items: dict[str, Any]) -> None:
         self.items = items
+
+    def by_index(self, name: str, value: str) -> list[Any]:
+        fn = {INDEX_GATED: gated, INDEX_CLAIMS_BY_POD: claims_by_pod, INDEX_CLAIMS_BY_NODE: claims_by_node}[name]
+        return [o for o in self.items.values() if value in fn(o)]  # type: ignore[operator]
 
     def list(self) -> list[Any]:
         return list(self.items.values())
@@ -29,13 +42,16 @@ class _Informer:
         self.store = _Store(items)
 
 
-def _pod(name: str, phase: str = "Pending", started: bool = False) -> Pod:
+def _pod(name: str, phase: str = "Pending", started: bool = False, gated: bool = False) -> Pod:
     status: dict[str, Any] = {"phase": phase}
     if started:
         status["containerStatuses"] = [{"name": "main", "ready": True, "restartCount": 0, "image": "cuda",
                                         "imageID": "", "state": {"running": {}}}]
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "cuda"}]}
+    if gated:
+        spec["schedulingGates"] = [{"name": GATE}]
     return msgspec.convert({"metadata": {"name": name, "namespace": "w", "uid": f"uid-{name}"},
-                            "spec": {"containers": [{"name": "main", "image": "cuda"}]}, "status": status}, Pod)
+                            "spec": spec, "status": status}, Pod)
 
 
 def _claim(pod: str, node: str, profile: str, phase: str = "Created") -> AllocationClaim:
@@ -74,3 +90,20 @@ def test_once_the_other_pod_started_or_when_nothing_else_fits_the_best_node_is_u
     # a claim whose pod is gone or finished holds nothing up
     gone = _allocator([], [_claim("first", "fuller", "1g.5gb")])
     assert gone._place([FULLER, EMPTY], ["1g.5gb"]).node == "fuller"  # type: ignore[union-attr]
+
+
+def test_a_claim_change_wakes_only_the_gated_pods_it_can_concern() -> None:
+    """Its own pod, pods not planned yet, and pods handed slices on the same node; not pods whose claims are
+    on other nodes (each wake is a reconcile of the single worker)."""
+    pods = [_pod("own", gated=True), _pod("unplanned", gated=True), _pod("same-node", gated=True),
+            _pod("other-node", gated=True), _pod("running", "Running", started=True)]
+    claims = [_claim("own", "a", "1g.5gb"), _claim("same-node", "a", "1g.5gb"), _claim("other-node", "b", "1g.5gb"),
+              _claim("running", "a", "1g.5gb", "Bound")]
+    a = _allocator(pods, claims)
+    woken = a.map_claim(claims[0])
+    assert woken[0] == Request("w", "own")
+    assert sorted(r.name for r in woken) == ["own", "same-node", "unplanned"]
+    node_b = msgspec.convert({"metadata": {"name": "b"}, "spec": {"nodeName": "b"}}, MigNode)
+    assert sorted(r.name for r in a.map_capacity(node_b)) == ["other-node", "unplanned"]
+    everyone = ["other-node", "own", "same-node", "unplanned"]
+    assert sorted(r.name for r in a.map_capacity(object())) == everyone  # an unknown object: every gated pod
