@@ -41,8 +41,10 @@ finding hot spots, not for the figures.
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing as mp
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -117,6 +119,31 @@ def reconcile_totals(text: str) -> dict[str, tuple[float, float]]:
     return {c: (count.get(c, 0.0), secs.get(c, 0.0)) for c in CONTROLLERS}
 
 
+def buckets(text: str, name: str, label: str, value: str) -> dict[float, float]:
+    """Cumulative bucket counts (le -> count) of histogram `name` for one label value."""
+    out: dict[float, float] = {}
+    want = f'{label}="{value}"'
+    for line in text.splitlines():
+        if line.startswith(name + "_bucket{") and want in line:
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            out[math.inf if le == "+Inf" else float(le)] = float(line.rpartition(" ")[2])
+    return out
+
+
+def bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float:
+    """The q-quantile of what a histogram observed between two scrapes, as the upper bound of its bucket
+    (Prometheus' histogram_quantile interpolates; the bound is the honest figure); -1 if nothing observed."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    if not counts or counts[-1] <= 0:
+        return -1.0
+    finite = [b for b in bounds if b != math.inf]
+    for b, c in zip(bounds, counts, strict=True):
+        if c >= q * counts[-1]:
+            return b if b != math.inf or not finite else finite[-1]  # beyond the last bound: at least that
+    return finite[-1] if finite else -1.0
+
+
 def pct(values: list[float], q: float) -> float:
     """Nearest-rank percentile; -1 for no values."""
     if not values:
@@ -157,7 +184,7 @@ class Child:
 
 
 def run_fraction(f: float, churn_seconds: float, events_per_s: float, workdir: Path,
-                 profile_dir: Path | None, lease_seconds: float) -> dict[str, Any]:
+                 profile_dir: Path | None, lease_seconds: float, extra: tuple[str, ...] = ()) -> dict[str, Any]:
     size = size_of(f)
     params = Params(fraction=f, workdir=str(workdir), churn_events_per_s=events_per_s, lease_seconds=lease_seconds)
     t_start = time.monotonic()
@@ -173,7 +200,7 @@ def run_fraction(f: float, churn_seconds: float, events_per_s: float, workdir: P
         cmd = [*prefix, "-m", "gpuops", "run", "--kubeconfig", ready["kubeconfig"],
                "--metrics-bind-address", f"127.0.0.1:{metrics_port}",
                "--health-probe-bind-address", f"127.0.0.1:{probe_port}", "--mig-webhook-port", "0",
-               "--log-level", "WARNING", "--log-format", "json"]
+               "--log-level", "WARNING", "--log-format", "json", *extra]
         cpu_child0 = cpu_seconds(child.proc.pid or 0)
         with log_path.open("wb") as log:
             t0 = time.monotonic()
@@ -211,6 +238,8 @@ def run_fraction(f: float, churn_seconds: float, events_per_s: float, workdir: P
         # churn window
         _, text = http_get(metrics, 30)
         rec0 = reconcile_totals(text)
+        queue0 = buckets(text, "workqueue_queue_duration_seconds", "name", "budget")
+        rtime0 = buckets(text, "controller_runtime_reconcile_time_seconds", "controller", "budget")
         cpu_op0, cpu_child1, w0 = cpu_seconds(op.pid), cpu_seconds(child.proc.pid or 0), time.monotonic()
         churn = child.ask(("churn", churn_seconds, 10.0), "churned", churn_seconds + 120)
         # the child returns after the window plus the matching drain; the CPU window is the churn window
@@ -221,6 +250,8 @@ def run_fraction(f: float, churn_seconds: float, events_per_s: float, workdir: P
         rss_end = proc_status(op.pid, "VmRSS")
         _, text = http_get(metrics, 30)
         rec1 = reconcile_totals(text)
+        queue1 = buckets(text, "workqueue_queue_duration_seconds", "name", "budget")
+        rtime1 = buckets(text, "controller_runtime_reconcile_time_seconds", "controller", "budget")
         plan_count = sum(samples(text, "gpuops_autoprovision_plan_seconds_count"))
         plan_sum = sum(samples(text, "gpuops_autoprovision_plan_seconds_sum"))
         errors = sum(samples(text, "controller_runtime_reconcile_errors_total"))
@@ -261,6 +292,11 @@ def run_fraction(f: float, churn_seconds: float, events_per_s: float, workdir: P
         "budget_latency_max_seconds": round(lat[-1], 3) if lat else -1.0, "budget_latencies_measured": len(lat),
         "mig_ungate_p50_seconds": pct(mig, 0.50), "mig_ungate_p99_seconds": pct(mig, 0.99),
         "mig_pods_ungated": len(mig),
+        # where a budget's latency goes, from the operator's own histograms (bucket upper bounds)
+        "budget_queue_wait_p50_seconds": bucket_quantile(queue0, queue1, 0.50),
+        "budget_queue_wait_p99_seconds": bucket_quantile(queue0, queue1, 0.99),
+        "budget_reconcile_p50_seconds": bucket_quantile(rtime0, rtime1, 0.50),
+        "budget_reconcile_p99_seconds": bucket_quantile(rtime0, rtime1, 0.99),
         "reconcile_errors_total": errors, "final_status": status,
         "reconciles_in_window": {c: {"count": int(rec1[c][0] - rec0[c][0]),
                                      "seconds": round(rec1[c][1] - rec0[c][1], 2)} for c in CONTROLLERS},
@@ -279,6 +315,8 @@ GROWTH = [  # (key, label, unit)
     ("operator_cpu_s_per_1000_churn_events", "operator CPU-s / 1,000 churn events", "s"),
     ("operator_cpu_share", "operator CPU share (cores)", ""),
     ("emulator_cpu_share", "emulator CPU share (cores)", ""),
+    ("budget_queue_wait_p99_seconds", "budget: work queue wait p99 (bucket bound)", "s"),
+    ("budget_reconcile_p99_seconds", "budget: reconcile incl. status write p99 (bucket bound)", "s"),
     ("mig_ungate_p99_seconds", "MIG pod ungated p99", "s"),
 ]
 
@@ -325,7 +363,7 @@ def markdown(runs: list[dict[str, Any]], mode: str, command: str, png: str) -> s
          [f"{r['size']['budgets']} / {r['size']['groups']} / {r['size']['pools']} / {r['size']['mig']}" for r in runs])
     line("pods in the store at the end of the window", [f"{r['churn']['pods_in_store']:,}" for r in runs])
     for key, label, unit in GROWTH:
-        vals = [r[key] for r in runs]
+        vals = [r.get(key, -1.0) for r in runs]
         g = f"x{vals[-1] / vals[0]:.2f}" if len(runs) > 1 and vals[0] and vals[0] > 0 and vals[-1] >= 0 else ""
         line(f"{label}{' (' + unit + ')' if unit else ''}", vals, g)
     line("churn achieved: creates+completions/s (pod watch events/s)",
@@ -386,7 +424,7 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, mode: str, chur
     for r in runs:
         k = f"f{r['fraction'] * 100:g}_"
         for key, _, _ in GROWTH:
-            figures[k + key] = r[key]
+            figures[k + key] = r.get(key, -1.0)
         figures[k + "not_reflected"] = r["churn"]["not_reflected"]
         figures[k + "churn_events_per_s"] = r["churn_events_per_s"]
     last = runs[-1]
@@ -416,6 +454,8 @@ def main() -> int:
                         help="emulated kubelets' Lease renew interval (the emulator's load only; default 30)")
     parser.add_argument("--add", action="store_true",
                         help="keep the other fractions of the previous results file (same mode) and add these")
+    parser.add_argument("--operator-args", default="", metavar="ARGS",
+                        help="more `gpuops run` flags (A/B runs; such a run never replaces the committed results)")
     parser.add_argument("--profile", metavar="DIR", default=None,
                         help="cProfile the operator and the emulator into DIR (slower: not for the figures)")
     args = parser.parse_args()
@@ -425,7 +465,7 @@ def main() -> int:
     if profile_dir:
         profile_dir.mkdir(parents=True, exist_ok=True)
     # a profiled run's figures are distorted by the profiler: it never replaces the committed results
-    mode = "quick" if args.quick or profile_dir else "full"
+    mode = "quick" if args.quick or profile_dir or args.operator_args else "full"
     runs: list[dict[str, Any]] = []
     previous = (RESULTS / "quick" if mode == "quick" else RESULTS) / "scale.json"
     if args.add and previous.exists():
@@ -437,7 +477,8 @@ def main() -> int:
             t = time.monotonic()
             print(f"fraction {f:g}: {size_of(f)}", flush=True)
             try:
-                r = run_fraction(f, churn, args.events_per_s, Path(tmp), profile_dir, args.lease_seconds)
+                r = run_fraction(f, churn, args.events_per_s, Path(tmp), profile_dir, args.lease_seconds,
+                                 tuple(shlex.split(args.operator_args)))
             except Exception:
                 log = Path(tmp) / "operator.log"
                 if log.exists():

@@ -159,6 +159,13 @@ def _seconds_arg(value: str) -> float:
     return seconds
 
 
+def _workers_arg(value: str) -> int:
+    count = _count_arg(value)
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: must be at least 1")
+    return count
+
+
 def _count_arg(value: str) -> int:
     try:
         count = int(value)
@@ -208,6 +215,8 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                    help="rewrite a budget's status at least this often while its pods run, so `kubectl get gwb` "
                         "stays fresh between pod changes (0: only on changes; the metrics are exact at scrape "
                         "time either way; default %(default)s)")
+    p.add_argument("--budget-max-concurrent-reconciles", type=_workers_arg, default=16, metavar="N",
+                   help="budgets reconciled at once (each mostly waits on its status write; default %(default)s)")
     p.add_argument("--autoprovision-min-warm-gpus", type=_count_arg, default=0, metavar="N",
                    help="GPUs of powered-on, idle GPUNodeGroup machines kept warm for the next pods (default 0)")
     p.add_argument("--autoprovision-max-concurrent-power-offs", type=_count_arg, default=10, metavar="N",
@@ -263,6 +272,7 @@ async def _run_manager(args: argparse.Namespace) -> int:
                 health_probe_bind_address=args.health_probe_bind_address,
                 graceful_shutdown_timeout=args.graceful_shutdown_timeout,
                 settings={"budget_status_refresh": args.budget_status_refresh,
+                          "budget_max_concurrent_reconciles": args.budget_max_concurrent_reconciles,
                           "autoprovision_min_warm_gpus": args.autoprovision_min_warm_gpus,
                           "autoprovision_max_concurrent_power_offs": args.autoprovision_max_concurrent_power_offs,
                           "spotpool_resync": args.spotpool_resync,
