@@ -590,6 +590,28 @@ class BudgetReconciler:
         self._facts.pop(uid, None)
         return requests
 
+    def prune_departed(self, budget: GPUWorkloadBudget) -> None:
+        """Forget remembered deleted pods this budget's ledger now holds (whichever replica wrote it), or whose
+        deletion left the window. A standby records deletions too (so a failover loses none) but writes no
+        ledger: this keeps its memory to the pods deleted since the leader's last write."""
+        key = f"{budget.metadata.namespace}/{budget.metadata.name}"
+        pending = self._departed.get(key)
+        if not pending:
+            return
+        ledger = budget.status.ledger
+        held = {e.uid for e in (ledger.entries or ())} if ledger is not None else set()
+        spec = self.spec_of(budget)
+        horizon = self.clock() - spec.window - round(self.options.compaction_margin * _SECOND) \
+            if not isinstance(spec, SpecError) else None
+        stopped = self.enforcer.stopped_at
+        for uid, (_, seen) in list(pending.items()):
+            if uid in held or (horizon is not None and seen < horizon):
+                del pending[uid]
+                if uid in stopped and not any(uid in d for d in self._departed.values()):
+                    del stopped[uid]
+        if not pending:
+            del self._departed[key]
+
     @staticmethod
     def map_job(job: Job) -> list[Request]:
         """Jobs we paused map to their budget (so a manual unsuspend is noticed)."""

@@ -11,7 +11,7 @@ from typing import Any
 from gpuops.kube.controller import Controller, Predicate, resource_version_changed
 from gpuops.kube.events import EventRecorder
 from gpuops.kube.manager import Manager
-from gpuops.kube.objects import Job
+from gpuops.kube.objects import Job, Pod
 from gpuops.kube.resources import JOBS, PODS
 
 from .api import BUDGETS, PAUSED_BY, GPUWorkloadBudget
@@ -22,10 +22,10 @@ from .reconciler import BudgetReconciler, Options, wall_clock
 __all__ = ["COMPONENT", "CONTROLLER_NAME", "BudgetController", "install", "setup"]
 
 DEFAULT_STATUS_REFRESH = 60.0
+"""Seconds between status rewrites while pods run (what `kubectl get gwb` shows drifts by at most this)."""
 DEFAULT_WORKERS = 16
 """A budget reconcile mostly waits on its one status write: with 1,000 budgets and 100 pod completions/s the
 4 workers other controllers use were all busy waiting (bench/scale.py) while the work queue grew."""
-"""Seconds between status rewrites while pods run (what `kubectl get gwb` shows drifts by at most this)."""
 CONTROLLER_NAME = "budget"
 COMPONENT = "gpuops-budget-controller"
 """source.component / reportingComponent of our Events."""
@@ -72,7 +72,15 @@ def install(
     controller = Controller(CONTROLLER_NAME, reconciler.reconcile, client=manager.client, **controller_options)
     controller.watch(budgets, predicates=[Predicate(update=_spec_or_meta_changed)])
     controller.watch(pods, reconciler.map_pod, predicates=[Predicate(delete=_never), resource_version_changed()])
-    controller.watch(pods, reconciler.map_deleted_pod, predicates=[Predicate(create=_never, update=_never)])
+    # Deleted pods are remembered from the start, on a standby too (its caches are warm, its controllers idle):
+    # a pod that finishes and is deleted between a leader's death and the takeover is still accounted. The
+    # keys queue until the controller runs; each budget's own updates prune what its ledger already holds.
+    def on_pod_deleted(pod: Pod) -> None:
+        for req in reconciler.map_deleted_pod(pod):
+            controller.enqueue(req, trigger=f"delete pod {pod.metadata.namespace}/{pod.metadata.name}")
+
+    pods.add_handler(on_delete=on_pod_deleted)
+    budgets.add_handler(on_update=lambda _old, new: reconciler.prune_departed(new))
     controller.watch(jobs, reconciler.map_job, predicates=[
         Predicate(create=_paused, update=lambda a, b: _paused(a) or _paused(b), delete=_paused)])
     reconciler.controller = controller
