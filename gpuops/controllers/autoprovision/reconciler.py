@@ -45,7 +45,7 @@ from gpuops.kube.errors import ApiError, Conflict, NotFound
 from gpuops.kube.events import EventRecorder
 from gpuops.kube.informer import INDEX_NAMESPACE, INDEX_NODE, Informer
 from gpuops.kube.objects import Condition, Node, Pod, PodDisruptionBudget, Taint
-from gpuops.kube.resources import NODES, SECRETS
+from gpuops.kube.resources import NODES, PODS, SECRETS
 from gpuops.kube.selectors import SelectorError, compile_selector
 from gpuops.kube.times import format_time, wall_clock
 from gpuops.kube.times import parse_time_or_none as _t
@@ -448,9 +448,18 @@ class Autoprovisioner:
             return None
         node = obs.node
         if node is not None:
-            await self._taint(node)
-            left = [p for p in self.pods.store.by_index(INDEX_NODE, node.metadata.name)
-                    if p.status.phase not in ("Succeeded", "Failed") and not _daemon(p)]
+            if await self._taint(node):
+                # just tainted: a pod the scheduler placed before it saw the taint may still be binding there
+                return Result(requeue_after=self.settings.drain_recheck)
+            # the cache can lag a binding by seconds under load: a node powered off with a pod bound to it a
+            # moment ago strands that pod (chaos/ha_failover.py at full size). A live read decides.
+            on_node = await self._pods_on(node.metadata.name)
+            if any(uses_gpus(p, group.spec.gpu_resource_name) for p in on_node):
+                await self._untaint(node)
+                await self._become(group, now, "Ready", "PowerOffAborted",
+                                   f"a GPU pod is on {group.spec.node_name}; it stays on", transition=None)
+                return None
+            left = [p for p in on_node if p.status.phase not in ("Succeeded", "Failed") and not _daemon(p)]
             for p in left:
                 if p.metadata.deletion_timestamp:
                     continue
@@ -536,12 +545,26 @@ class Autoprovisioner:
         return Endpoint(hook.url, headers=dict(hook.headers or {}), token=token, hmac_key=key,
                         timeout=float(hook.timeout_seconds))
 
-    async def _taint(self, node: Node) -> None:
+    async def _taint(self, node: Node) -> bool:
+        """Add the drain taint; True if it was not there yet."""
         taints = list(node.spec.taints or ())
         if any(t.key == DRAIN_TAINT for t in taints):
-            return
+            return False
         taints.append(Taint(key=DRAIN_TAINT, value="draining", effect="NoSchedule"))
         await self._set_taints(node, taints)
+        return True
+
+    async def _pods_on(self, node: str) -> list[Pod]:
+        """The node's pods as the API server has them now (every page)."""
+        out: list[Pod] = []
+        token: str | None = None
+        while True:
+            meta, items = await self.client.list(PODS, field_selector=f"spec.nodeName={node}", limit=500,
+                                                 continue_=token)
+            out.extend(items)
+            token = meta.continue_
+            if not token:
+                return out
 
     async def _untaint(self, node: Node | None) -> None:
         if node is None or not any(t.key == DRAIN_TAINT for t in node.spec.taints or ()):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,8 @@ from gpuops.controllers.autoprovision.reconciler import Settings
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
 from gpuops.kube.manager import Manager
-from gpuops.kube.resources import PODS, SECRETS
+from gpuops.kube.objects import Pod
+from gpuops.kube.resources import EVENTS, PODS, SECRETS
 from gpuops.sim.cluster.cluster import SimCluster
 from gpuops.sim.scenario import parse
 
@@ -71,13 +72,18 @@ def group(cluster: SimCluster, machine: str, gpus: int) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def running(tmp_path: Path, **settings: Any) -> AsyncIterator[tuple[SimCluster, Client]]:
+async def running(tmp_path: Path, hidden: Callable[[Pod], bool] | None = None,
+                  **settings: Any) -> AsyncIterator[tuple[SimCluster, Client]]:
     async with SimCluster(parse(SCENARIO), workload=False) as cluster:
         cluster.write_kubeconfig(tmp_path / "k")
         client = await Client.from_kubeconfig(str(tmp_path / "k"))
         await install_crds(client, ["gpunodegroups"], [GROUPS])
         mgr = Manager(client, metrics_bind_address="0", health_probe_bind_address="0")
-        install(mgr, settings=Settings(**{"drain_recheck": 0.2, "off_recheck": 0.2, **settings}), env={})
+        handle = install(mgr, settings=Settings(**{"drain_recheck": 0.2, "off_recheck": 0.2, **settings}), env={})
+        if hidden is not None:  # the operator's pod cache lags: these pods are not in it (yet)
+            store = handle.reconciler.pods.store
+            real = store.by_index
+            store.by_index = lambda name, value: [p for p in real(name, value) if not hidden(p)]  # type: ignore[method-assign]
         task = asyncio.create_task(mgr.run())
         try:
             yield cluster, client
@@ -221,6 +227,32 @@ async def test_an_idle_node_with_a_do_not_evict_pod_stays_on_until_it_goes(tmp_p
             return await state_of(client, "small-0") == "Off"
 
         await until("powered off once the blocker left", off)
+
+
+async def test_a_pod_bound_while_the_cache_lags_keeps_its_machine_on(tmp_path: Path) -> None:
+    """The drain reads the node's pods from the API server after tainting it: a pod bound there that the
+    operator's cache does not show yet (seconds of lag under load) aborts the power-off instead of being
+    stranded on a machine switched off under it."""
+    async with running(tmp_path, hidden=lambda p: p.metadata.name == "late") as (cluster, client):
+        await client.create(GROUPS, group(cluster, "small-0", 2))
+        await client.create(PODS, gpu_pod("job", 1, 0.5), NS)
+
+        async def finished() -> bool:
+            return (await client.get(PODS, "job", NS)).status.phase == "Succeeded"
+
+        await until("the GPU pod ran", finished)
+        late = gpu_pod("late", 1, 600.0)
+        late["spec"]["nodeName"] = "small-0"
+        await client.create(PODS, late, NS)
+
+        async def aborted() -> bool:
+            _, events = await client.list(EVENTS, namespace="default")
+            return any(e.reason == "PowerOffAborted" for e in events)
+
+        await until("the power-off aborted by the live read", aborted)
+        machine = cluster.fleet.machines["small-0"]
+        assert machine.powered and machine.power_cycles == 1
+        assert (await client.get(PODS, "late", NS)).status.phase in ("Pending", "Running")
 
 
 async def test_a_machine_that_never_boots_fails_backs_off_and_another_is_tried(tmp_path: Path) -> None:
