@@ -354,6 +354,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if (args.command == "sim" and args.sim_command == "up") or args.command == "demo":
         return _run_cluster(args)
     if args.command == "run":
+        from .kube.gctune import tune_for_large_heaps
+
+        tune_for_large_heaps()  # the informer caches are large and long-lived (see gctune)
         return asyncio.run(_run_manager(args))
     if args.command == "agent":
         from .controllers.migslicer.agent.main import run as run_agent
