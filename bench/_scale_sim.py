@@ -248,7 +248,7 @@ class Emulator:
     def __init__(self, p: Params) -> None:
         self.p = p
         self.size = size_of(p.fraction)
-        self.cluster = SimCluster(scenario(self.size, p.lease_seconds), workload=False, faults=False, manifests=CRDS)
+        self.cluster = SimCluster(self.scenario(), workload=False, faults=False, manifests=CRDS)
         self.rec = Recorder(delete_after=p.delete_after)
         self.cluster.access.listen(self.rec.on_event)
         self.rng = random.Random(p.seed)
@@ -256,6 +256,10 @@ class Emulator:
         self.deleter: asyncio.Task[None] | None = None
         self.serial = 0
         self.info: dict[str, Any] = {}
+
+    def scenario(self) -> Scenario:
+        """The cluster to emulate (chaos/_ha.py's subclass adds machines of its own)."""
+        return scenario(self.size, self.p.lease_seconds)
 
     def gpus_allocatable(self) -> int:
         total = 0

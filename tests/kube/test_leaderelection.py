@@ -457,3 +457,37 @@ async def test_run_calls_callbacks_and_raises_on_loss(
     with pytest.raises(LeaderElectionLost):
         await asyncio.wait_for(task, RD + 2.0)
     assert stopped == [True]
+
+
+async def test_standby_polls_a_held_lease_on_the_retry_period_and_tries_at_its_expiry(
+    clients: Callable[[], Awaitable[Client]], tasks: list[asyncio.Task[None]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kill -9 (no release) is taken over at the lease's expiry by the standby's clock, not at its next
+    jittered poll: polls of a held lease are RetryPeriod apart even with the largest jitter drawn."""
+    monkeypatch.setattr(leaderelection.random, "random", lambda: 0.999)  # client-go's jitter at its longest
+    a = await make_elector(clients, "a", release_on_cancel=False)
+    b = await make_elector(clients, "b")
+    attempts: list[tuple[float, bool, float]] = []  # (start, ok, b's expiry instant of the lease it saw)
+    inner = b._attempt
+
+    async def traced() -> bool:
+        start = time.monotonic()
+        ok = await inner()
+        seen = b._observed
+        attempts.append((start, ok, b._observed_time + ((seen.lease_duration_seconds or 0) if seen else 0)))
+        return ok
+
+    b._attempt = traced  # type: ignore[method-assign]
+    timeline = Timeline()
+    tasks.append(ta := asyncio.create_task(hold(a, timeline)))
+    await wait_until(lambda: a.is_leader, 2.0, "a to lead")
+    tasks.append(asyncio.create_task(hold(b, timeline)))
+    await wait_until(lambda: len(attempts) >= 4, 3.0, "b to poll a's lease")
+    await finish(ta)  # killed: the lease still names a
+    await wait_until(lambda: b.is_leader, LD + 2.0, "b to take over")
+
+    gaps = [t1 - t0 for (t0, _, _), (t1, _, _) in itertools.pairwise(attempts)]
+    assert max(gaps[:3]) < RP + 0.1, gaps  # jittered polls would be RP x 2.2 apart
+    start, ok, _ = attempts[-1]
+    assert ok and 0 <= start - attempts[-2][2] < 0.1, (start, attempts[-2])  # at the expiry, not on the grid
+    timeline.assert_no_overlap()
