@@ -539,15 +539,24 @@ class Client:
         )
         self._notify(rt, data, None)
 
-    async def evict(self, name: str, namespace: str, *, grace_period_seconds: int | None = None) -> None:
-        """The Eviction subresource: honours PodDisruptionBudgets (TooManyRequests while one blocks)."""
+    async def evict(
+        self, name: str, namespace: str, *, grace_period_seconds: int | None = None,
+        preconditions: Mapping[str, str] | None = None,
+    ) -> None:
+        """The Eviction subresource: honours PodDisruptionBudgets (TooManyRequests while one blocks).
+        `preconditions` ({"uid": ..., "resourceVersion": ...}): Conflict if the pod is no longer that version."""
         body: dict[str, Any] = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
             "metadata": {"name": name, "namespace": namespace},
         }
+        options: dict[str, Any] = {}
         if grace_period_seconds is not None:
-            body["deleteOptions"] = {"gracePeriodSeconds": grace_period_seconds}
+            options["gracePeriodSeconds"] = grace_period_seconds
+        if preconditions:
+            options["preconditions"] = dict(preconditions)
+        if options:
+            body["deleteOptions"] = options
         await self._call(
             "POST", PODS.path(namespace, name, "eviction"), None, body, "application/json", None, "application/json"
         )

@@ -28,7 +28,7 @@ import structlog
 
 from gpuops.accounting.gpuhours import format_gpu_hours
 from gpuops.kube.client import Client
-from gpuops.kube.errors import ApiError, NotFound, TooManyRequests
+from gpuops.kube.errors import ApiError, Conflict, NotFound, TooManyRequests
 from gpuops.kube.events import EventRecorder, EventType
 from gpuops.kube.informer import Informer
 from gpuops.kube.objects import Job, Pod
@@ -346,17 +346,28 @@ class Enforcer:
             self.stopped_at[uid] = sent
             if self.on_stop is not None:
                 self.on_stop(key, uid, sent)
+        # Only the version we decided on: a cache behind the API can show a pod running that has finished (or
+        # changed); evicting it anyway recorded a stop later than its real end, and the no-drop rule kept that.
+        pre = {"uid": uid, **({"resourceVersion": pod.metadata.resource_version}
+                              if pod.metadata.resource_version else {})}
         try:
-            await self.client.evict(name, pod.metadata.namespace, grace_period_seconds=spec.eviction_grace)
+            await self.client.evict(name, pod.metadata.namespace, grace_period_seconds=spec.eviction_grace,
+                                    preconditions=pre)
         except NotFound:
             state.blocked.pop(uid, None)
+            return
+        except Conflict:  # the pod changed since the cache's copy: its update event brings a fresh decision
+            if self.stopped_at.pop(uid, None) is not None and self.on_stop is not None:
+                self.on_stop(key, uid, None)
+            log.info("eviction skipped: the pod changed since the cached copy", pod=f"{pod.metadata.namespace}/{name}")
             return
         except ApiError as e:
             if self.stopped_at.pop(uid, None) is not None and self.on_stop is not None:
                 self.on_stop(key, uid, None)  # refused: it runs on, and counts on
             prior = state.blocked.get(uid)
             attempts = (prior.attempts if prior else 0) + 1
-            pdb = isinstance(e, TooManyRequests)
+            # 429 is also the API server's throttling (with Retry-After): only the eviction's own answer names a PDB
+            pdb = isinstance(e, TooManyRequests) and "disruption budget" in (e.message or "").lower()
             base = opts.eviction_backoff_base if pdb else opts.error_retry
             delay = min(opts.eviction_backoff_max, base * 2 ** (attempts - 1))
             if e.retry_after:
