@@ -239,9 +239,17 @@ class SpotPoolReconciler:
         return await self._converge(pool, provider, instances)
 
     async def _converge(self, pool: SpotPool, provider: Provider, instances: list[CloudInstance]) -> Result | None:
+        step = Step(msgspec.structs.replace(pool.status, last_error=None))
+        try:
+            return await self._converge_step(pool, provider, instances, step)
+        except Exception:
+            self._flush(pool, step)  # what it saw and did stands even if a later write failed
+            raise
+
+    async def _converge_step(self, pool: SpotPool, provider: Provider, instances: list[CloudInstance], step: Step
+                             ) -> Result | None:
         now = self.clock()
         s = self.settings
-        step = Step(msgspec.structs.replace(pool.status, last_error=None))
         self._condition(step, pool, "CredentialsInvalid", "False", "Authenticated", "the cloud accepted the keys")
         known = set(self._doomed)
         views = [self._view(pool, i, now) for i in instances]
@@ -583,7 +591,15 @@ class SpotPoolReconciler:
 
     async def _finish(self, pool: SpotPool, step: Step) -> None:
         await self._write(pool, step.status)
-        for type, reason, message in step.events:
+        self._flush(pool, step)
+
+    def _flush(self, pool: SpotPool, step: Step) -> None:
+        """Record the step's Events, once. They report what happened (a reclaim notice seen, a launch made), so
+        they go out even when the reconcile then fails (a status write refused by the API server): the retry
+        does not see a notice as new again (it is remembered in memory), and its Event was lost (chaos/
+        apiserver_all.py: a SpotPool without its Reclaimed Event after 500s)."""
+        events, step.events = step.events, []
+        for type, reason, message in events:
             self.recorder.record(pool, type, reason, message[:1024], kind=KIND, api_version=API_VERSION)
 
     async def _write(self, pool: SpotPool, status: PoolStatus) -> SpotPool | None:
