@@ -226,14 +226,11 @@ def build_script(plan: Plan, seed: int) -> list[Step]:
 
 
 def budgets(plan: Plan) -> list[dict[str, Any]]:
-    """alert (AlertOnly, goes over), ap (AlertOnly, stays under), pause (Pause, retaining), evict (Evict)."""
+    """alert (AlertOnly, goes over), ap (AlertOnly, stays under), pause (Pause), evict (Evict)."""
     out = [budget("alert", {"budget": "alert"}, GPU, quota=plan.alert_quota, delay=1),
            budget("ap", {"budget": "ap"}, GPU, quota="1000"),
-           # retainFinishedPods: the Job controller deletes the paused pods, and without the finalizer a budget
-           # ends them when its informer hears of it (late under faults: +20.6 GPU-s in a full run, the
-           # documented bound); with it they stay until their final usage is in the ledger
            budget("pause", {"budget": "pause"}, GPU, quota=plan.pause.quota_gpu_hours, action="Pause",
-                  delay=plan.pause.delay, retain=True),
+                  delay=plan.pause.delay),
            budget("evict", {"budget": "evict"}, GPU, quota=plan.evict.quota_gpu_hours, action="Evict",
                   delay=plan.evict.delay)]
     for b in out:

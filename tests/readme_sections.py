@@ -87,6 +87,14 @@ HEADLINES: dict[str, tuple[str, list[Headline]]] = {
                  "watch_1_watcher_events_per_s", "1 watcher", "/s"),
         Headline("paged list of 100,000 pods", "list_paged_seconds", "list_unpaged_seconds", "unpaged", " s"),
     ]),
+    "scale": ("its targets: <= 1 GiB, <= 30 s to synced, event to status p99 <= 1 s (all controllers)", [
+        Headline("5,000 nodes, 100,000 pods: operator peak memory", "f100_operator_peak_rss_mib", unit=" MiB"),
+        Headline("5,000 nodes, 100,000 pods: cold start to informers synced", "f100_cold_start_seconds", unit=" s"),
+        Headline("1,000 budgets at 200 pod events/s: event to status p99", "f100_budget_latency_p99_seconds",
+                 unit=" s"),
+        Headline("100 budgets at 200 pod events/s: event to status p99", "f10_budget_latency_p99_seconds",
+                 unit=" s"),
+    ]),
     "sim": ("its targets: <= 4 GiB, >= 500 pod phase transitions/s", [
         Headline("5,000 nodes Ready", "node_boot_seconds", unit=" s"),
         Headline("pod phase transitions", "phase_transitions_per_s", unit="/s"),
