@@ -310,7 +310,10 @@ class Enforcer:
         meta = budget.metadata
         state = self._evictions.setdefault(f"{meta.namespace}/{meta.name}", _Evictions())
         now, interval = sit.now, round(opts.eviction_interval * _SECOND)
-        running = [t for t in ranked if t.running and not t.final and not t.pod.metadata.deletion_timestamp]
+        # a pod this process already stopped is not evicted again while the cache still shows it running: a failed
+        # second eviction used to erase the first one's stop, and the pod was counted until the cache heard of it
+        running = [t for t in ranked if t.running and not t.final and not t.pod.metadata.deletion_timestamp
+                   and t.pod.metadata.uid not in self.stopped_at]
         uids = {t.pod.metadata.uid for t in running}
         for uid in [u for u in state.blocked if u not in uids]:
             del state.blocked[uid]
