@@ -434,9 +434,10 @@ Startup: {out['start']}. Settled at the end: {out['result']['settled']}.
 
 Why a takeover can exceed {s.lease:g} s: a kill -9 does not release the Lease, so the standby waits until
 leaseDuration has passed since it last *saw* the record change (by its own monotonic clock, never the Lease's
-timestamps). It polls a held lease every retry period and tries again at the very instant the lease expires
-(gpuops/kube/leaderelection.py `_next_wait`), so it takes over between leaseDuration - retry and leaseDuration
-+ retry (+ one GET) after the kill, depending on where the kill fell between two renewals and two polls.
+timestamps). It watches the Lease (polling it every retry period as a fallback), so it sees each renewal as it is
+written, and tries again at the very instant the lease expires (gpuops/kube/leaderelection.py `_watch_lease`,
+`_next_wait`): it takes over between leaseDuration - retry and leaseDuration after the kill (depending on where
+the kill fell between two renewals), plus the watch's delivery, one GET and one PUT on a loaded machine.
 
 Budgets: half the sampled budgets set `accounting.retainFinishedPods` (the finalizer keeps a finished pod until
 a status write holds it), the other half do not. Neither can account a pod that finishes and is deleted while

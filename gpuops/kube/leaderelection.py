@@ -26,8 +26,10 @@ Differences from client-go, each on the safe side:
   period later), and a renewal that finds another holder in the lease steps down at once;
 * `on_stopped_leading` of `run` is called only if leadership was held;
 * a standby polls a lease held by another every retry period without jitter, and tries again at the instant
-  the lease expires by its clock instead of at its next poll (`_next_wait`): a kill -9 is taken over within
-  lease duration + one retry period of the last renewal, not up to 2 x 2.2 retry periods later.
+  the lease expires by its clock instead of at its next poll (`_next_wait`);
+* a standby also watches the Lease (`_watch_lease`), so it notes each renewal as it is written rather than at
+  its next poll: a kill -9 is taken over one lease duration after the last renewal (plus the watch's delivery),
+  not up to a retry period later, nor 2 x 2.2 retry periods later as with client-go's jittered polls.
 """
 
 from __future__ import annotations
@@ -67,6 +69,15 @@ _EXPIRY_MARGIN = 0.001
 
 _ERRORS = (ApiError, msgspec.DecodeError)
 """What one attempt survives: API failures and bodies that are not Leases (a proxy's error page)."""
+
+
+class _WatchEnded(Exception):
+    """The Lease watch stopped with an ERROR event or a deletion: watch again from a fresh read."""
+
+
+class _WatchEvent(msgspec.Struct, kw_only=True):
+    type: str
+    object: msgspec.Raw = msgspec.Raw(b"null")
 
 
 class LeaderElectionLost(Exception):
@@ -235,18 +246,51 @@ class LeaderElector:
     # ------------------------------------------------------------------------------------ loops
 
     async def _acquire(self) -> None:
-        """JitterUntil(RetryPeriod, 1.2), sliding: the wait starts when an attempt ends; but see `_next_wait`."""
-        while True:
-            start = self._clock.now()
-            if await self._attempt():
-                self._last_renew = start
-                return
-            now = self._clock.now()
-            await self._clock.sleep_until(now + self._next_wait(now))
+        """JitterUntil(RetryPeriod, 1.2), sliding: the wait starts when an attempt ends; but see `_next_wait`.
 
-    def _next_wait(self, now: float) -> float:
+        While waiting, a watch on the Lease (`_watch_lease`) notes each change of the record the moment it is
+        written, so the expiry instant is counted from the holder's last renewal, not from this standby's next
+        poll (up to a retry period later). The polls go on as before: the watch only brings the expiry forward,
+        and a broken watch costs nothing but that.
+        """
+        changed = asyncio.Event()
+        watcher: asyncio.Task[None] | None = None
+        try:
+            while True:
+                start = self._clock.now()
+                if await self._attempt():
+                    self._last_renew = start
+                    return
+                if watcher is None:  # from the version the failed attempt has just read
+                    watcher = asyncio.create_task(self._watch_lease(changed))
+                now = self._clock.now()
+                poll_at = now + self._next_wait(now, poll_only=True)
+                while True:
+                    changed.clear()
+                    now = self._clock.now()
+                    at = min(poll_at, now + self._next_wait(now))
+                    if await self._sleep_or_change(at, changed):
+                        break
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                await asyncio.wait([watcher])
+
+    async def _sleep_or_change(self, at: float, changed: asyncio.Event) -> bool:
+        """Sleep until `at` (True) unless the watch sees the record change first (False: recompute)."""
+        sleeper = asyncio.ensure_future(self._clock.sleep_until(at))
+        waiter = asyncio.ensure_future(changed.wait())
+        try:
+            await asyncio.wait([sleeper, waiter], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for f in (sleeper, waiter):
+                f.cancel()
+            await asyncio.wait([sleeper, waiter])
+        return sleeper.done() and not sleeper.cancelled()
+
+    def _next_wait(self, now: float, *, poll_only: bool = False) -> float:
         """While another holder's lease is valid: the plain retry period, or less to try at the very instant it
-        expires. Else client-go's jittered wait.
+        expires (unless `poll_only`). Else client-go's jittered wait.
 
         Why: after a kill -9 nothing releases the lease, so a standby's takeover is lease duration after it last
         saw the record change, plus its lag in seeing that change, plus the wait to its next attempt. Jitter
@@ -258,8 +302,48 @@ class LeaderElector:
         if observed is not None and observed.holder_identity not in (None, "", self.identity):
             expires = self._observed_time + (observed.lease_duration_seconds or 0) + _EXPIRY_MARGIN
             if expires > now:
-                return min(self.retry_period, expires - now)
+                return self.retry_period if poll_only else min(self.retry_period, expires - now)
         return self.retry_period * (1 + random.random() * JITTER_FACTOR)
+
+    async def _watch_lease(self, changed: asyncio.Event) -> None:
+        """Watch the Lease from the last version read, noting each change of its record as it happens.
+
+        Safe for the same reason polling is: the standby still counts the lease duration from the moment *it*
+        saw the record change, by its own clock; a watch event is only seen sooner than the next poll's read.
+        Any failure (a 410 after compaction, a dropped stream, an outage) waits a retry period and watches again
+        from the newest version the polls have read meanwhile.
+        """
+        server_timeout = max(60, math.ceil(10 * self.lease_duration))
+        query = {"watch": "true", "fieldSelector": f"metadata.name={self.name}", "allowWatchBookmarks": "false",
+                 "timeoutSeconds": str(server_timeout)}
+        path = LEASES.path(self.namespace)
+        where = f"{self.namespace}/{self.name}"
+        while True:
+            rv = self._lease.metadata.resource_version if self._lease is not None else None
+            if rv:
+                try:
+                    async with self.client.stream_lines(path, {**query, "resourceVersion": rv},
+                                                        timeout=server_timeout + 30.0) as lines:
+                        async for line in lines:
+                            self._observe_event(msgspec.json.decode(line, type=_WatchEvent), changed)
+                except (*_ERRORS, _WatchEnded) as e:
+                    log.debug("lease watch ended", lease=where, error=str(e))
+                except Exception:  # best effort: the polls still run; never let the watcher die silently
+                    log.exception("lease watch failed", lease=where)
+            await asyncio.sleep(self.retry_period * (1 + random.random() * JITTER_FACTOR))
+
+    def _observe_event(self, event: _WatchEvent, changed: asyncio.Event) -> None:
+        if event.type == "ERROR":  # e.g. 410 Gone after a compaction: the object is a Status
+            raise _WatchEnded(f"watch error event: {bytes(event.object)[:200]!r}")
+        if event.type == "DELETED":
+            self._lease = None
+            raise _WatchEnded("the lease was deleted")
+        lease = objects.decode(bytes(event.object), Lease)
+        self._lease = lease
+        if lease.spec != self._observed:
+            self._observed = lease.spec
+            self._observed_time = self._clock.now()
+            changed.set()
 
     async def _renew_loop(self, lost: asyncio.Event, host: asyncio.Task[Any], cancelled_by_us: list[bool]) -> None:
         try:

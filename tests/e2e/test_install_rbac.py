@@ -31,7 +31,8 @@ What it proves:
    known to come from one controller: a controller's ClusterRole must allow all of that controller's
    requests on its own (with the manager's Lease Role and metrics role), and each of its rules must be
    needed by that controller - rules several controllers share (e.g. pods list/watch) are checked per role,
-   where a union over all the processes would hide them.
+   where a union over all the processes would hide them. A second budget replica runs as the leader-election
+   standby (it reads and watches the Lease); its requests count as the budget controller's.
 3. A removal for real: with the `pods/eviction create` rule taken out of the live ClusterRoles (budget,
    autoprovision and spot pool each grant it to the one ServiceAccount), the next eviction the budget
    controller attempts is refused (a 403 in the audit log and an EvictionFailed Event): what the replay above
@@ -77,6 +78,7 @@ GPUOPS = [str(BIN / "gpuops")] if (BIN / "gpuops").exists() else [sys.executable
 MANAGER_SA = "system:serviceaccount:gpuops-system:gpuops-controller-manager"
 AGENT_SA = "system:serviceaccount:gpuops-node:gpuops-mig-agent"
 CONTROLLERS = ("budget", "autoprovision", "spotpool", "migslicer")
+STANDBY = "budget-standby"
 
 # Rules (or verbs/resources of rules) that only paths this scenario does not reach need: (kind, role, rule
 # index, field, value) -> why. Each has the same reason in its YAML comment. None left: the scenario reaches
@@ -431,6 +433,20 @@ async def test_install_with_rbac_runs_every_controller_and_every_rule_is_needed(
             for name in CONTROLLERS:
                 await until(f"{name} ready", functools.partial(ready, name), 60)
 
+            # a second budget replica: a standby, which reads and watches the Lease the first one holds
+            kc = await env.token_kubeconfig(STANDBY, "gpuops-system", "gpuops-controller-manager")
+            probes[STANDBY] = free_port()
+            env.spawn(STANDBY, ["run", "--controllers", "budget", "--kubeconfig", str(kc), "--log-format", "json",
+                                "--health-probe-bind-address", f"127.0.0.1:{probes[STANDBY]}",
+                                "--metrics-bind-address", "0", "--leader-elect", "--leader-elect-retry-period", "0.5"])
+
+            async def standby_watches() -> bool:
+                env.check_alive()
+                return any(a.verb == "watch" and a.resource == "leases"
+                           for a in env.audit.of_credential(env.credentials[STANDBY]))
+
+            await until("the standby's watch of the Lease", standby_watches, 60)
+
             # autoprovision: the env-seeded group, given its credentials and the template pending pods match
             await until("GPUNodeGroup from the environment", lambda: env.get("gng", "gng-0"), 30)
             await env.kubectl("patch", "gng", "gng-0", "--type", "merge", "-p", json.dumps({"spec": {
@@ -613,6 +629,7 @@ async def test_install_with_rbac_runs_every_controller_and_every_rule_is_needed(
         # ------------------------------------------------------------------------------- 2. not more
         installed = snapshot(env.cluster.server)
         by_process = {name: env.audit.of_credential(cred) for name, cred in env.credentials.items()}
+        by_process["budget"] += by_process.pop(STANDBY)  # one controller's role covers both of its replicas
         for name, reqs in by_process.items():
             assert reqs, f"no request recorded for {name}"
         check_least_privilege(installed, by_process)

@@ -491,3 +491,29 @@ async def test_standby_polls_a_held_lease_on_the_retry_period_and_tries_at_its_e
     start, ok, _ = attempts[-1]
     assert ok and 0 <= start - attempts[-2][2] < 0.1, (start, attempts[-2])  # at the expiry, not on the grid
     timeline.assert_no_overlap()
+
+
+async def test_standby_watches_the_lease_and_counts_its_expiry_from_the_last_renewal(
+    clients: Callable[[], Awaitable[Client]], tasks: list[asyncio.Task[None]]
+) -> None:
+    """A standby polling every 1.5 s sees each renewal of a leader renewing every 0.2 s as it is written (the
+    Lease watch), so a kill -9 is taken over one lease duration after the last renewal, not up to a poll later."""
+    a = await make_elector(clients, "a", release_on_cancel=False)
+    b = await make_elector(clients, "b", retry_period=1.5, renew_deadline=1.9)
+    timeline = Timeline()
+    tasks.append(ta := asyncio.create_task(hold(a, timeline)))
+    await wait_until(lambda: a.is_leader, 2.0, "a to lead")
+    tasks.append(asyncio.create_task(hold(b, timeline)))
+    await wait_until(lambda: b.leader == "a", 2.0, "b to see a's lease")
+    for _ in range(4):  # four renewals in a row, 0.2 s apart: polls 1.5 s apart could see at most one in time
+        before = a._observed
+        await wait_until(lambda before=before: a._observed is not before, 1.0, "a to renew")
+        renewed = a._observed
+        await wait_until(lambda renewed=renewed: b._observed == renewed, 0.15,
+                         "b to see the renewal through its watch")
+
+    await finish(ta)  # killed: no release, the lease still names a
+    last_write = a._observed_time
+    took_over = await wait_until(lambda: b.is_leader, LD + 2.0, "b to take over")
+    assert LD - 0.1 <= took_over - last_write <= LD + 0.3, took_over - last_write
+    timeline.assert_no_overlap()
