@@ -17,8 +17,10 @@ import asyncio
 import collections
 import contextlib
 import math
+import multiprocessing as mp
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,17 +29,13 @@ import msgspec
 
 from gpuops import logs
 from gpuops.sim.apiserver.gctune import tune_for_large_heaps
-from gpuops.sim.cluster.access import NODES, PODS, WatchEvent
+from gpuops.sim.cluster.access import BUDGETS, GROUPS, NODES, PODS, POOLS, WatchEvent
 from gpuops.sim.cluster.cluster import SimCluster
+from gpuops.sim.demo import repo_crds
 from gpuops.sim.migfarm import MigAgentFarm
 from gpuops.sim.scenario import Scenario, load
 
-ROOT = Path(__file__).resolve().parents[1]
-CRDS = [ROOT / "manifests" / "crds" / f"{n}.gpuops.io.yaml" for n in
-        ("gpuworkloadbudgets", "gpunodegroups", "spotpools", "mignodes", "allocationclaims")]
-BUDGETS = ("gpuops.io", "gpuworkloadbudgets")
-GROUPS = ("gpuops.io", "gpunodegroups")
-POOLS = ("gpuops.io", "spotpools")
+CRDS = repo_crds()
 RUNTIME = "sim.gpuops.io/runtime-seconds"
 GPU = "nvidia.com/gpu"
 MIG_TAINT = {"key": "gpuops.io/mig", "value": "true", "effect": "NoSchedule"}
@@ -455,3 +453,38 @@ def child_main(conn: Any, p: Params, profile: str | None = None) -> None:
             prof.dump_stats(profile)
     else:
         asyncio.run(_serve(conn, p))
+
+
+class EmulatorProcess:
+    """A spawned emulator child (`target(conn, *args)`) and its pipe: (kind, payload) messages each way; shared by
+    bench/scale.py and chaos/ha_failover.py."""
+
+    def __init__(self, target: Callable[..., None], *args: Any) -> None:
+        ctx = mp.get_context("spawn")
+        self.conn, theirs = ctx.Pipe()
+        self.proc = ctx.Process(target=target, args=(theirs, *args), daemon=True)
+        self.proc.start()
+
+    def expect(self, kind: str, timeout: float) -> Any:
+        if not self.conn.poll(timeout):
+            raise TimeoutError(f"the emulator sent no {kind!r} within {timeout:g} s")
+        got, payload = self.conn.recv()
+        if got != kind:
+            raise RuntimeError(f"the emulator answered {got!r} instead of {kind!r}: {payload}")
+        return payload
+
+    def ask(self, msg: tuple[Any, ...], kind: str, timeout: float) -> Any:
+        self.conn.send(msg)
+        return self.expect(kind, timeout)
+
+    def close(self) -> None:
+        if self.proc.is_alive():
+            try:
+                self.conn.send(("stop",))
+                self.expect("stopped", 60)
+            except (TimeoutError, RuntimeError, OSError, EOFError):
+                pass
+        self.proc.join(30)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(10)

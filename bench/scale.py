@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import multiprocessing as mp
 import os
 import shlex
 import signal
@@ -57,7 +56,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, write_results
-from _scale_sim import Params, child_main, size_of
+from _scale_sim import EmulatorProcess, Params, child_main, size_of
 
 from gpuops.sim.harness import cpu_seconds, free_port
 
@@ -151,44 +150,12 @@ def pct(values: list[float], q: float) -> float:
     return round(values[min(len(values) - 1, max(0, int(q * len(values) + 0.5) - 1))], 3)
 
 
-class Child:
-    def __init__(self, params: Params, profile: str | None) -> None:
-        ctx = mp.get_context("spawn")
-        self.conn, theirs = ctx.Pipe()
-        self.proc = ctx.Process(target=child_main, args=(theirs, params, profile), daemon=True)
-        self.proc.start()
-
-    def expect(self, kind: str, timeout: float) -> dict[str, Any]:
-        if not self.conn.poll(timeout):
-            raise TimeoutError(f"the emulator sent no {kind!r} within {timeout:g} s")
-        got, payload = self.conn.recv()
-        if got != kind:
-            raise RuntimeError(f"the emulator answered {got!r} instead of {kind!r}: {payload}")
-        return dict(payload)
-
-    def ask(self, msg: tuple[Any, ...], kind: str, timeout: float) -> dict[str, Any]:
-        self.conn.send(msg)
-        return self.expect(kind, timeout)
-
-    def close(self) -> None:
-        if self.proc.is_alive():
-            try:
-                self.conn.send(("stop",))
-                self.expect("stopped", 60)
-            except (TimeoutError, RuntimeError, OSError, EOFError):
-                pass
-        self.proc.join(30)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(10)
-
-
 def run_fraction(f: float, churn_seconds: float, events_per_s: float, workdir: Path,
                  profile_dir: Path | None, lease_seconds: float, extra: tuple[str, ...] = ()) -> dict[str, Any]:
     size = size_of(f)
     params = Params(fraction=f, workdir=str(workdir), churn_events_per_s=events_per_s, lease_seconds=lease_seconds)
     t_start = time.monotonic()
-    child = Child(params, str(profile_dir / f"emulator-f{f:g}.prof") if profile_dir else None)
+    child = EmulatorProcess(child_main, params, str(profile_dir / f"emulator-f{f:g}.prof") if profile_dir else None)
     op: subprocess.Popen[bytes] | None = None
     log_path = workdir / "operator.log"
     try:

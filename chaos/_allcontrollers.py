@@ -52,8 +52,9 @@ from gpuops.sim.apiserver.faults import Faults
 from gpuops.sim.apiserver.store import WatchEvent
 from gpuops.sim.budget_workload import budget, pod
 from gpuops.sim.cloud.faults import CloudFaults
-from gpuops.sim.cluster.access import JOBS, PODS
+from gpuops.sim.cluster.access import BUDGETS, GROUPS, JOBS, PODS, POOLS
 from gpuops.sim.cluster.cluster import SimCluster
+from gpuops.sim.demo import repo_crds
 from gpuops.sim.harness import OperatorHarness
 from gpuops.sim.migfarm import MigAgentFarm
 from gpuops.sim.scenario import Scenario, parse
@@ -61,12 +62,7 @@ from gpuops.sim.scenario import Scenario, parse
 __all__ = ["BUDGETS", "CRDS", "FULL", "GROUPS", "POOL", "QUICK", "AllRig", "CountingFaults", "Plan", "Step",
            "build_script", "drive", "open_all_rig"]
 
-ROOT = Path(__file__).resolve().parents[1]
-CRDS = [ROOT / "manifests" / "crds" / f"{n}.gpuops.io.yaml" for n in
-        ("gpuworkloadbudgets", "gpunodegroups", "spotpools", "mignodes", "allocationclaims")]
-BUDGETS = ("gpuops.io", "gpuworkloadbudgets")
-GROUPS = ("gpuops.io", "gpunodegroups")
-POOLS = ("gpuops.io", "spotpools")
+CRDS = repo_crds()
 GPU = "nvidia.com/gpu"
 POOL = "spot"
 MIG_TAINT = {"key": "gpuops.io/mig", "value": "true", "effect": "NoSchedule"}

@@ -214,16 +214,7 @@ class Chaos:
 
     def operator_log(self, event: str) -> list[dict[str, Any]]:
         """The operator's JSON log records (all its starts) whose `event` is `event`."""
-        out = []
-        for line in self.rig.log_path.read_text(errors="replace").splitlines():
-            if line.startswith("{"):
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if rec.get("event") == event:
-                    out.append(rec)
-        return out
+        return log_records(self.rig.log_path, event)
 
     async def metrics(self) -> str:
         text, _, _ = await self.rig.scrape()
@@ -400,3 +391,17 @@ def command(script: str, args: argparse.Namespace) -> str:
 def run(main: Callable[[], Coroutine[Any, Any, bool]]) -> None:
     """Run a scenario's coroutine; exit 1 when its pass criteria failed."""
     sys.exit(0 if asyncio.run(main()) else 1)
+
+
+def log_records(path: Path, event: str) -> list[dict[str, Any]]:
+    """The JSON log records in `path` (an operator's log, all its starts) whose `event` is `event`."""
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if rec.get("event") == event:
+                out.append(rec)
+    return out

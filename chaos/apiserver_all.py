@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import tempfile
 import time
 from collections import Counter
@@ -75,7 +74,7 @@ from _allcontrollers import (
     open_all_rig,
 )
 from _autoprovision import power_report
-from _common import NS, command, figures_table, metric_sum, run, until, write_results
+from _common import NS, command, figures_table, log_records, metric_sum, run, until, write_results
 
 from gpuops import logs
 from gpuops.sim.budget_workload import micros
@@ -254,7 +253,8 @@ def stopped_by_budget(r: AllRig, name: str) -> list[str]:
 def evicted_by_operator(r: AllRig, name: str) -> list[str]:
     """Pods of budget `name` the operator logged as evicted (an ended pod evicted from a stale cache shows here)."""
     keys = {f"{NS}/{rec.last['metadata']['name']}": _pod_key(rec.last) for rec in r.log.select({"budget": name})}
-    return sorted(keys[p] for p in (str(rec.get("pod")) for rec in _log_records(r, "evicted pod")) if p in keys)
+    logged = (str(rec.get("pod")) for rec in log_records(r.rig.log_path, "evicted pod"))
+    return sorted(keys[p] for p in logged if p in keys)
 
 
 def budget_state(r: AllRig, b: dict[str, Any], reasons: dict[str, list[str]]) -> dict[str, Any]:
@@ -344,7 +344,7 @@ def doubling(r: AllRig) -> tuple[dict[str, int], list[str]]:
         problems.append(f"spot client tokens that created instances more than once: {twice}")
     if r.led.created() != expected:
         problems.append(f"spot instances created {r.led.created()} != minimum + reclaims = {expected}")
-    evictions = Counter(str(rec.get("pod")) for rec in _log_records(r, "evicted pod"))
+    evictions = Counter(str(rec.get("pod")) for rec in log_records(r.rig.log_path, "evicted pod"))
     twice_evicted = sorted(p for p, n in evictions.items() if n > 1)
     if twice_evicted:
         problems.append(f"pods evicted more than once: {twice_evicted}")
@@ -367,20 +367,6 @@ def doubling(r: AllRig) -> tuple[dict[str, int], list[str]]:
         "mig_pods_claims_not_slices": len(extra),
         "mig_invariant_violations": len(r.track.violations),
     }, problems
-
-
-def _log_records(r: AllRig, event: str) -> list[dict[str, Any]]:
-    """The operator's JSON log records whose `event` is `event`."""
-    out = []
-    for line in r.rig.log_path.read_text(errors="replace").splitlines():
-        if line.startswith("{"):
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if rec.get("event") == event:
-                out.append(rec)
-    return out
 
 
 def accuracy(r: AllRig) -> tuple[dict[str, float], list[str]]:

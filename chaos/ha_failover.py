@@ -26,7 +26,6 @@ accuracy >= 0.999 for the sample, the side effects settled.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import shutil
 import signal
@@ -46,7 +45,7 @@ for _p in (Path(__file__).resolve().parents[1] / "bench", Path(__file__).resolve
     sys.path.insert(0, str(_p))
 from _common import TARGET, figures_table, write_results  # noqa: E402 (the path order above first)
 from _ha import HaPlan, child_main  # noqa: E402
-from _scale_sim import Params, size_of  # noqa: E402
+from _scale_sim import EmulatorProcess, Params, size_of  # noqa: E402
 
 from gpuops.sim.harness import free_port  # noqa: E402
 
@@ -104,40 +103,6 @@ def wait_until(what: str, probe: Any, within: float, every: float = 0.1) -> floa
             raise TimeoutError(f"{what}: not within {within:g} s")
         time.sleep(every)
     return time.time()
-
-
-class Child:
-    """The emulator child process (chaos/_ha.py) and its pipe."""
-
-    def __init__(self, params: Params, plan: HaPlan) -> None:
-        ctx = mp.get_context("spawn")
-        self.conn, theirs = ctx.Pipe()
-        self.proc = ctx.Process(target=child_main, args=(theirs, params, plan), daemon=True)
-        self.proc.start()
-
-    def expect(self, kind: str, timeout: float) -> Any:
-        if not self.conn.poll(timeout):
-            raise TimeoutError(f"the emulator sent no {kind!r} within {timeout:g} s")
-        got, payload = self.conn.recv()
-        if got != kind:
-            raise RuntimeError(f"the emulator answered {got!r} instead of {kind!r}: {payload}")
-        return payload
-
-    def ask(self, msg: tuple[Any, ...], kind: str, timeout: float) -> Any:
-        self.conn.send(msg)
-        return self.expect(kind, timeout)
-
-    def close(self) -> None:
-        if self.proc.is_alive():
-            try:
-                self.conn.send(("stop",))
-                self.expect("stopped", 60)
-            except (TimeoutError, RuntimeError, OSError, EOFError):
-                pass
-        self.proc.join(30)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(10)
 
 
 @dataclass
@@ -229,7 +194,7 @@ class Fleet:
 # ---------------------------------------------------------------------------------------------- the run
 
 
-def one_kill(child: Child, fleet: Fleet, k: int) -> dict[str, Any]:
+def one_kill(child: EmulatorProcess, fleet: Fleet, k: int) -> dict[str, Any]:
     """Kill -9 the Lease's holder, start a replacement, measure the takeover and the first write after it."""
     s = fleet.s
     exited = fleet.top_up()
@@ -263,7 +228,7 @@ def one_kill(child: Child, fleet: Fleet, k: int) -> dict[str, Any]:
     return info
 
 
-def start_fleet(child: Child, fleet: Fleet, budgets: int) -> dict[str, Any]:
+def start_fleet(child: EmulatorProcess, fleet: Fleet, budgets: int) -> dict[str, Any]:
     """Two replicas, both ready, one holding the Lease, every budget with a first status."""
     t0 = time.time()
     fleet.spawn()
@@ -285,7 +250,7 @@ def start_fleet(child: Child, fleet: Fleet, budgets: int) -> dict[str, Any]:
 def run(args: argparse.Namespace, s: Setup, workdir: Path) -> dict[str, Any]:
     size = size_of(s.fraction)
     params = Params(fraction=s.fraction, workdir=str(workdir), churn_events_per_s=s.events_per_s, seed=args.seed)
-    child = Child(params, s.plan)
+    child = EmulatorProcess(child_main, params, s.plan)
     fleet: Fleet | None = None
     try:
         ready = child.expect("ready", 600 + size.pods / 20)
@@ -327,6 +292,7 @@ def figures_of(out: dict[str, Any], s: Setup) -> tuple[dict[str, float | int], l
     figures: dict[str, float | int] = {
         "kills": len(kills), "takeovers": len(takeovers),
         "takeover_max_seconds": max(takeovers, default=-1), "takeover_p50_seconds": _p50(takeovers),
+        "takeovers_over_lease_duration": sum(1 for t in takeovers if t > s.lease),
         "first_write_max_seconds": max(writes, default=-1), "first_write_p50_seconds": _p50(writes),
         "takeovers_by_warm_standby": sum(1 for k in kills if k.get("new_leader_was_warm_standby")),
         "power_duplicates": power["duplicates"], "power_problems": power["problem_count"],
@@ -388,6 +354,7 @@ def problems_of(f: dict[str, float | int], out: dict[str, Any], s: Setup) -> lis
 
 NOTES = {
     "takeover_max_seconds": "kill -9 of the holder -> the Lease names another holder (emulator's store)",
+    "takeovers_over_lease_duration": "takeovers that took longer than the lease duration after the kill",
     "first_write_max_seconds": "kill -> first status write of a budget, node group or spot pool after the takeover",
     "takeovers_by_warm_standby": "takeovers won by the replica that was already a synced standby",
     "power_duplicates": "new Idempotency-Key for a start while booting/on or a stop while going down/off (0)",

@@ -26,6 +26,10 @@ EVENTS: GroupResource = ("", "events")
 NAMESPACES: GroupResource = ("", "namespaces")
 LEASES: GroupResource = ("coordination.k8s.io", "leases")
 JOBS: GroupResource = ("batch", "jobs")
+# gpuops' own kinds (manifests/crds), as emulated runs address them
+BUDGETS: GroupResource = ("gpuops.io", "gpuworkloadbudgets")
+GROUPS: GroupResource = ("gpuops.io", "gpunodegroups")
+POOLS: GroupResource = ("gpuops.io", "spotpools")
 
 MERGE = "application/merge-patch+json"
 NODE_LEASE_NAMESPACE = "kube-node-lease"
@@ -171,4 +175,5 @@ class ClusterAccess:
             await self.create(EVENTS, ns, ev)
 
 
-__all__ = ["EVENTS", "JOBS", "LEASES", "NAMESPACES", "NODES", "PODS", "ClusterAccess", "WatchEvent"]
+__all__ = ["BUDGETS", "EVENTS", "GROUPS", "JOBS", "LEASES", "NAMESPACES", "NODES", "PODS", "POOLS", "ClusterAccess",
+           "WatchEvent"]

@@ -22,7 +22,7 @@ from ..apiserver.errors import StatusError
 from ..cloud import CloudOptions, CloudServer, InstanceType
 from ..scenario import Fault, NodeGroup, Scenario
 from ..workload import WorkloadDriver
-from .access import JOBS, NAMESPACES, NODES, PODS, ClusterAccess
+from .access import BUDGETS, JOBS, NAMESPACES, NODES, PODS, ClusterAccess
 from .jobs import JobController, JobOptions
 from .kubelet import KubeletOptions, Kubelets
 from .loop import Loop
@@ -32,7 +32,6 @@ from .scheduler import Scheduler, SchedulerOptions
 from .spotagent import SpotNoticeAgent
 
 log = structlog.get_logger("gpuops.sim.cluster")
-BUDGETS = ("gpuops.io", "gpuworkloadbudgets")
 
 
 def machines_of(group: NodeGroup) -> list[Machine]:
