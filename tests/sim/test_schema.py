@@ -837,3 +837,55 @@ def test_post_schema_walks_skip_subtrees_without_their_keywords() -> None:
     assert schema.has_rules(obj({"x": obj({}, **{"x-kubernetes-validations": [{"rule": "true"}]})})) is True
     assert [(r, f) for r, f, _ in causes(s, {"plain": [{"uid": "a"}], "tags": ["x", "x"]})] == \
         [("FieldValueDuplicate", "tags[1]")]
+
+
+# -- decode walks: list items that every walk leaves as they are are walked once per encoding --------------
+
+SETTLE_ITEM = obj({"uid": STR, "gpus": {"type": "string", "default": "0"},
+                   "tags": {"type": "array", "items": obj({"k": STR, "v": {"type": "string", "default": "-"}})}})
+SETTLE_INFO = ResourceInfo(
+    group="example.io", version="v1", resource="ledgers", kind="Ledger", singular="ledger", namespaced=True,
+    schema=obj({"spec": obj({"entries": {"type": "array", "items": SETTLE_ITEM}}),
+                "status": obj({"entries": {"type": "array", "items": SETTLE_ITEM},
+                               "other": {"type": "array", "items": obj({"uid": STR})}})}),
+    crd_name="ledgers.example.io",
+)  # fmt: skip
+settle_items = st.one_of(
+    st.just({"uid": "a", "gpus": "1"}),  # settled: nothing to prune, null or default
+    st.just({"uid": "a", "gpus": "1", "tags": [{"k": "x", "v": "y"}]}),
+    st.just({"uid": "b"}),  # a default to apply
+    st.just({"uid": "c", "gpus": None}),  # a null of a non-nullable field with a default: defaulted
+    st.just({"uid": "d", "gpus": "2", "bogus": 1}),  # an unknown field: pruned and warned about
+    st.just({"uid": "e", "gpus": "1", "tags": [{"k": "x"}, {"k": "x", "v": "y"}]}),  # nested default
+    st.just({"uid": 5, "gpus": "1"}),  # a type error: 422 every time
+)
+
+
+def _reference(body: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The decode walks run outside a write (no memo), as they ran before the memo."""
+    s = SETTLE_INFO.schema
+    assert s is not None and schema._call_settled is None
+    cleaned = schema.apply_defaults(s, schema.prune_nulls(s, schema.prune(s, body)))
+    return cleaned, [f"unknown field {schema.go_quote(p)}" for p in schema.unknown_fields(s, body)]
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(settle_items, max_size=6), min_size=1, max_size=4))
+def test_settled_items_memo_gives_the_same_writes(writes: list[list[dict[str, Any]]]) -> None:
+    """Writes of lists sharing items (a ledger rewritten to add one entry) store, warn and fail exactly as the
+    walks do without the memo: a remembered item is one that every walk leaves as it is, and only that."""
+    for entries in writes:
+        body = {"apiVersion": "example.io/v1", "kind": "Ledger", "metadata": {"name": "l", "namespace": "ns"},
+                "spec": {"entries": copy.deepcopy(entries)},
+                "status": {"entries": copy.deepcopy(entries), "other": copy.deepcopy(entries)}}
+        before = copy.deepcopy(body)
+        want, want_warnings = _reference(copy.deepcopy(body))
+        try:
+            got, warnings = schema.process_custom_resource(SETTLE_INFO, body, old=None, field_validation="")
+        except StatusError as e:
+            assert e.code == 422 and any(isinstance(x.get("uid"), int) for x in entries)
+            continue
+        assert {k: got[k] for k in ("spec", "status")} == {k: want[k] for k in ("spec", "status")}
+        assert warnings == [w for w in want_warnings if not w.startswith('unknown field "metadata')]
+        assert body == before
+    assert schema._call_settled is None

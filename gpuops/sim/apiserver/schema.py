@@ -346,6 +346,56 @@ def _clean_items(items: Schema) -> set[bytes] | None:
     return fresh
 
 
+_settled_cache: dict[int, tuple[Any, set[bytes]]] = {}
+_call_settled: dict[int, tuple[Any, bytes]] | None = None
+"""During one `process_custom_resource`: list items (by id, the object held so the id stays its own) known to
+pass every decode walk unchanged, with their encodings. None outside a call: the walks behave as they always do."""
+
+
+def _settled_items(items: Schema) -> set[bytes] | None:
+    """Encoded list items that the decode walks (unknown fields, pruning, nulls, defaults) leave as they are
+    under `items`: each walk is a pure function of schema and value, so a status rewriting a ledger of hundreds
+    of entries to add one walks the new entry only. None: not worth it (scalars)."""
+    t = items.get("type")
+    if t not in ("object", "array") and not _props(items):
+        return None
+    hit = _settled_cache.get(id(items))
+    if hit is not None and hit[0] is items:
+        if len(hit[1]) >= _CLEAN_ITEMS_MAX:
+            hit[1].clear()
+        return hit[1]
+    if len(_settled_cache) > 10_000:
+        _settled_cache.clear()
+    fresh: set[bytes] = set()
+    _settled_cache[id(items)] = (items, fresh)
+    return fresh
+
+
+def _is_settled(v: JSON, items: Schema, memo: dict[int, tuple[Any, bytes]]) -> bool:
+    """Whether list item `v` passes every decode walk unchanged (remembered in `memo` for the call's later
+    walks and its validation); decided by running the walks on it once per distinct encoding."""
+    if id(v) in memo:
+        return True
+    if not isinstance(v, dict | list):
+        return False
+    settled = _settled_items(items)
+    if settled is None:
+        return False
+    try:
+        key = msgspec.json.encode(v)
+    except (OverflowError, TypeError, ValueError):  # ints beyond 64 bits: walk them as they are
+        return False
+    if key not in settled:
+        un = _Unknown(True)
+        if (_prune_value(v, items, "", un.pruned, un) != v or un.paths() or prune_nulls(items, v) != v
+                or apply_defaults(items, v) != v):
+            return False
+        if len(settled) < _CLEAN_ITEMS_MAX:
+            settled.add(key)
+    memo[id(v)] = (v, key)
+    return True
+
+
 _SUBTREE_KEYS = ("x-kubernetes-validations", "x-kubernetes-embedded-resource", "x-kubernetes-list-type")
 _subtree_cache: dict[int, tuple[Any, frozenset[str]]] = {}
 
@@ -437,6 +487,10 @@ def _prune_value(x: JSON, s: Schema | None, path: str, rec: list[str] | None, un
         return out
     if isinstance(x, list):
         items = _items(s)
+        memo = _call_settled
+        if memo is not None and items is not None:
+            return [v if _is_settled(v, items, memo) else _prune_value(v, items, f"{path}[{i}]", rec, un)
+                    for i, v in enumerate(x)]
         return [_prune_value(v, items, f"{path}[{i}]", rec, un) for i, v in enumerate(x)]
     return x
 
@@ -526,6 +580,9 @@ def prune_nulls(schema: Schema, obj: Any) -> Any:
                 out[k] = walk(v, sub)
             return out
         if isinstance(x, list):
+            memo = _call_settled
+            if memo:
+                return [v if id(v) in memo else walk(v, _items(s)) for v in x]
             return [walk(v, _items(s)) for v in x]
         return x
 
@@ -580,8 +637,12 @@ def apply_defaults(schema: Schema, obj: Any) -> Any:
             return out
         if isinstance(x, list):
             items = _items(s)
+            memo = _call_settled or {}
             res = []
             for v in x:
+                if id(v) in memo:
+                    res.append(v)
+                    continue
                 if v is None and items is not None and not items.get("nullable") and _has_default(items):
                     v = items["default"]
                 res.append(walk(v, items))
@@ -992,8 +1053,9 @@ class _Checker:
                 if clean is None or not isinstance(v, (dict, list)):
                     errs.extend(self.check(items, v, f"{name}[{i}]"))
                     continue
+                known = _call_settled.get(id(v)) if _call_settled else None
                 try:
-                    key = msgspec.json.encode(v)
+                    key = known[1] if known is not None else msgspec.json.encode(v)
                 except (OverflowError, TypeError, ValueError):  # ints beyond 64 bits: check them as they are
                     errs.extend(self.check(items, v, f"{name}[{i}]"))
                     continue
@@ -1287,7 +1349,19 @@ def process_custom_resource(
     """Decode-to-storage path of a CR write: unknown fields per fieldValidation, prune, default, validate.
 
     Returns the object to store and the warnings for the response; raises 400 (strict decoding, wrong
-    apiVersion) or 422 (validation) the way the apiserver does."""
+    apiVersion) or 422 (validation) the way the apiserver does. List items every decode walk leaves as they
+    are are walked once per distinct encoding, not once per write (`_is_settled`)."""
+    global _call_settled
+    outer, _call_settled = _call_settled, {}
+    try:
+        return _process_custom_resource(info, obj, old=old, field_validation=field_validation)
+    finally:
+        _call_settled = outer
+
+
+def _process_custom_resource(
+    info: ResourceInfo, obj: dict[str, Any], *, old: dict[str, Any] | None, field_validation: str
+) -> tuple[dict[str, Any], list[str]]:
     options_kind = "CreateOptions" if old is None else "UpdateOptions"
     if field_validation not in ("", "Ignore", "Warn", "Strict"):
         check_field_validation([], field_validation, options_kind=options_kind)
