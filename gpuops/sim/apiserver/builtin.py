@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from .encodingmemo import EncodingsBySchema
 from .errors import Cause, StatusError, invalid
 
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -598,23 +599,8 @@ def go_decode_error(s: dict[str, Any], x: Any, path: str) -> str | None:
     return f"json: cannot unmarshal {jt} into Go struct field {path} of type {go_type}"
 
 
-_DECODES_MAX = 5_000
-_decodes_ok: dict[int, tuple[dict[str, Any], set[bytes]]] = {}
-
-
-def _decoded(bschema: dict[str, Any]) -> set[bytes]:
-    """Encodings of top-level values that decoded cleanly into this schema's kind (the schema is held so
-    its id cannot be reused while cached)."""
-    hit = _decodes_ok.get(id(bschema))
-    if hit is not None and hit[0] is bschema:
-        if len(hit[1]) >= _DECODES_MAX:
-            hit[1].clear()
-        return hit[1]
-    if len(_decodes_ok) > 1_000:
-        _decodes_ok.clear()
-    fresh: set[bytes] = set()
-    _decodes_ok[id(bschema)] = (bschema, fresh)
-    return fresh
+_decoded = EncodingsBySchema(5_000, 1_000)
+"""Encodings of top-level values that decoded cleanly into a built-in schema's kind."""
 
 
 def builtin_decode_error(bschema: dict[str, Any], kind: str, obj: dict[str, Any]) -> str | None:
@@ -623,7 +609,7 @@ def builtin_decode_error(bschema: dict[str, Any], kind: str, obj: dict[str, Any]
     Pods of one workload are created with the same spec: top-level values that decoded before (by field
     and encoding; the answer depends on nothing else) are not walked again."""
     props = bschema.get("properties") or {}
-    seen = _decoded(bschema)
+    seen = _decoded.of(bschema)
     for k, v in obj.items():
         if k not in ("apiVersion", "kind", "metadata") and k in props:
             try:
@@ -636,5 +622,5 @@ def builtin_decode_error(bschema: dict[str, Any], kind: str, obj: dict[str, Any]
             if err:
                 return err
             if key is not None:
-                seen.add(key)
+                _decoded.remember(bschema, key)
     return None

@@ -23,6 +23,7 @@ import msgspec
 import re2  # type: ignore[import-untyped]
 
 from . import cel
+from .encodingmemo import EncodingsBySchema
 from .errors import Cause, bad_request, invalid
 from .gostrings import go_quote
 from .resources import ResourceInfo
@@ -324,51 +325,23 @@ def _embedded(s: Schema | None) -> bool:
 
 
 _CLEAN_ITEMS_MAX = 20_000
-_clean_cache: dict[int, tuple[Any, set[bytes]]] = {}
+_clean = EncodingsBySchema(_CLEAN_ITEMS_MAX, 10_000)
+_settled = EncodingsBySchema(_CLEAN_ITEMS_MAX, 10_000)
+_call_settled: dict[int, tuple[Any, bytes]] | None = None
+"""During one `process_custom_resource`: list items (by id, the object held so the id stays its own) known to
+pass every decode walk unchanged, with their encodings. None outside a call: the walks behave as they always do."""
+
+
+def _memo_worthy(items: Schema) -> bool:
+    """Only list items that are objects or arrays are worth encoding to look up (not scalars)."""
+    return items.get("type") in ("object", "array") or bool(_props(items))
 
 
 def _clean_items(items: Schema) -> set[bytes] | None:
     """Encoded list items already found valid against `items` (the OpenAPI checks are a pure function of
     schema and value; paths only matter in errors, which are never cached). A status that rewrites a list
     of hundreds of entries to add one is checked for the new entry only. None: not worth it (scalars)."""
-    t = items.get("type")
-    if t not in ("object", "array") and not _props(items):
-        return None
-    hit = _clean_cache.get(id(items))
-    if hit is not None and hit[0] is items:
-        if len(hit[1]) >= _CLEAN_ITEMS_MAX:
-            hit[1].clear()
-        return hit[1]
-    if len(_clean_cache) > 10_000:
-        _clean_cache.clear()
-    fresh: set[bytes] = set()
-    _clean_cache[id(items)] = (items, fresh)
-    return fresh
-
-
-_settled_cache: dict[int, tuple[Any, set[bytes]]] = {}
-_call_settled: dict[int, tuple[Any, bytes]] | None = None
-"""During one `process_custom_resource`: list items (by id, the object held so the id stays its own) known to
-pass every decode walk unchanged, with their encodings. None outside a call: the walks behave as they always do."""
-
-
-def _settled_items(items: Schema) -> set[bytes] | None:
-    """Encoded list items that the decode walks (unknown fields, pruning, nulls, defaults) leave as they are
-    under `items`: each walk is a pure function of schema and value, so a status rewriting a ledger of hundreds
-    of entries to add one walks the new entry only. None: not worth it (scalars)."""
-    t = items.get("type")
-    if t not in ("object", "array") and not _props(items):
-        return None
-    hit = _settled_cache.get(id(items))
-    if hit is not None and hit[0] is items:
-        if len(hit[1]) >= _CLEAN_ITEMS_MAX:
-            hit[1].clear()
-        return hit[1]
-    if len(_settled_cache) > 10_000:
-        _settled_cache.clear()
-    fresh: set[bytes] = set()
-    _settled_cache[id(items)] = (items, fresh)
-    return fresh
+    return _clean.of(items) if _memo_worthy(items) else None
 
 
 def _is_settled(v: JSON, items: Schema, memo: dict[int, tuple[Any, bytes]]) -> bool:
@@ -376,22 +349,19 @@ def _is_settled(v: JSON, items: Schema, memo: dict[int, tuple[Any, bytes]]) -> b
     walks and its validation); decided by running the walks on it once per distinct encoding."""
     if id(v) in memo:
         return True
-    if not isinstance(v, dict | list):
-        return False
-    settled = _settled_items(items)
-    if settled is None:
+    if not isinstance(v, dict | list) or not _memo_worthy(items):
         return False
     try:
         key = msgspec.json.encode(v)
     except (OverflowError, TypeError, ValueError):  # ints beyond 64 bits: walk them as they are
         return False
-    if key not in settled:
+    if key not in _settled.of(items):
+        # the walks are pure functions of schema and value: an item they all leave as it is stays so
         un = _Unknown(True)
         if (_prune_value(v, items, "", un.pruned, un) != v or un.paths() or prune_nulls(items, v) != v
                 or apply_defaults(items, v) != v):
             return False
-        if len(settled) < _CLEAN_ITEMS_MAX:
-            settled.add(key)
+        _settled.remember(items, key)
     memo[id(v)] = (v, key)
     return True
 
@@ -1064,8 +1034,8 @@ class _Checker:
                 found = self.check(items, v, f"{name}[{i}]")
                 if found:
                     errs.extend(found)
-                elif len(clean) < _CLEAN_ITEMS_MAX:
-                    clean.add(key)
+                else:
+                    _clean.remember(items, key)
         size = len(x)
         min_items, max_items = _num(s, "minItems"), _num(s, "maxItems")
         if min_items is not None and size < min_items:
