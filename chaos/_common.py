@@ -394,14 +394,18 @@ def run(main: Callable[[], Coroutine[Any, Any, bool]]) -> None:
 
 
 def log_records(path: Path, event: str) -> list[dict[str, Any]]:
-    """The JSON log records in `path` (an operator's log, all its starts) whose `event` is `event`."""
+    """The JSON log records in `path` (an operator's log, all its starts) whose `event` is `event`, each tagged
+    with `start`: the number of the last "--- start N" line a rig wrote before it (0 if none)."""
     out = []
+    start = 0
     for line in path.read_text(errors="replace").splitlines():
-        if line.startswith("{"):
+        if line.startswith("--- start "):
+            start = int(line.split()[2])
+        elif line.startswith("{"):
             try:
                 rec = json.loads(line)
             except ValueError:
                 continue
             if rec.get("event") == event:
-                out.append(rec)
+                out.append({**rec, "start": start})
     return out

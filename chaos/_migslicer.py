@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _common import command
+from _common import command, log_records
 
 from gpuops.controllers.migslicer.agent.fakenvml import gpu_uuid
 from gpuops.controllers.migslicer.agent.gpus import MigBackend, SliceInfo
@@ -419,23 +419,7 @@ class Agent:
 
     def log(self, event: str) -> list[dict[str, Any]]:
         """Its JSON log records (all starts) whose `event` is `event`."""
-        return _json_records(self.log_path, event)
-
-
-def _json_records(path: Path, event: str) -> list[dict[str, Any]]:
-    out = []
-    start = 0
-    for line in path.read_text(errors="replace").splitlines():
-        if line.startswith("--- start "):
-            start = int(line.split()[2])
-        elif line.startswith("{"):
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if rec.get("event") == event:
-                out.append({**rec, "start": start})
-    return out
+        return log_records(self.log_path, event)
 
 
 # ---------------------------------------------------------------------------------------------- the rig
@@ -754,7 +738,7 @@ class MigRig:
         }
 
     def operator_log(self, event: str) -> list[dict[str, Any]]:
-        return _json_records(self.rig.log_path, event)
+        return log_records(self.rig.log_path, event)
 
 
 def _scenario(name: str, nodes: int) -> Any:

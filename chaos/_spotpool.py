@@ -19,7 +19,6 @@ import asyncio
 import base64
 import contextlib
 import importlib.util
-import json
 import os
 import shutil
 import sys
@@ -30,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _common import command
+from _common import command, log_records
 
 from gpuops.sim.cloud.faults import CloudFaults
 from gpuops.sim.cloud.spot import Instance
@@ -141,20 +140,7 @@ class SpotRig:
 
     def operator_log(self, event: str) -> list[dict[str, Any]]:
         """The operator's JSON log records whose `event` is `event` (all its starts, each tagged `start`)."""
-        out = []
-        start = 0
-        for line in self.rig.log_path.read_text(errors="replace").splitlines():
-            if line.startswith("--- start "):
-                start = int(line.split()[2])
-                continue
-            if line.startswith("{"):
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if rec.get("event") == event:
-                    out.append({**rec, "start": start})
-        return out
+        return log_records(self.rig.log_path, event)
 
     def spot_calls(self) -> int:
         return int(bench.spot_calls(self.cluster))
