@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 QUICK  ?=
 export DEMO_SECONDS
 
-.PHONY: install test lint typecheck unit demo bench chaos clean lock readme
+.PHONY: install test lint typecheck unit demo bench chaos clean lock readme manifests
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,12 @@ demo: install
 bench: install
 	@set -e; for s in bench/[!_]*.py; do echo "== $$s"; $(BIN)/python $$s $(QUICK); done
 	@[ -n "$(QUICK)" ] || $(BIN)/python tests/readme_sections.py
+
+# The CRDs in manifests/crds are generated from the API types (gpuops/controllers/*/api.py); the README's CRD
+# reference is generated from them in turn. tests/test_crds_generated.py fails when either is stale.
+manifests: install
+	$(BIN)/python -m gpuops.controllers.crds manifests/crds
+	$(BIN)/python tests/readme_sections.py
 
 # The README's generated blocks: benchmark headlines, chaos summary, CRD reference (tests/test_readme.py checks).
 readme: install

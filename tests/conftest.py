@@ -11,9 +11,26 @@ from typing import Any, TypeVar
 
 import pytest
 
-from gpuops.sim.apiserver import APIServer
+from gpuops.sim.apiserver import APIServer, answered_warnings
 
 T = TypeVar("T")
+
+
+@pytest.fixture(autouse=True)
+def _apiserver_warnings_are_failures(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """A warning from the API server means part of a write was not taken as sent (a field pruned, a duplicate
+    field, a deprecated API): every test fails on one it did not name with `@pytest.mark.apiserver_warnings`.
+    Emulators in this process and in subprocesses (which inherit the variable) append to the same log."""
+    log = tmp_path_factory.mktemp("apiserver-warnings") / "answered.jsonl"
+    monkeypatch.setenv(answered_warnings.LOG_ENV, str(log))
+    yield
+    expected = [str(text) for m in request.node.iter_markers("apiserver_warnings") for text in m.args]
+    unexpected = [w for w in answered_warnings.read_log(str(log)) if not any(text in w.text for text in expected)]
+    if unexpected:
+        listed = "\n  ".join(dict.fromkeys(str(w) for w in unexpected))
+        pytest.fail(f"the API server answered {len(unexpected)} unexpected warning(s):\n  {listed}", pytrace=False)
 
 
 class RunningServer:

@@ -1,7 +1,7 @@
 """Compact msgspec models of the API objects controllers read.
 
 Why not the generated kubernetes models: they cost two JSON passes and a Python object per field on every
-watch event, and a cache of them takes many kilobytes per pod (framework.md c.2). These Structs keep only
+watch event, and a cache of them takes many kilobytes per pod. These Structs keep only
 what our controllers read; unknown fields (managedFields, volumes, env, ...) are skipped while decoding, so
 they never reach memory. Every field has a default, so a missing field never fails a decode; timestamps
 (RFC 3339 / MicroTime) and quantities stay as the strings the server sent; parsing is the reader's job.
@@ -31,10 +31,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Hashable, Mapping
 from functools import lru_cache
-from typing import Any, TypeVar, cast
+from typing import Annotated, Any, ClassVar, TypeVar, cast
 
 import msgspec
 from msgspec.structs import force_setattr as _set
+
+from .crd.markers import Rule, crd
 
 __all__ = [
     "Affinity",
@@ -262,14 +264,21 @@ class ListMeta(_Model):
 
 
 class Condition(_Model):
-    """metav1.Condition, the shape of conditions on PDBs and custom resources."""
+    """Condition contains details for one aspect of the current state (metav1.Condition, as on PDBs and custom
+    resources)."""
 
-    type: str = ""
-    status: str = ""
-    observed_generation: int = 0
-    last_transition_time: str | None = None
-    reason: str = ""
-    message: str = ""
+    type: Annotated[str, crd(required=True, max_length=316)] = ""
+    """CamelCase condition type."""
+    status: Annotated[str, crd(required=True, enum=("True", "False", "Unknown"))] = ""
+    """True, False or Unknown."""
+    observed_generation: Annotated[int, crd(format="int64", minimum=0)] = 0
+    """The generation the condition was set for."""
+    last_transition_time: Annotated[str | None, crd(format="date-time")] = None
+    """When the status last changed."""
+    reason: Annotated[str, crd(min_length=1, max_length=1024)] = ""
+    """CamelCase reason for the last transition."""
+    message: Annotated[str, crd(max_length=32768)] = ""
+    """Details for humans."""
 
     def __post_init__(self) -> None:
         self.type = _intern(self.type)
@@ -278,14 +287,29 @@ class Condition(_Model):
 
 
 class LabelSelectorRequirement(_Model):
-    key: str = ""
-    operator: str = ""
+    """A label requirement (key, operator, values)."""
+
+    __crd_rules__: ClassVar[tuple[Rule, ...]] = (
+        Rule("self.operator in ['In', 'NotIn'] ? (has(self.values) && size(self.values) > 0) : "
+             "(!has(self.values) || size(self.values) == 0)",
+             "operators In and NotIn need values; Exists and DoesNotExist take none"),
+    )
+
+    key: Annotated[str, crd(required=True, min_length=1)] = ""
+    """The label key."""
+    operator: Annotated[str, crd(required=True, enum=("In", "NotIn", "Exists", "DoesNotExist"))] = ""
+    """How the key relates to the values."""
     values: tuple[str, ...] | None = None
+    """Values for In and NotIn; empty for Exists and DoesNotExist."""
 
 
 class LabelSelector(_Model):
+    """A label query over a set of objects; its requirements are ANDed."""
+
     match_labels: dict[str, str] | None = None
+    """Objects must carry all of these labels with these values."""
     match_expressions: tuple[LabelSelectorRequirement, ...] | None = None
+    """Objects must satisfy all of these requirements."""
 
 
 class NodeSelectorRequirement(_Frozen, frozen=True):
@@ -534,10 +558,16 @@ class PodTemplateSpec(_Model):
 
 
 class Taint(_Model):
-    key: str = ""
+    """A node taint."""
+
+    key: Annotated[str, crd(required=True)] = ""
+    """The taint key."""
     value: str = ""
-    effect: str = ""
-    time_added: str | None = None
+    """The taint value (may be empty)."""
+    effect: Annotated[str, crd(required=True, enum=("NoSchedule", "PreferNoSchedule", "NoExecute"))] = ""
+    """NoSchedule, PreferNoSchedule or NoExecute; pods do not need to tolerate PreferNoSchedule."""
+    time_added: Annotated[str | None, crd(format="date-time")] = None
+    """When a NoExecute taint was added (set by the node lifecycle controller)."""
 
     def __post_init__(self) -> None:
         self.key = _intern(self.key)

@@ -216,6 +216,7 @@ def test_unknown_fields_strict_lists_them(client: Client) -> None:
     )
 
 
+@pytest.mark.apiserver_warnings('unknown field "bogus"', 'unknown field "other"', 'unknown field "spec.extra"')
 def test_unknown_fields_warn_and_ignore(client: Client) -> None:
     body = {"metadata": {"name": "warned"}, "data": {}, "bogus": 1, "other": {"x": 1}}
     r = client.json("POST", CMS, body, query="fieldValidation=Warn")

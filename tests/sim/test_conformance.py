@@ -214,6 +214,7 @@ def test_discovery(client: Client, admin: Admin) -> None:
 # ------------------------------------------------------------------------------------------ 3.D/E apply
 
 
+@pytest.mark.apiserver_warnings('unknown field "spec.bogus"')
 def test_apply_crd_then_custom_resource_and_configmap(client: Client, admin: Admin) -> None:
     """Items 6-7, 29, 31, 40-41, 43, 54: apply (kubectl: default strict validation), re-apply, schema 422."""
     (crd,) = client.apply([widget_crd()])

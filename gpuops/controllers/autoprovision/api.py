@@ -10,11 +10,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Annotated, ClassVar, Final, Literal
 
 import msgspec
 
 from gpuops.controllers.errors import SpecError
+from gpuops.kube.crd import USE_DEFAULT, Column, CustomResource, Rule, crd
 from gpuops.kube.objects import Condition, ObjectMeta, Taint
 from gpuops.kube.resources import ResourceType
 
@@ -63,37 +64,69 @@ class _Api(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
 class SecretRef(_Api):
     """A Secret holding the webhook's credentials; the operator reads it, the spec never holds them."""
 
-    name: str = ""
-    namespace: str = ""
-    token_key: str = "token"
-    hmac_key_key: str = "hmacKey"
+    name: Annotated[str, crd(required=True)] = ""
+    """Name of the Secret."""
+    namespace: Annotated[str, crd(required=True)] = ""
+    """Namespace of the Secret (required, as the group is cluster-scoped)."""
+    token_key: Annotated[str, crd(default=USE_DEFAULT)] = "token"
+    """Key in the Secret whose value is sent as Authorization: Bearer <value>. The Secret must have this key,
+    hmacKeyKey or both; it is read again for every call."""
+    hmac_key_key: Annotated[str, crd(default=USE_DEFAULT)] = "hmacKey"
+    """Key in the Secret holding the HMAC key. When it is present, every attempt carries X-Gpuops-Timestamp and
+    X-Gpuops-Signature: sha256= and the hex HMAC-SHA256 of "<timestamp>." followed by the body."""
 
 
 class Webhook(_Api):
-    url: str = ""
+    __crd_rules__: ClassVar[tuple[Rule, ...]] = (
+        Rule("self.url.startsWith('http://') || self.url.startsWith('https://')",
+             "url must be an http:// or https:// URL"),
+    )
+
+    url: Annotated[str, crd(required=True, min_length=8)] = ""
+    """Receives POST {"node", "action", "idempotencyKey"} with an Idempotency-Key header that stays the same across
+    retries of one transition, and X-Gpuops-Signature when an HMAC key is set."""
     headers: dict[str, str] | None = None
+    """Extra static headers (never put credentials here; use secretRef)."""
     secret_ref: SecretRef | None = None
-    timeout_seconds: int = 10
+    """A Secret with a bearer token (sent as Authorization) and/or an HMAC key (signs the body)."""
+    timeout_seconds: Annotated[int, crd(default=USE_DEFAULT, minimum=1)] = 10
+    """Per attempt; failed attempts are retried with exponential backoff and jitter."""
 
 
 class NodeTemplate(_Api):
     """What the node will look like once it joins (fit checks before it ever has)."""
 
     labels: dict[str, str] | None = None
+    """Labels the node will have (kubernetes.io/hostname=nodeName is implied), checked against pending pods'
+    nodeSelector and required node affinity while no Node object exists. gpuops does not put them on the node."""
     taints: tuple[Taint, ...] | None = None
+    """Taints the node will have. While no Node object exists, a pending pod only counts as demand for this machine
+    if it tolerates the NoSchedule and NoExecute ones. gpuops does not put them on the node."""
 
 
 class GroupSpec(_Api):
-    node_name: str = ""
-    gpu_count: int = 0
-    gpu_resource_name: str = DEFAULT_RESOURCE
-    scale_up: Webhook = msgspec.field(default_factory=Webhook)
-    scale_down: Webhook = msgspec.field(default_factory=Webhook)
+    node_name: Annotated[str, crd(required=True, min_length=1, max_length=253)] = ""
+    """The name of the machine's Node object once it has joined the cluster."""
+    gpu_count: Annotated[int, crd(required=True, minimum=1)] = 0
+    """GPUs the node offers (its allocatable gpuResourceName once the device plugin is up)."""
+    gpu_resource_name: Annotated[str, crd(default=USE_DEFAULT)] = DEFAULT_RESOURCE
+    """The extended resource pods request, e.g. nvidia.com/gpu."""
+    scale_up: Annotated[Webhook, crd(required=True)] = msgspec.field(default_factory=Webhook)
+    """An HTTP endpoint that receives a POST for this power transition (only 2xx counts)."""
+    scale_down: Annotated[Webhook, crd(required=True)] = msgspec.field(default_factory=Webhook)
+    """An HTTP endpoint that receives a POST for this power transition (only 2xx counts)."""
     template: NodeTemplate = msgspec.field(default_factory=NodeTemplate)
-    priority: int = 0
-    boot_timeout_seconds: int = 900
-    scale_down_unneeded_seconds: int = 600
-    scale_down_delay_after_scale_up_seconds: int = 600
+    """The labels and taints the node will have once it joins, so pods are matched against a machine that has never
+    been up (a pod that cannot run on it is not demand for it)."""
+    priority: Annotated[int, crd(default=USE_DEFAULT)] = 0
+    """Among machines that fit equally well, the higher priority is powered on first."""
+    boot_timeout_seconds: Annotated[int, crd(default=USE_DEFAULT, minimum=1)] = 900
+    """Seconds from the power-on request until the node must be Ready with its GPUs allocatable; past it the group
+    is Failed and backs off (5 min doubling to 30 min) while another is tried."""
+    scale_down_unneeded_seconds: Annotated[int, crd(default=USE_DEFAULT, minimum=0)] = 600
+    """Seconds the node must have had no GPU pods before it is powered off."""
+    scale_down_delay_after_scale_up_seconds: Annotated[int, crd(default=USE_DEFAULT, minimum=0)] = 600
+    """No power-off within this many seconds of any scale-up."""
 
 
 # ---------------------------------------------------------------------------------------------- status
@@ -104,44 +137,90 @@ class PendingTransition(_Api):
     sends the same Idempotency-Key, and never a second transition for the same decision."""
 
     direction: Literal["up", "down"] = "up"
+    """up (power on, sent to scaleUp) or down (power off, sent to scaleDown)."""
     key: str = ""
-    decided_at: str = ""
+    """The Idempotency-Key that every attempt of this transition carries: gpuops-<direction>- followed by a hash of
+    the node, the direction, the generation and decidedAt."""
+    decided_at: Annotated[str, crd(format="date-time")] = ""
+    """When the transition was decided."""
     attempts: int = 0
+    """HTTP requests sent for this transition so far, counted across reconciles and operator restarts."""
     sent: bool = False
     """True once the webhook answered 2xx."""
 
 
 class LastWebhook(_Api):
     direction: str = ""
+    """up or down."""
     url: str = ""
+    """Query values redacted."""
     code: int | None = None
-    time: str = ""
+    """HTTP status of the last answer; absent when no answer came (connection failed or timed out)."""
+    time: Annotated[str, crd(format="date-time")] = ""
+    """When the call's last attempt ended."""
     attempt: int = 0
+    """The transition's attempt count when the call ended (its transition.attempts)."""
     error: str = ""
+    """Why the call failed, with secrets redacted; empty on success."""
 
 
 class GroupStatus(_Api):
     observed_generation: int = 0
-    state: str = ""
-    """Empty until the controller has seen the group (then always written, so `kubectl get gng` shows Off)."""
-    since: str | None = None
-    boot_deadline: str | None = None
-    idle_since: str | None = None
+    """The spec generation this status was written for (set on every status write)."""
+    state: Annotated[str, crd(enum=("Off", "PoweringOn", "Ready", "Draining", "PoweringOff", "Failed"))] = ""
+    """Off (available to power on), PoweringOn (requested; until Ready with GPUs or bootDeadline), Ready, Draining
+    (tainted, pods being evicted), PoweringOff (requested), Failed (did not boot in time; offered again after
+    backoffUntil)."""
+    since: Annotated[str | None, crd(format="date-time")] = None
+    """When the group entered its state."""
+    boot_deadline: Annotated[str | None, crd(format="date-time")] = None
+    """When the current power-on times out: the time it was decided plus bootTimeoutSeconds. If the node is not
+    Ready with its GPUs allocatable by then, the group becomes Failed."""
+    idle_since: Annotated[str | None, crd(format="date-time")] = None
+    """Since when the Ready node has had no GPU pods."""
     transition: PendingTransition | None = None
+    """The power transition decided and persisted before its webhook is called: retries and a restarted operator
+    send the same Idempotency-Key, never a second transition for one decision."""
     last_webhook: LastWebhook | None = None
+    """The most recent power webhook call and how it ended."""
     failures: int = 0
-    backoff_until: str | None = None
-    last_scale_up: str | None = None
-    conditions: tuple[Condition, ...] | None = None
+    """Consecutive boot timeouts (the backoff doubles with each, 5 min to 30 min)."""
+    backoff_until: Annotated[str | None, crd(format="date-time")] = None
+    """When a Failed group goes back to Off and the planner may power it on again."""
+    last_scale_up: Annotated[str | None, crd(format="date-time")] = None
+    """When a power-on of this group was last decided. No group is powered off within its
+    scaleDownDelayAfterScaleUpSeconds of the latest lastScaleUp of any group."""
+    conditions: Annotated[tuple[Condition, ...] | None, crd(list_type="map", list_map_keys=("type",))] = None
+    """Ready (True while state is Ready; when False, the reason says why, e.g. Observed, BootTimeout, PoweredOff or
+    InvalidSpec) and WebhookFailing (True with reason Retrying or Refused while a power webhook call fails;
+    False with reason Accepted once one succeeds). metav1.Condition."""
 
 
 class GPUNodeGroup(_Api):
+    """GPUNodeGroup is one power-managed GPU machine (the seed's "node group"). gpuops powers it on when pending
+    GPU pods need it (smallest sufficient machine first) and off once it has had no GPU pods for
+    scaleDownUnneededSeconds (largest idle machine first), by POSTing to the webhooks below."""
+
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
-    spec: GroupSpec = msgspec.field(default_factory=GroupSpec)
+    spec: Annotated[GroupSpec, crd(required=True)] = msgspec.field(default_factory=GroupSpec)
+    """The machine, its webhooks and its timing."""
     status: GroupStatus = msgspec.field(default_factory=GroupStatus)
+    """Written by the autoprovision controller."""
 
 
 GROUPS: Final = ResourceType(GROUP, VERSION, PLURAL, KIND, False, GPUNodeGroup)
+CRD: Final = CustomResource(
+    GROUPS, short_names=("gng",), categories=("gpuops",), labels={"app.kubernetes.io/part-of": "gpuops"},
+    columns=(
+        Column("Node", "string", ".spec.nodeName"),
+        Column("GPUs", "integer", ".spec.gpuCount"),
+        Column("State", "string", ".status.state", "Off, PoweringOn, Ready, Draining, PoweringOff or Failed."),
+        Column("Since", "date", ".status.since"),
+        Column("Webhook", "integer", ".status.lastWebhook.code", "HTTP code of the last power webhook call."),
+        Column("Priority", "integer", ".spec.priority", priority=1),
+        Column("Age", "date", ".metadata.creationTimestamp"),
+    ),
+)
 
 
 # ---------------------------------------------------------------------------------------------- checks

@@ -1,6 +1,6 @@
 """GPUWorkloadBudget (gpuops.io/v1alpha1): the CRD's types, and the checked view of a spec the reconciler uses.
 
-The CRD schema (manifests/crds/gpuworkloadbudgets.gpuops.io.yaml) refuses bad specs at admission; `parse_spec`
+The CRD schema is generated from these Structs (`make manifests`) and refuses bad specs at admission; `parse_spec`
 checks them again because objects written before a schema change, or by a server without CEL, can still
 reach us. Its errors name the field and the fix, and end up in the Ready/Degraded conditions.
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Final, Literal
+from typing import Annotated, Final, Literal
 
 import msgspec
 
@@ -21,6 +21,7 @@ from gpuops.accounting.errors import AccountingError
 from gpuops.accounting.gpuhours import MICROS_PER_HOUR
 from gpuops.accounting.quantity import parse_quantity
 from gpuops.controllers.errors import SpecError
+from gpuops.kube.crd import USE_DEFAULT, Column, CustomResource, Rule, crd
 from gpuops.kube.objects import Condition, LabelSelector, ObjectMeta
 from gpuops.kube.resources import ResourceType
 from gpuops.kube.selectors import Selector, SelectorError
@@ -72,6 +73,15 @@ PAUSED_BY: Final = "gpuops.io/paused-by"
 """`<namespace>/<budget>` on Jobs we suspended and pods we marked, so we resume only what we paused."""
 PAUSED_AT: Final = "gpuops.io/paused-at"
 
+QUANTITY_PATTERN: Final = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+"""The syntax of a Kubernetes quantity (the API server's own pattern for quantity fields)."""
+RESOURCE_NAME_PATTERN: Final = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+"""A resource name: an optional DNS-subdomain prefix and `/`, then a name of at most 63 characters."""
+
 Action = Literal["AlertOnly", "Pause", "Evict"]
 ACTIONS: Final[tuple[Action, ...]] = ("AlertOnly", "Pause", "Evict")
 
@@ -84,26 +94,57 @@ class _Api(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
 
 
 class Quota(_Api):
-    gpu_hours: str | int | float | None = None
-    window_hours: int = 0
+    gpu_hours: Annotated[str | int | None, crd(required=True, pattern=QUANTITY_PATTERN, rules=(
+        Rule("!isQuantity(string(self)) || quantity(string(self)).isGreaterThan(quantity('0'))",
+             'spec.quota.gpuHours must be greater than 0, e.g. "100" or "2.5"'),
+    ))] = None
+    """GPU-hours allowed per window, a quantity greater than 0 ("100", "2.5", "500m"). Reaching it exactly counts
+    as over quota."""
+    window_hours: Annotated[int, crd(required=True, minimum=1, maximum=8784)] = 0
+    """Length of the rolling window in hours; usage older than this stops counting."""
 
 
 class Enforcement(_Api):
-    action: str = "AlertOnly"
-    delay_seconds: int = 60
-    eviction_grace_period_seconds: int | None = None
+    action: Annotated[str, crd(default=USE_DEFAULT, enum=("AlertOnly", "Pause", "Evict"))] = "AlertOnly"
+    """AlertOnly emits a Warning Event QuotaExceeded (then at most one reminder per 10 minutes) and touches
+    nothing. Pause suspends the batch/v1 Jobs owning matched pods (and annotates other matched pods with
+    gpuops.io/paused-by), and resumes them once under quota. Evict evicts running matched pods through the
+    Eviction API (PodDisruptionBudgets respected), largest in-window usage first; their usage keeps counting."""
+    delay_seconds: Annotated[int, crd(default=USE_DEFAULT, minimum=0)] = 60
+    """Seconds the budget must stay over quota before the action runs, measured from the QuotaExceeded transition
+    (an operator restart does not reset it)."""
+    eviction_grace_period_seconds: Annotated[int | None, crd(minimum=0)] = None
+    """Termination grace period for evicted pods (Eviction deleteOptions); unset uses each pod's own
+    terminationGracePeriodSeconds."""
 
 
 class Accounting(_Api):
-    retain_finished_pods: bool = False
+    retain_finished_pods: Annotated[bool, crd(default=USE_DEFAULT)] = False
+    """Put the finalizer gpuops.io/budget-accounting on matched pods and remove it only once their final usage is
+    in status.ledger, so pods deleted while the operator is down are not lost. Without it such pods are lost
+    (bounded by their GPUs times their runtime)."""
 
 
 class BudgetSpec(_Api):
-    selector: LabelSelector | None = None
-    gpu_resource_name: str = DEFAULT_RESOURCE
-    quota: Quota = msgspec.field(default_factory=Quota)
-    enforcement: Enforcement = msgspec.field(default_factory=Enforcement)
-    accounting: Accounting = msgspec.field(default_factory=Accounting)
+    selector: Annotated[LabelSelector | None, crd(required=True, map_type="atomic", rules=(
+        Rule("(has(self.matchLabels) && size(self.matchLabels) > 0) || "
+             "(has(self.matchExpressions) && size(self.matchExpressions) > 0)",
+             "spec.selector must not be empty: set matchLabels or matchExpressions (an empty selector would match "
+             "every pod in the namespace)", reason="FieldValueRequired"),
+    ))] = None
+    """Label selector of the pods (in the budget's namespace) whose GPU usage counts. It must not be empty: an
+    empty selector would match every pod in the namespace. A pod counts in every budget that selects it."""
+    gpu_resource_name: Annotated[str, crd(default=USE_DEFAULT, min_length=1, max_length=316,
+                                          pattern=RESOURCE_NAME_PATTERN)] = DEFAULT_RESOURCE
+    """The extended resource whose effective request counts as GPUs (init containers, sidecars and pod overhead
+    included, as the scheduler counts them). Use "cpu" to try budgets on a cluster without GPUs; fractional
+    amounts count as fractions of a GPU."""
+    quota: Annotated[Quota, crd(required=True)] = msgspec.field(default_factory=Quota)
+    """How many GPU-hours per window."""
+    enforcement: Annotated[Enforcement, crd(default=USE_DEFAULT)] = msgspec.field(default_factory=Enforcement)
+    """What happens once the budget is over quota."""
+    accounting: Annotated[Accounting, crd(default=USE_DEFAULT)] = msgspec.field(default_factory=Accounting)
+    """How finished pods are kept."""
 
 
 # ---------------------------------------------------------------------------------------------- status
@@ -113,64 +154,125 @@ class LedgerEntryStatus(_Api):
     """A finished or deleted pod whose usage keeps counting while it overlaps the window."""
 
     uid: str = ""
+    """The pod's UID."""
     name: str = ""
-    start: str = ""
-    end: str = ""
+    """The pod's name (in the budget's namespace)."""
+    start: Annotated[str, crd(format="date-time")] = ""
+    """Earliest container start."""
+    end: Annotated[str, crd(format="date-time")] = ""
+    """Latest container finish (or when the pod was seen gone)."""
     gpus: str = "0"
+    """GPUs held (a quantity)."""
 
 
 class LedgerBucketStatus(_Api):
     """Compacted entries: `gpuSeconds` used inside [start, end), at most `peakGpus` at once."""
 
-    start: str = ""
-    end: str = ""
+    start: Annotated[str, crd(format="date-time")] = ""
+    """Cell start."""
+    end: Annotated[str, crd(format="date-time")] = ""
+    """Cell end."""
     gpu_seconds: str = "0"
+    """GPU-seconds used inside the cell (a quantity)."""
     peak_gpus: str = "0"
+    """Upper bound on the GPUs in use at once inside the cell (a quantity)."""
 
 
 class LedgerStatus(_Api):
     resource_name: str = ""
+    """The resource the amounts are of (a changed gpuResourceName starts a new ledger)."""
     max_entries: int = 0
+    """Entries kept individually before the oldest are merged into buckets."""
     bucket_seconds: int = 0
+    """Width of the buckets entries are merged into."""
     error_bound_gpu_hours: str = ""
-    compacted_through: str | None = None
-    """Finished pods ending at or before this are in the buckets (or out of the window): never count them again."""
+    """Most GPU-hours the buckets can over-count right now (0 without buckets)."""
+    compacted_through: Annotated[str | None, crd(format="date-time")] = None
+    """Finished pods ending at or before this are in the buckets (or out of the window): they are never counted
+    again."""
     entries: tuple[LedgerEntryStatus, ...] | None = None
+    """One entry per finished or deleted pod."""
     buckets: tuple[LedgerBucketStatus, ...] | None = None
+    """Merged entries, one per grid cell of bucketSeconds."""
 
 
 class LastEnforcement(_Api):
     action: str = ""
+    """AlertOnly, Pause or Evict."""
     pod: str = ""
+    """The pod acted on (or the largest consumer, for AlertOnly)."""
     job: str = ""
-    time: str = ""
+    """The Job suspended or resumed (Pause)."""
+    time: Annotated[str, crd(format="date-time")] = ""
+    """When."""
     result: str = ""
+    """Alerted, Suspended, Marked, Resumed, Evicted, Blocked or Failed."""
     message: str = ""
+    """What happened, for humans."""
 
 
 class BudgetStatus(_Api):
-    observed_generation: int = 0
+    observed_generation: Annotated[int, crd(format="int64")] = 0
+    """The spec generation this status describes."""
     consumed_gpu_hours: str = ""
+    """GPU-hours used in the window at computedAt, 6 decimals (exact before rounding)."""
     remaining_gpu_hours: str = ""
+    """Quota minus consumption at computedAt, floored at 0, 6 decimals."""
     quota_gpu_hours: str = ""
+    """The quota in GPU-hours, 6 decimals."""
     burn_rate_gpus: str = ""
-    tracked_pods: int = 0
-    running_pods: int = 0
-    computed_at: str | None = None
-    over_quota_since: str | None = None
-    exhausts_at: str | None = None
+    """GPUs held by matched running pods at computedAt (consumption grows at this rate)."""
+    tracked_pods: Annotated[int, crd(format="int32")] = 0
+    """Pods (live or in the ledger) whose GPU usage overlaps the window."""
+    running_pods: Annotated[int, crd(format="int32")] = 0
+    """Matched pods holding GPUs now."""
+    computed_at: Annotated[str | None, crd(format="date-time")] = None
+    """When these numbers were computed (written only when one of them changed)."""
+    over_quota_since: Annotated[str | None, crd(format="date-time")] = None
+    """Since when consumption has been at or above the quota; enforcement delays count from it."""
+    exhausts_at: Annotated[str | None, crd(format="date-time")] = None
+    """When the quota will be reached if running pods keep running and nothing new starts (usage leaving the window
+    accounted for); absent if never or already over quota."""
     ledger: LedgerStatus | None = None
+    """Usage of finished and deleted pods still inside the window, so it keeps counting after the pods are gone.
+    Bounded: beyond maxEntries the oldest entries merge into buckets of bucketSeconds, which may over-count by
+    at most errorBoundGpuHours."""
     last_enforcement: LastEnforcement | None = None
-    conditions: tuple[Condition, ...] | None = None
+    """The latest enforcement step."""
+    conditions: Annotated[tuple[Condition, ...] | None, crd(list_type="map", list_map_keys=("type",))] = None
+    """Ready, QuotaExceeded and Degraded (metav1.Condition)."""
 
 
 class GPUWorkloadBudget(_Api):
+    """GPUWorkloadBudget limits the GPU-hours that the pods chosen by a label selector may use within a rolling
+    window, and enforces the limit (alert, pause Jobs, or evict pods). Usage of finished and deleted pods keeps
+    counting while it is inside the window."""
+
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
-    spec: BudgetSpec = msgspec.field(default_factory=BudgetSpec)
+    spec: Annotated[BudgetSpec, crd(required=True)] = msgspec.field(default_factory=BudgetSpec)
+    """What to account and how to enforce it."""
     status: BudgetStatus = msgspec.field(default_factory=BudgetStatus)
+    """Written by the budget controller."""
 
 
 BUDGETS: Final = ResourceType(GROUP, VERSION, PLURAL, KIND, True, GPUWorkloadBudget)
+CRD: Final = CustomResource(
+    BUDGETS, short_names=("gwb",), categories=("gpuops",), labels={"app.kubernetes.io/part-of": "gpuops"},
+    columns=(
+        Column("Consumed", "string", ".status.consumedGpuHours",
+               "GPU-hours used in the window when the status was last computed."),
+        Column("Quota", "string", ".spec.quota.gpuHours", "GPU-hours allowed per window."),
+        Column("Remaining", "string", ".status.remainingGpuHours", "Quota minus consumption, floored at 0."),
+        Column("Pods", "integer", ".status.trackedPods",
+               "Pods whose GPU usage overlaps the window (live or in the ledger)."),
+        Column("Action", "string", ".spec.enforcement.action",
+               "What happens once the budget has been over quota for enforcement.delaySeconds."),
+        Column("Exceeded", "string", '.status.conditions[?(@.type=="QuotaExceeded")].status',
+               "The QuotaExceeded condition.", priority=1),
+        Column("Window", "integer", ".spec.quota.windowHours", "Window length in hours.", priority=1),
+        Column("Age", "date", ".metadata.creationTimestamp"),
+    ),
+)
 
 
 # ---------------------------------------------------------------------------------------------- selectors

@@ -10,10 +10,11 @@ the gate, the kubelet's Allocate (served by the agent's device plugin) hands the
 from __future__ import annotations
 
 import re
-from typing import Final, Literal
+from typing import Annotated, ClassVar, Final, Literal
 
 import msgspec
 
+from gpuops.kube.crd import Column, CustomResource, Rule, crd
 from gpuops.kube.objects import Condition, ObjectMeta
 from gpuops.kube.resources import ResourceType
 
@@ -79,48 +80,92 @@ class MigSlice(_Api, kw_only=True):
 
     # required (never left out as a default): the CRD needs them, and start 0 is a real placement
     profile: str
-    start: int
-    size: int
+    """The MIG profile (e.g. 1g.10gb, 1g.10gb+me)."""
+    start: Annotated[int, crd(minimum=0)]
+    """First memory slice of its placement."""
+    size: Annotated[int, crd(minimum=1)]
+    """Memory slices it covers."""
     device_uuid: str = msgspec.field(default="", name="deviceUUID")
-    """MIG-<uuid>: what NVIDIA_VISIBLE_DEVICES names."""
+    """MIG device UUID (MIG-...) of its compute instance. Empty while no compute instance spans the whole GPU
+    instance."""
     claim: str = ""
-    """`<namespace>/<name>` of the AllocationClaim it was made for ("" for a slice no claim owns)."""
+    """namespace/name of the live (Pending, Created or Bound) AllocationClaim it was made for. Empty if no live
+    claim owns it; the agent destroys such a slice at once if its claim was Released or Failed, and after
+    --orphan-grace seconds (default 30) otherwise."""
     gpu_instance_id: int | None = None
+    """NVML GPU instance ID."""
     compute_instance_id: int | None = None
+    """NVML ID of the compute instance that spans the whole GPU instance. Absent when there is none (only half
+    made, or split into smaller compute instances)."""
 
 
 class MigGPU(_Api, kw_only=True):
-    index: int
+    """One physical GPU."""
+
+    index: Annotated[int, crd(minimum=0)]
+    """The NVML device index."""
     uuid: str
+    """The GPU UUID (GPU-...). AllocationClaims name the GPU by it (spec.gpuUUID)."""
     model: str
-    """Our model key (A100-40GB, H100-80GB, ...), which `gpuops.accounting.mig` knows the geometry of."""
+    """The gpuops model key that selects the MIG geometry (e.g. A100-40GB, H100-80GB). It is empty when gpuops
+    knows no geometry for the GPU, and then no slices can be made on it."""
     product: str = ""
+    """The NVML product name with dashes for spaces, as GPU feature discovery writes it (e.g.
+    NVIDIA-A100-SXM4-40GB)."""
     memory_mib: int = msgspec.field(default=0, name="memoryMiB")
+    """Total GPU memory in MiB."""
     mig_mode: Literal["Enabled", "Disabled", "Pending"] = "Disabled"
-    """Pending: enabled, but the GPU must be reset before it takes effect."""
+    """Enabled or Disabled (the current MIG mode), or Pending (a mode change takes effect at the next GPU reset).
+    The allocator plans slices only on Enabled GPUs."""
     slices: tuple[MigSlice, ...] = ()
+    """The GPU instances on the GPU, ordered by start, each with the claim it was made for. The allocator counts
+    every one as occupied, including those it did not plan."""
 
 
 class MigNodeSpec(_Api):
     node_name: str = ""
+    """The Node this report describes (the agent's --node-name; the MigNode gets the same name). If it is empty,
+    the allocator uses metadata.name."""
 
 
 class MigNodeStatus(_Api):
-    backend: str = ""
-    """nvml or emulated."""
+    backend: Annotated[str, crd(enum=("nvml", "emulated"))] = ""
+    """nvml (the real GPUs, through NVML) or emulated (an NVML-shaped fake: the agent runs with --backend
+    emulated)."""
     agent_version: str = ""
-    heartbeat: str | None = None
+    """The gpuops version of the agent that wrote this report."""
+    heartbeat: Annotated[str | None, crd(format="date-time")] = None
+    """When the agent last wrote this report. If it is more than 120 s old, the allocator treats the agent as down
+    and places no slices on the node."""
     gpus: tuple[MigGPU, ...] = ()
-    conditions: tuple[Condition, ...] | None = None
+    """Every GPU on the node, in NVML index order, as read from the driver."""
+    conditions: Annotated[tuple[Condition, ...] | None, crd(list_type="map", list_map_keys=("type",))] = None
+    """metav1.Conditions. Reserved: the agent sets none today, so use heartbeat to tell whether the agent is alive."""
 
 
 class MigNode(_Api):
+    """MigNode is the node agent's report of one node's MIG-capable GPUs and their slices. The MIG allocator reads
+    it; nobody else writes it."""
+
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     spec: MigNodeSpec = msgspec.field(default_factory=MigNodeSpec)
+    """Which node this is, set by the node agent when it creates the MigNode."""
     status: MigNodeStatus = msgspec.field(default_factory=MigNodeStatus)
+    """Written by the node agent when what it reports changes, and at least every --heartbeat seconds (default 15)."""
 
 
 MIG_NODES: Final = ResourceType(GROUP, VERSION, "mignodes", MIG_NODE_KIND, False, MigNode)
+MIG_NODE_CRD: Final = CustomResource(
+    MIG_NODES, categories=("gpuops",), labels={"app.kubernetes.io/part-of": "gpuops"},
+    columns=(
+        Column("Node", "string", ".spec.nodeName"),
+        Column("GPUs", "integer", ".status.gpus[*].index", "GPUs the agent found (the last index; see .status.gpus).",
+               priority=1),
+        Column("Backend", "string", ".status.backend"),
+        Column("Heartbeat", "date", ".status.heartbeat"),
+        Column("Age", "date", ".metadata.creationTimestamp"),
+    ),
+)
 
 
 # ---------------------------------------------------------------------------------------------- AllocationClaim
@@ -129,34 +174,84 @@ MIG_NODES: Final = ResourceType(GROUP, VERSION, "mignodes", MIG_NODE_KIND, False
 class ClaimSpec(_Api, kw_only=True):
     """Where one slice of one pod goes; immutable once written (a new decision is a new claim)."""
 
-    pod_name: str = ""
-    pod_uid: str = msgspec.field(default="", name="podUID")
-    node_name: str = ""
-    gpu_uuid: str = msgspec.field(default="", name="gpuUUID")
-    profile: str = ""
-    start: int
-    size: int = 0
+    __crd_rules__: ClassVar[tuple[Rule, ...]] = (
+        Rule("self == oldSelf", "an AllocationClaim's spec is immutable; create a new claim for a new placement"),
+    )
+
+    pod_name: Annotated[str, crd(required=True, min_length=1)] = ""
+    """The pod the slice is for, in the claim's namespace. The pod owns the claim, so deleting the pod
+    garbage-collects it."""
+    pod_uid: Annotated[str, crd(required=True, min_length=1)] = msgspec.field(default="", name="podUID")
+    """The pod's UID (also the label gpuops.io/pod-uid), so a new pod with the same name never takes over an old
+    pod's claims."""
+    node_name: Annotated[str, crd(required=True, min_length=1)] = ""
+    """The node whose agent makes the slice (the claim has the label gpuops.io/node with this value). The pod is
+    pinned to this node when its gate is removed."""
+    gpu_uuid: Annotated[str, crd(required=True, min_length=1)] = msgspec.field(default="", name="gpuUUID")
+    """The GPU on that node that holds the slice (its uuid in the node's MigNode)."""
+    profile: Annotated[str, crd(required=True, pattern=r'^[0-9]+g\.[0-9]+gb(\+me|\+gfx)?$')] = ""
+    """MIG profile, named for the GPU's model (e.g. 1g.10gb, 1g.10gb+me). The pod requests it as
+    gpuops.io/mig-<profile>, with + written as -."""
+    start: Annotated[int, crd(minimum=0, maximum=7)]
+    """First memory slice of the GPU instance (its NVML placement start). The agent makes the slice at exactly this
+    placement."""
+    size: Annotated[int, crd(required=True, minimum=1, maximum=8)] = 0
+    """Memory slices the GPU instance covers (its NVML placement size), starting at start."""
 
 
 class ClaimStatus(_Api):
     phase: Phase = "Pending"
+    """Pending, or absent until the agent first writes (not made yet; after 60 s the allocator deletes the claim
+    and places the pod again), Created (the slice exists), Bound (the kubelet gave it to a container), Released
+    (the pod finished; the agent destroys the slice) or Failed (the slice could not be made, or was lost after
+    Bound; see message). For a Failed claim, the allocator places a pod that is still gated again, and deletes a
+    running pod that lost its slice."""
     device_uuid: str = msgspec.field(default="", name="deviceUUID")
+    """The MIG device UUID (MIG-...) of the slice, the value NVIDIA_VISIBLE_DEVICES names. Set together with
+    Created."""
     advertised: bool = False
-    """The agent offers the slice to the kubelet (its device plugin lists it): set once the allocator asked for
-    it with the ADVERTISE annotation, so the node's allocatable grows just before the pod is ungated."""
+    """True once the agent's device plugin offers the slice to the kubelet as gpuops.io/mig-<profile>. The agent
+    does this after the allocator annotates the claim gpuops.io/advertise, and the allocator ungates the pod
+    only after that."""
     message: str = ""
-    created_at: str | None = None
-    bound_at: str | None = None
+    """Why the claim is in its phase, for humans (e.g. the NVML error behind a Failed creation)."""
+    created_at: Annotated[str | None, crd(format="date-time")] = None
+    """When the agent last reported the slice made. It is written again when the slice is made again, e.g. after a
+    reboot."""
+    bound_at: Annotated[str | None, crd(format="date-time")] = None
+    """When the kubelet's Allocate call gave the slice to a container (phase Bound)."""
     observed_generation: int = 0
+    """Not written by gpuops (neither the agent nor the allocator sets it). The spec is immutable, so a claim only
+    ever has one generation."""
 
 
 class AllocationClaim(_Api):
+    """AllocationClaim is one MIG slice for one pod at a fixed place (node, GPU, start). Its spec never changes: a
+    new decision is a new claim."""
+
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
-    spec: ClaimSpec = msgspec.field(default_factory=lambda: ClaimSpec(start=0))
+    spec: Annotated[ClaimSpec, crd(required=True)] = msgspec.field(default_factory=lambda: ClaimSpec(start=0))
+    """Where the slice goes, written by the MIG allocator when it plans the pod. Never changed: to place the pod
+    again the allocator deletes its claims and writes new ones."""
     status: ClaimStatus = msgspec.field(default_factory=ClaimStatus)
+    """Written by the node agent (Created, Bound, Failed, deviceUUID, advertised) and by the MIG allocator
+    (Released)."""
 
 
 CLAIMS: Final = ResourceType(GROUP, VERSION, "allocationclaims", CLAIM_KIND, True, AllocationClaim)
+CLAIM_CRD: Final = CustomResource(
+    CLAIMS, short_names=("ac",), categories=("gpuops",), labels={"app.kubernetes.io/part-of": "gpuops"},
+    columns=(
+        Column("Pod", "string", ".spec.podName"),
+        Column("Node", "string", ".spec.nodeName"),
+        Column("Profile", "string", ".spec.profile"),
+        Column("Start", "integer", ".spec.start"),
+        Column("Phase", "string", ".status.phase", "Pending, Created, Bound, Released or Failed."),
+        Column("GPU", "string", ".spec.gpuUUID", priority=1),
+        Column("Device", "string", ".status.deviceUUID", priority=1),
+        Column("Age", "date", ".metadata.creationTimestamp"),
+    ),
+)
 
 
 def profile_of_resource(resource: str) -> str | None:

@@ -8,11 +8,13 @@ launch needs to be repeated exactly (the client token and the parameters that we
 from __future__ import annotations
 
 import re
-from typing import Final, Literal
+from typing import Annotated, ClassVar, Final, Literal
 
 import msgspec
 
 from gpuops.controllers.errors import SpecError
+from gpuops.kube.crd import USE_DEFAULT, Column, CustomResource, Rule, crd
+from gpuops.kube.crd.markers import marker
 from gpuops.kube.objects import Condition, ObjectMeta, Taint
 from gpuops.kube.resources import ResourceType
 
@@ -49,64 +51,138 @@ class _Api(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
 
 
 class CredentialsRef(_Api):
-    name: str = ""
-    namespace: str = ""
+    name: Annotated[str, crd(required=True, min_length=1)] = ""
+    """Name of the Secret."""
+    namespace: Annotated[str, crd(required=True, min_length=1)] = ""
+    """Namespace of the Secret (required, as the pool is cluster-scoped)."""
 
 
 class OnDemandFallback(_Api):
     """Launch on-demand instances of the same template after this many capacity errors in a row (every spot
     (zone, type) pair backed off); back to spot once a spot launch succeeds."""
 
-    after_capacity_errors: int = 3
+    after_capacity_errors: Annotated[int, crd(default=USE_DEFAULT, minimum=1)] = 3
+    """How many capacity errors since the last successful spot launch (status.capacityErrors) allow on-demand
+    launches. On-demand is used only while every spot zone and type is backed off."""
 
 
 class PoolTemplate(_Api):
-    region: str = ""
-    zones: tuple[str, ...] = ()
-    instance_types: tuple[str, ...] = ()
-    """In preference order: the first (zone, type) pair not backed off after a capacity error is launched."""
+    region: Annotated[str, crd(max_length=64)] = ""
+    """Cloud region, e.g. ap-guangzhou or us-east-1. Required for tencent and aws; the webhook and sim providers
+    ignore it."""
+    zones: Annotated[tuple[str, ...], crd(max_items=16)] = ()
+    """Zones to launch in, in order of preference; a zone whose capacity runs out is backed off and the next one
+    tried. Required for tencent (CVM launches into a named zone); empty for aws lets EC2 choose (the subnet's
+    zone when a subnet is set)."""
+    instance_types: Annotated[tuple[str, ...], crd(
+        required=True, min_items=1, max_items=16, items=marker(min_length=1)
+    )] = ()
+    """Instance types in order of preference; after a capacity error a (zone, type) pair is backed off (30 s
+    doubling to 10 min) and the next one is tried."""
     image: str | None = None
+    """Image to boot: the CVM ImageId (tencent), the AMI ID (aws), imageId (webhook, sim). Sent only when set."""
     subnet: str | None = None
+    """Subnet ID to launch into: SubnetId for tencent (with vpc) and aws, subnetId for webhook and sim. Sent only
+    when set."""
     vpc: str | None = None
+    """VPC ID, sent with the subnet to tencent (VirtualPrivateCloud) and as vpcId to webhook and sim. The aws
+    provider ignores it (EC2 takes the VPC from the subnet)."""
     security_groups: tuple[str, ...] = ()
-    max_price: str | None = None
-    user_data: str | None = None
-    tags: dict[str, str] | None = None
+    """Security group IDs the instances get. Sent only when set."""
+    max_price: Annotated[str | None, crd(pattern=r'^[0-9]+(\.[0-9]+)?$')] = None
+    """Highest spot price per hour; leave unset to pay the current spot price (AWS advice)."""
+    user_data: Annotated[str | None, crd(max_length=12288)] = None
+    """Boot script (plain text; base64-encoded for the cloud), e.g. the kubelet join."""
+    tags: Annotated[dict[str, str] | None, crd(max_properties=40, rules=(
+        Rule("!self.exists(k, k.startsWith('gpuops.io/'))",
+             "tag keys starting with gpuops.io/ are reserved for ownership tags"),
+    ))] = None
+    """Extra tags for every instance, added to the ownership tags gpuops.io/pool, gpuops.io/managed-by and
+    gpuops.io/launch-id."""
     labels: dict[str, str] | None = None
+    """Labels the pool's nodes get (the controller sets them when a node joins)."""
     taints: tuple[Taint, ...] | None = None
-    gpus_per_instance: int = 1
-    """GPUs one instance brings (for scaleOnDemand: how many instances the pending pods need)."""
-    gpu_resource_name: str = "nvidia.com/gpu"
+    """Taints the pool's nodes get (the controller sets them when a node joins)."""
+    gpus_per_instance: Annotated[int, crd(default=USE_DEFAULT, minimum=1)] = 1
+    """GPUs one instance brings. With scaleOnDemand it sets how many instances the pending pods need; a pod that
+    asks for more GPUs than this never counts as demand."""
+    gpu_resource_name: Annotated[str, crd(default=USE_DEFAULT)] = "nvidia.com/gpu"
+    """The extended resource the instances' GPUs are advertised as. A node counts as ready once some of it is
+    allocatable, and pods that request it make a node busy or, with scaleOnDemand, are demand."""
 
 
 class PoolSpec(_Api):
-    provider: str = ""
-    minimum: int = 0
-    maximum: int = 0
-    scale_on_demand: bool = False
-    template: PoolTemplate = msgspec.field(default_factory=PoolTemplate)
-    endpoint: str | None = None
-    """The cloud API endpoint, when not the provider's public one (private regions, the webhook and sim URLs)."""
+    __crd_rules__: ClassVar[tuple[Rule, ...]] = (
+        Rule("self.minimum <= self.maximum", "minimum must be <= maximum"),
+        Rule("!(self.provider in ['webhook', 'sim']) || has(self.endpoint)",
+             "the webhook and sim providers need spec.endpoint (the base URL of the instance API)"),
+        Rule("!(self.provider in ['tencent', 'aws']) || has(self.credentialsSecretRef)",
+             "the tencent and aws providers need spec.credentialsSecretRef (the Secret with the keys)"),
+        Rule("!(self.provider in ['tencent', 'aws']) || self.template.region != ''",
+             "the tencent and aws providers need spec.template.region"),
+        Rule("self.provider != 'tencent' || (has(self.template.zones) && size(self.template.zones) > 0)",
+             "the tencent provider needs spec.template.zones (CVM launches into a named zone)"),
+    )
+
+    provider: Annotated[str, crd(required=True, enum=("tencent", "aws", "webhook", "sim"))] = ""
+    """Which cloud API the pool's instances live on."""
+    minimum: Annotated[int, crd(default=USE_DEFAULT, minimum=0)] = 0
+    """Instances the pool always keeps (reclaimed ones are replaced at once)."""
+    maximum: Annotated[int, crd(required=True, minimum=0, maximum=10000)] = 0
+    """Instances the pool never exceeds, counting launches still in flight."""
+    scale_on_demand: Annotated[bool, crd(default=USE_DEFAULT)] = False
+    """Grow within [minimum, maximum] for unschedulable GPU pods that fit the pool's nodes (template labels and
+    taints, gpusPerInstance); idle instances above minimum are retired."""
+    template: Annotated[PoolTemplate, crd(required=True)] = msgspec.field(default_factory=PoolTemplate)
+    """What every instance is launched with, and the labels and taints its node gets. Launch settings only affect
+    later launches (running instances are not replaced); labels and taints added later are also put on the
+    pool's existing nodes."""
+    endpoint: Annotated[str | None, crd(max_length=512)] = None
+    """API endpoint when not the provider's public one: host:port or URL for tencent (HttpProfile), the endpoint
+    URL for aws, the base URL of the instance API for webhook and sim."""
     credentials_secret_ref: CredentialsRef | None = None
+    """Secret with the cloud keys. tencent - secretId, secretKey (token optional); aws - accessKeyId,
+    secretAccessKey (sessionToken optional); webhook and sim - token (optional bearer token)."""
     on_demand_fallback: OnDemandFallback | None = None
-    drain_timeout_seconds: int = 600
-    deletion_policy: Literal["Terminate", "Retain"] = "Terminate"
+    """Launch on-demand instances after this many capacity errors in a row (every spot zone and type backed off);
+    spot again after the next successful spot launch. Absent - spot only."""
+    drain_timeout_seconds: Annotated[int, crd(default=USE_DEFAULT, minimum=0)] = 600
+    """On scale-in, how long to wait for the node's pods to be evicted before terminating."""
+    deletion_policy: Annotated[Literal["Terminate", "Retain"], crd(default=USE_DEFAULT)] = "Terminate"
+    """On deletion of the pool, Terminate every instance it owns, or Retain them (the tags stay; a new pool of the
+    same name adopts them)."""
 
 
 class InstanceStatus(_Api):
+    """One instance as the cloud describes it, and its Node."""
+
     id: str = ""
+    """The cloud's instance ID."""
     state: str = ""
+    """Cloud state under CVM names (other providers' states are mapped to them): PENDING, LAUNCH_FAILED, RUNNING,
+    STOPPED, STARTING, STOPPING, REBOOTING, SHUTDOWN or TERMINATING. LAUNCH_FAILED, STOPPED and SHUTDOWN
+    instances are terminated."""
     zone: str = ""
+    """Availability zone."""
     type: str = ""
+    """Instance type."""
     capacity_type: str = "spot"
+    """spot or on-demand."""
     private_ip: str | None = msgspec.field(default=None, name="privateIP")
+    """Private IP address, if it has one."""
     public_ip: str | None = msgspec.field(default=None, name="publicIP")
+    """Public IP address, if it has one."""
     node_name: str | None = None
-    launched_at: str | None = None
-    reclaim_at: str | None = None
-    """When the cloud will take the instance back (a spot termination notice was seen)."""
-    retiring_since: str | None = None
-    """Scale-in chose it: cordoned and drained since then, terminated once empty or after drainTimeoutSeconds."""
+    """The Node the instance became, matched by providerID or else by name. Absent until it joins."""
+    launched_at: Annotated[str | None, crd(format="date-time")] = None
+    """When the cloud launched the instance."""
+    reclaim_at: Annotated[str | None, crd(format="date-time")] = None
+    """When the cloud takes the instance back (a spot reclaim notice on its Node or from the cloud), or for an
+    instance leaving on its own (STOPPING, STOPPED, SHUTDOWN, TERMINATING) the last time it was seen so. From
+    then on it is not capacity: a replacement is launched and its node drained."""
+    retiring_since: Annotated[str | None, crd(format="date-time")] = None
+    """Since when scale-in has been draining it (tainted gpuops.io/spot-retire). It is terminated once its node has
+    no workload pods, or after drainTimeoutSeconds."""
 
 
 class PendingLaunch(_Api):
@@ -114,47 +190,101 @@ class PendingLaunch(_Api):
     successor, sends the same client token with the same parameters, so the cloud sells the instances once."""
 
     client_token: str = ""
+    """The launch's client token (the pool's UID, a dash and the launch sequence, at most 64 characters). Its
+    instances are also tagged with it as gpuops.io/launch-id."""
     count: int = 0
-    since: str = ""
+    """Instances requested."""
+    since: Annotated[str, crd(format="date-time")] = ""
+    """When the launch was decided."""
     instance_type: str = ""
+    """The instance type launched."""
     zone: str | None = None
+    """The zone launched in; absent means the provider's default."""
     capacity_type: str = "spot"
+    """spot or on-demand."""
     attempts: int = 0
+    """Launch calls made so far, counting retries after throttling or transient errors."""
     instance_ids: tuple[str, ...] = ()
-    """What the cloud answered; the launch is resolved once describe lists them (or times out)."""
+    """The instance IDs the cloud returned. The launch is settled once the instance listing shows all of them."""
 
 
 class CapacityBackoff(_Api):
+    """One backed-off combination."""
+
     zone: str = ""
+    """The zone (empty means the provider's default)."""
     instance_type: str = ""
+    """The instance type."""
     capacity_type: str = "spot"
+    """spot or on-demand."""
     failures: int = 0
-    until: str = ""
+    """Capacity errors of this combination in a row. The pause doubles with each one (30 s up to 10 min); the entry
+    is dropped once the combination launches successfully."""
+    until: Annotated[str, crd(format="date-time")] = ""
+    """When the combination may be tried again."""
 
 
 class PoolStatus(_Api):
     observed_generation: int = 0
+    """The spec generation this status was written for (set on every status write)."""
     desired: int = 0
+    """The instance count the controller aims for, within [minimum, maximum]: the live count, or with scaleOnDemand
+    the instances running GPU pods plus those the pending pods need."""
     size: int = 0
+    """Live instances (PENDING, STARTING, RUNNING or REBOOTING) that are not under a reclaim notice."""
     ready: int = 0
+    """Of those, the RUNNING instances whose Node is Ready with its GPUs allocatable."""
     instances: tuple[InstanceStatus, ...] = ()
+    """The instances the cloud lists with the pool's ownership tags, oldest first. Terminated ones are no longer
+    listed."""
     pending_launch: PendingLaunch | None = None
+    """A launch written here before the cloud is called. Every retry sends the same client token and parameters, so
+    the instances are bought once. Cleared once the instances it bought are listed, when it fails for good, or
+    when the instances the cloud returned are still not listed 300 s after it was decided."""
     launch_sequence: int = 0
-    """Launch intents created so far: the client token of the next one is derived from it."""
+    """Launch intents created so far. The next launch's client token is the pool's UID, a dash and launchSequence +
+    1."""
     capacity_errors: int = 0
-    """Capacity errors since the last successful launch (the on-demand fallback counts these)."""
+    """Capacity errors since the last successful spot launch (the number onDemandFallback compares with
+    afterCapacityErrors)."""
     backoff: tuple[CapacityBackoff, ...] = ()
+    """(zone, instance type, capacity type) combinations that are paused after capacity errors. Launches meanwhile
+    use the next combination in preference order."""
     last_error: str | None = None
-    conditions: tuple[Condition, ...] | None = None
+    """The latest failure (spec, Secret or cloud call), for humans. Cleared when a reconcile gets as far as listing
+    the instances again."""
+    conditions: Annotated[tuple[Condition, ...] | None, crd(list_type="map", list_map_keys=("type",))] = None
+    """Ready (True when enough instances are Ready; False also for spec, SDK or launch problems, e.g. reason
+    InvalidSpec or LaunchRejected), ScalingUp (True while a launch is in flight or size is below desired),
+    CapacityError, QuotaExceeded and CredentialsInvalid. metav1.Condition."""
 
 
 class SpotPool(_Api):
+    """SpotPool keeps between minimum and maximum spot instances of a template on a cloud API. Instances are owned
+    through tags (gpuops.io/pool, gpuops.io/managed-by, gpuops.io/launch-id); a launch's client token is written
+    to status before the call, so no retry, crash or failover ever buys twice."""
+
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
-    spec: PoolSpec = msgspec.field(default_factory=PoolSpec)
+    spec: Annotated[PoolSpec, crd(required=True)] = msgspec.field(default_factory=PoolSpec)
+    """The pool's bounds, its cloud, and what its instances are launched with."""
     status: PoolStatus = msgspec.field(default_factory=PoolStatus)
+    """Written by the spot pool controller."""
 
 
 POOLS: Final = ResourceType(GROUP, VERSION, PLURAL, KIND, False, SpotPool)
+CRD: Final = CustomResource(
+    POOLS, short_names=("sp",), categories=("gpuops",), labels={"app.kubernetes.io/part-of": "gpuops"},
+    columns=(
+        Column("Min", "integer", ".spec.minimum"),
+        Column("Max", "integer", ".spec.maximum"),
+        Column("Size", "integer", ".status.size",
+               "Live instances (pending, starting, running or rebooting; not counting those under a reclaim notice)."),
+        Column("Ready", "integer", ".status.ready", "Instances whose Node is Ready."),
+        Column("Provider", "string", ".spec.provider"),
+        Column("Desired", "integer", ".status.desired", priority=1),
+        Column("Age", "date", ".metadata.creationTimestamp"),
+    ),
+)
 
 _PRICE = re.compile(r"\d+(\.\d+)?")
 

@@ -18,7 +18,7 @@ import msgspec
 import structlog
 from aiohttp import web
 
-from . import auth, discovery, openapi, tables
+from . import answered_warnings, auth, discovery, openapi, tables
 from .admission import WebhookCaller
 from .controllers import ControllerLoops
 from .crds import crd_resource_infos
@@ -370,6 +370,13 @@ class APIServer:
         self.requests_total += 1
         if not self._answering.is_set() and not request.path.startswith("/sim/"):
             await self._answering.wait()
+        response = await self._answer(request)
+        warnings = response.headers.getall("Warning", None)
+        if warnings:
+            answered_warnings.report(request.method, request.path_qs, response.status, warnings)
+        return response
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
         try:
             return await self._dispatch(request)
         except StatusError as e:
