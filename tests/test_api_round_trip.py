@@ -34,7 +34,14 @@ SAMPLES_BY_FIELD = {
     "url": "https://power.example.com/hook",
     "operator": "In",
     "provider": "sim",
+    # fields whose syntax a CEL rule checks
+    "uuid": "GPU-5b1c7d2e-0f4a-4e8b-9c3d-2a1b0c9d8e7f",
+    "gpuUUID": "GPU-5b1c7d2e-0f4a-4e8b-9c3d-2a1b0c9d8e7f",
+    "deviceUUID": "MIG-0c9d8e7f-2a1b-4e8b-9c3d-5b1c7d2e0f4a",
+    "podUID": "0f4a4e8b-9c3d-2a1b-0c9d-8e7f5b1c7d2e",
+    "claim": "default/round-trip",
 }
+MAP_KEYS = {"headers": "X-Site"}
 TIME = "2026-01-02T03:04:05Z"
 
 
@@ -47,7 +54,7 @@ def sample(schema: Mapping[str, Any], name: str, path: str) -> Any:
         if "properties" in schema:
             return {k: sample(sub, k, f"{path}.{k}") for k, sub in schema["properties"].items()}
         value = sample(schema.get("additionalProperties") or {"type": "string"}, name, f"{path}{{}}")
-        return {"example.com/key": value}
+        return {MAP_KEYS.get(name, "example.com/key"): value}
     if kind == "array":
         return [sample(schema["items"], name, f"{path}[]")]
     if kind == "boolean":
@@ -69,7 +76,7 @@ def _string(schema: Mapping[str, Any], name: str, path: str) -> str:
     elif schema.get("format") == "date-time":
         value = TIME
     else:
-        value = f"v-{name}"[: schema.get("maxLength", 64)]
+        value = f"v-{name.lower()}"[: schema.get("maxLength", 64)]
     pattern = schema.get("pattern")
     assert pattern is None or re.search(pattern, value), f"{path}: sample {value!r} does not match {pattern}"
     assert len(value) >= schema.get("minLength", 0), f"{path}: sample {value!r} too short"

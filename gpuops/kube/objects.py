@@ -36,7 +36,8 @@ from typing import Annotated, Any, ClassVar, TypeVar, cast
 import msgspec
 from msgspec.structs import force_setattr as _set
 
-from .crd.markers import Rule, crd
+from .crd.markers import Rule, crd, marker
+from .crd.patterns import LABEL_KEY, LABEL_VALUE, label_map, syntax
 
 __all__ = [
     "Affinity",
@@ -295,20 +296,26 @@ class LabelSelectorRequirement(_Model):
              "operators In and NotIn need values; Exists and DoesNotExist take none"),
     )
 
-    key: Annotated[str, crd(required=True, min_length=1)] = ""
+    key: Annotated[str, syntax(LABEL_KEY, "must be a label key: an optional DNS-subdomain prefix and '/', then at "
+                               "most 63 letters, digits, '-', '_' or '.' (e.g. app.kubernetes.io/name)",
+                               max_length=317, required=True)] = ""
     """The label key."""
     operator: Annotated[str, crd(required=True, enum=("In", "NotIn", "Exists", "DoesNotExist"))] = ""
     """How the key relates to the values."""
-    values: tuple[str, ...] | None = None
+    values: Annotated[tuple[str, ...] | None, crd(max_items=64, items=marker(max_length=63), rules=(
+        Rule(f"self.all(v, v.matches(r'{LABEL_VALUE}'))",
+             "every value must be a label value: empty, or at most 63 letters, digits, '-', '_' or '.' starting and "
+             "ending with a letter or digit"),
+    ))] = None
     """Values for In and NotIn; empty for Exists and DoesNotExist."""
 
 
 class LabelSelector(_Model):
     """A label query over a set of objects; its requirements are ANDed."""
 
-    match_labels: dict[str, str] | None = None
+    match_labels: Annotated[dict[str, str] | None, label_map("matchLabels")] = None
     """Objects must carry all of these labels with these values."""
-    match_expressions: tuple[LabelSelectorRequirement, ...] | None = None
+    match_expressions: Annotated[tuple[LabelSelectorRequirement, ...] | None, crd(max_items=32)] = None
     """Objects must satisfy all of these requirements."""
 
 
@@ -560,10 +567,14 @@ class PodTemplateSpec(_Model):
 class Taint(_Model):
     """A node taint."""
 
-    key: Annotated[str, crd(required=True)] = ""
-    """The taint key."""
-    value: str = ""
-    """The taint value (may be empty)."""
+    key: Annotated[str, syntax(LABEL_KEY, "must be a label key: an optional DNS-subdomain prefix and '/', then at "
+                               "most 63 letters, digits, '-', '_' or '.' (e.g. nvidia.com/gpu)", max_length=317,
+                               required=True)] = ""
+    """The taint key: a label key (an optional DNS-subdomain prefix and '/', then a name)."""
+    value: Annotated[str, syntax(LABEL_VALUE, "must be empty or a label value: at most 63 letters, digits, '-', '_' "
+                                 "or '.' starting and ending with a letter or digit", max_length=63,
+                                 min_length=0)] = ""
+    """The taint value (may be empty; a label value's syntax)."""
     effect: Annotated[str, crd(required=True, enum=("NoSchedule", "PreferNoSchedule", "NoExecute"))] = ""
     """NoSchedule, PreferNoSchedule or NoExecute; pods do not need to tolerate PreferNoSchedule."""
     time_added: Annotated[str | None, crd(format="date-time")] = None

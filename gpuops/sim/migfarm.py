@@ -38,8 +38,13 @@ API_VERSION = "gpuops.io/v1alpha1"
 Slice = tuple[str, int, int, str]  # gpu uuid, start, size, profile
 
 
+def mig_uuid(namespace: str, claim: str) -> str:
+    """The MIG device UUID of the slice made for a claim, in NVML's MIG-<uuid> form."""
+    return f"MIG-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{namespace}/{claim}')}"
+
+
 def gpu_uuids(node: str, count: int) -> list[str]:
-    return [str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{node}/{i}")) for i in range(count)]
+    return [f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}/{i}')}" for i in range(count)]  # NVML's form
 
 
 class _FarmNode:
@@ -136,7 +141,7 @@ class MigAgentFarm:
             if phase == "Pending":
                 n.slices[key] = (str(spec.get("gpuUUID", "")), int(spec.get("start", 0)), int(spec.get("size", 0)),
                                  str(spec.get("profile", "")))
-                await self._status(key, {"phase": "Created", "deviceUUID": f"MIG-{ns}-{name}"})
+                await self._status(key, {"phase": "Created", "deviceUUID": mig_uuid(ns, name)})
                 self.claims_created += 1
                 changed = True
                 phase = "Created"
@@ -174,7 +179,7 @@ class MigAgentFarm:
         for i, g in enumerate(n.gpus):
             mine = sorted(((k, s) for k, s in n.slices.items() if s[0] == g), key=lambda ks: ks[1][1])
             out.append({"index": i, "uuid": g, "model": n.model, "migMode": "Enabled",
-                        "slices": [{"profile": p, "start": st, "size": sz, "deviceUUID": f"MIG-{k[0]}-{k[1]}",
+                        "slices": [{"profile": p, "start": st, "size": sz, "deviceUUID": mig_uuid(k[0], k[1]),
                                     "claim": f"{k[0]}/{k[1]}"} for k, (_, st, sz, p) in mine]})
         return out
 

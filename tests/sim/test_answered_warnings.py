@@ -36,7 +36,8 @@ def test_named(apiserver):
 
 
 def test_an_unnamed_warning_fails_its_test_and_a_named_one_does_not(tmp_path: Path) -> None:
-    (tmp_path / "conftest.py").write_text((TESTS / "conftest.py").read_text())
+    for helper in ("conftest.py", "running_server.py"):
+        (tmp_path / helper).write_text((TESTS / helper).read_text())
     (tmp_path / "test_inner.py").write_text(INNER)
     ini = tmp_path / "pytest.ini"
     ini.write_text("[pytest]\nmarkers =\n    apiserver_warnings(*texts): expected warnings\n")

@@ -49,7 +49,7 @@ from clients import (
 )
 
 if TYPE_CHECKING:
-    from conftest import RunningServer  # type: ignore[import-not-found, unused-ignore]
+    from running_server import RunningServer
 
 pytestmark = pytest.mark.skipif(not KUBECTL.exists(), reason="kubectl not installed in the venv")
 

@@ -33,7 +33,7 @@ from gpuops.sim.apiserver.auth import (
 from gpuops.sim.apiserver.errors import StatusError
 
 if TYPE_CHECKING:
-    from conftest import RunningServer  # type: ignore[import-not-found, unused-ignore]
+    from running_server import RunningServer
 
 KUBECTL = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "kubectl"
 if not KUBECTL.exists():

@@ -10,12 +10,14 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, ClassVar, Final, Literal
+from typing import Annotated, Final, Literal
 
 import msgspec
 
 from gpuops.controllers.errors import SpecError
 from gpuops.kube.crd import USE_DEFAULT, Column, CustomResource, Rule, crd
+from gpuops.kube.crd.markers import marker
+from gpuops.kube.crd.patterns import dns_label, dns_subdomain, http_url, label_map, resource_name, secret_key
 from gpuops.kube.objects import Condition, ObjectMeta, Taint
 from gpuops.kube.resources import ResourceType
 
@@ -54,6 +56,18 @@ State = Literal["Off", "PoweringOn", "Ready", "Draining", "PoweringOff", "Failed
 STATES: Final[tuple[State, ...]] = ("Off", "PoweringOn", "Ready", "Draining", "PoweringOff", "Failed")
 
 
+HEADER_RULES: Final = (
+    Rule(r"self.all(k, size(k) <= 256 && k.matches(r'^[-!#$%&\x27*+.^_`|~0-9A-Za-z]+$'))",
+         "every header name must be an HTTP token (letters, digits and !#$%&'*+-.^_`|~), e.g. X-Site"),
+    Rule("!self.exists(k, k.lowerAscii() in ['authorization', 'idempotency-key', 'content-type', 'content-length', "
+         "'host', 'x-gpuops-signature', 'x-gpuops-timestamp'])",
+         "headers must not set Authorization, Idempotency-Key, Content-Type, Content-Length, Host or X-Gpuops-*: "
+         "gpuops sets them (put a token in the Secret named by secretRef)"),
+    Rule("self.all(k, !self[k].contains('\\n') && !self[k].contains('\\r'))",
+         "header values must be one line (no CR or LF)"),
+)
+
+
 class _Api(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
     """Base of the CRD types: camelCase JSON, defaults left out, every field optional when decoding."""
 
@@ -64,52 +78,48 @@ class _Api(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
 class SecretRef(_Api):
     """A Secret holding the webhook's credentials; the operator reads it, the spec never holds them."""
 
-    name: Annotated[str, crd(required=True)] = ""
+    name: Annotated[str, dns_subdomain(required=True)] = ""
     """Name of the Secret."""
-    namespace: Annotated[str, crd(required=True)] = ""
+    namespace: Annotated[str, dns_label(required=True)] = ""
     """Namespace of the Secret (required, as the group is cluster-scoped)."""
-    token_key: Annotated[str, crd(default=USE_DEFAULT)] = "token"
+    token_key: Annotated[str, secret_key(default=USE_DEFAULT)] = "token"
     """Key in the Secret whose value is sent as Authorization: Bearer <value>. The Secret must have this key,
     hmacKeyKey or both; it is read again for every call."""
-    hmac_key_key: Annotated[str, crd(default=USE_DEFAULT)] = "hmacKey"
+    hmac_key_key: Annotated[str, secret_key(default=USE_DEFAULT)] = "hmacKey"
     """Key in the Secret holding the HMAC key. When it is present, every attempt carries X-Gpuops-Timestamp and
     X-Gpuops-Signature: sha256= and the hex HMAC-SHA256 of "<timestamp>." followed by the body."""
 
 
 class Webhook(_Api):
-    __crd_rules__: ClassVar[tuple[Rule, ...]] = (
-        Rule("self.url.startsWith('http://') || self.url.startsWith('https://')",
-             "url must be an http:// or https:// URL"),
-    )
-
-    url: Annotated[str, crd(required=True, min_length=8)] = ""
+    url: Annotated[str, http_url(required=True)] = ""
     """Receives POST {"node", "action", "idempotencyKey"} with an Idempotency-Key header that stays the same across
     retries of one transition, and X-Gpuops-Signature when an HMAC key is set."""
-    headers: dict[str, str] | None = None
+    headers: Annotated[dict[str, str] | None, crd(max_properties=32, items=marker(max_length=4096),
+                                                  rules=HEADER_RULES)] = None
     """Extra static headers (never put credentials here; use secretRef)."""
     secret_ref: SecretRef | None = None
     """A Secret with a bearer token (sent as Authorization) and/or an HMAC key (signs the body)."""
-    timeout_seconds: Annotated[int, crd(default=USE_DEFAULT, minimum=1)] = 10
+    timeout_seconds: Annotated[int, crd(default=USE_DEFAULT, minimum=1, maximum=300)] = 10
     """Per attempt; failed attempts are retried with exponential backoff and jitter."""
 
 
 class NodeTemplate(_Api):
     """What the node will look like once it joins (fit checks before it ever has)."""
 
-    labels: dict[str, str] | None = None
+    labels: Annotated[dict[str, str] | None, label_map("spec.template.labels")] = None
     """Labels the node will have (kubernetes.io/hostname=nodeName is implied), checked against pending pods'
     nodeSelector and required node affinity while no Node object exists. gpuops does not put them on the node."""
-    taints: tuple[Taint, ...] | None = None
+    taints: Annotated[tuple[Taint, ...] | None, crd(max_items=64)] = None
     """Taints the node will have. While no Node object exists, a pending pod only counts as demand for this machine
     if it tolerates the NoSchedule and NoExecute ones. gpuops does not put them on the node."""
 
 
 class GroupSpec(_Api):
-    node_name: Annotated[str, crd(required=True, min_length=1, max_length=253)] = ""
+    node_name: Annotated[str, dns_subdomain(required=True)] = ""
     """The name of the machine's Node object once it has joined the cluster."""
-    gpu_count: Annotated[int, crd(required=True, minimum=1)] = 0
+    gpu_count: Annotated[int, crd(required=True, minimum=1, maximum=1024)] = 0
     """GPUs the node offers (its allocatable gpuResourceName once the device plugin is up)."""
-    gpu_resource_name: Annotated[str, crd(default=USE_DEFAULT)] = DEFAULT_RESOURCE
+    gpu_resource_name: Annotated[str, resource_name(default=USE_DEFAULT)] = DEFAULT_RESOURCE
     """The extended resource pods request, e.g. nvidia.com/gpu."""
     scale_up: Annotated[Webhook, crd(required=True)] = msgspec.field(default_factory=Webhook)
     """An HTTP endpoint that receives a POST for this power transition (only 2xx counts)."""
@@ -118,14 +128,15 @@ class GroupSpec(_Api):
     template: NodeTemplate = msgspec.field(default_factory=NodeTemplate)
     """The labels and taints the node will have once it joins, so pods are matched against a machine that has never
     been up (a pod that cannot run on it is not demand for it)."""
-    priority: Annotated[int, crd(default=USE_DEFAULT)] = 0
+    priority: Annotated[int, crd(default=USE_DEFAULT, minimum=-1000000, maximum=1000000)] = 0
     """Among machines that fit equally well, the higher priority is powered on first."""
-    boot_timeout_seconds: Annotated[int, crd(default=USE_DEFAULT, minimum=1)] = 900
+    boot_timeout_seconds: Annotated[int, crd(default=USE_DEFAULT, minimum=1, maximum=86400)] = 900
     """Seconds from the power-on request until the node must be Ready with its GPUs allocatable; past it the group
     is Failed and backs off (5 min doubling to 30 min) while another is tried."""
-    scale_down_unneeded_seconds: Annotated[int, crd(default=USE_DEFAULT, minimum=0)] = 600
+    scale_down_unneeded_seconds: Annotated[int, crd(default=USE_DEFAULT, minimum=0, maximum=604800)] = 600
     """Seconds the node must have had no GPU pods before it is powered off."""
-    scale_down_delay_after_scale_up_seconds: Annotated[int, crd(default=USE_DEFAULT, minimum=0)] = 600
+    scale_down_delay_after_scale_up_seconds: Annotated[int, crd(default=USE_DEFAULT, minimum=0,
+                                                                maximum=604800)] = 600
     """No power-off within this many seconds of any scale-up."""
 
 

@@ -22,6 +22,7 @@ from gpuops.accounting.gpuhours import MICROS_PER_HOUR
 from gpuops.accounting.quantity import parse_quantity
 from gpuops.controllers.errors import SpecError
 from gpuops.kube.crd import USE_DEFAULT, Column, CustomResource, Rule, crd
+from gpuops.kube.crd.patterns import QUANTITY, resource_name
 from gpuops.kube.objects import Condition, LabelSelector, ObjectMeta
 from gpuops.kube.resources import ResourceType
 from gpuops.kube.selectors import Selector, SelectorError
@@ -73,15 +74,6 @@ PAUSED_BY: Final = "gpuops.io/paused-by"
 """`<namespace>/<budget>` on Jobs we suspended and pods we marked, so we resume only what we paused."""
 PAUSED_AT: Final = "gpuops.io/paused-at"
 
-QUANTITY_PATTERN: Final = (
-    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
-)
-"""The syntax of a Kubernetes quantity (the API server's own pattern for quantity fields)."""
-RESOURCE_NAME_PATTERN: Final = (
-    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
-)
-"""A resource name: an optional DNS-subdomain prefix and `/`, then a name of at most 63 characters."""
-
 Action = Literal["AlertOnly", "Pause", "Evict"]
 ACTIONS: Final[tuple[Action, ...]] = ("AlertOnly", "Pause", "Evict")
 
@@ -94,9 +86,11 @@ class _Api(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
 
 
 class Quota(_Api):
-    gpu_hours: Annotated[str | int | None, crd(required=True, pattern=QUANTITY_PATTERN, rules=(
-        Rule("!isQuantity(string(self)) || quantity(string(self)).isGreaterThan(quantity('0'))",
-             'spec.quota.gpuHours must be greater than 0, e.g. "100" or "2.5"'),
+    gpu_hours: Annotated[str | int | None, crd(required=True, pattern=QUANTITY, rules=(
+        Rule("isQuantity(string(self)) && quantity(string(self)).isGreaterThan(quantity('0')) && "
+             "quantity(string(self)).isLessThan(quantity('1G'))",
+             'spec.quota.gpuHours must be a quantity greater than 0 and below 1G (a billion GPU-hours), e.g. "100", '
+             '"2.5" or "500m"'),
     ))] = None
     """GPU-hours allowed per window, a quantity greater than 0 ("100", "2.5", "500m"). Reaching it exactly counts
     as over quota."""
@@ -110,10 +104,10 @@ class Enforcement(_Api):
     nothing. Pause suspends the batch/v1 Jobs owning matched pods (and annotates other matched pods with
     gpuops.io/paused-by), and resumes them once under quota. Evict evicts running matched pods through the
     Eviction API (PodDisruptionBudgets respected), largest in-window usage first; their usage keeps counting."""
-    delay_seconds: Annotated[int, crd(default=USE_DEFAULT, minimum=0)] = 60
+    delay_seconds: Annotated[int, crd(default=USE_DEFAULT, minimum=0, maximum=2592000)] = 60
     """Seconds the budget must stay over quota before the action runs, measured from the QuotaExceeded transition
     (an operator restart does not reset it)."""
-    eviction_grace_period_seconds: Annotated[int | None, crd(minimum=0)] = None
+    eviction_grace_period_seconds: Annotated[int | None, crd(minimum=0, maximum=86400)] = None
     """Termination grace period for evicted pods (Eviction deleteOptions); unset uses each pod's own
     terminationGracePeriodSeconds."""
 
@@ -134,8 +128,7 @@ class BudgetSpec(_Api):
     ))] = None
     """Label selector of the pods (in the budget's namespace) whose GPU usage counts. It must not be empty: an
     empty selector would match every pod in the namespace. A pod counts in every budget that selects it."""
-    gpu_resource_name: Annotated[str, crd(default=USE_DEFAULT, min_length=1, max_length=316,
-                                          pattern=RESOURCE_NAME_PATTERN)] = DEFAULT_RESOURCE
+    gpu_resource_name: Annotated[str, resource_name(default=USE_DEFAULT)] = DEFAULT_RESOURCE
     """The extended resource whose effective request counts as GPUs (init containers, sidecars and pod overhead
     included, as the scheduler counts them). Use "cpu" to try budgets on a cluster without GPUs; fractional
     amounts count as fractions of a GPU."""

@@ -10,11 +10,12 @@ the gate, the kubelet's Allocate (served by the agent's device plugin) hands the
 from __future__ import annotations
 
 import re
-from typing import Annotated, ClassVar, Final, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 import msgspec
 
 from gpuops.kube.crd import Column, CustomResource, Rule, crd
+from gpuops.kube.crd.patterns import dns_subdomain, syntax
 from gpuops.kube.objects import Condition, ObjectMeta
 from gpuops.kube.resources import ResourceType
 
@@ -68,6 +69,21 @@ _PROFILE = re.compile(r"\d+g\.\d+gb(\+me|\+gfx)?")
 _SUFFIX = re.compile(r"-(me|gfx)$")
 
 
+MIG_UUID: Final = r"^(MIG-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12})?$"
+PLACEMENT_RULE: Final = Rule("self.start + self.size <= 8",
+                             "start + size must be at most 8: a GPU has 8 memory slices (placements 0 to 7)")
+
+
+def profile_syntax(**more: Any) -> msgspec.Meta:
+    return syntax(r"^[1-8]g\.[0-9]{1,4}gb(\+me|\+gfx)?$", "must be a MIG profile: <compute>g.<memory>gb, optionally "
+                  "+me or +gfx (e.g. 1g.10gb, 3g.40gb, 1g.10gb+me)", max_length=16, **more)
+
+
+def gpu_uuid(**more: Any) -> msgspec.Meta:
+    return syntax(r"^GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$", "must be a GPU UUID as NVML reports "
+                  "it (GPU-<uuid>, e.g. GPU-5b1c7d2e-0f4a-4e8b-9c3d-2a1b0c9d8e7f)", max_length=40, **more)
+
+
 class _Api(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
     """Base of the CRD types: camelCase JSON, defaults left out, every field optional when decoding."""
 
@@ -78,17 +94,22 @@ class _Api(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
 class MigSlice(_Api, kw_only=True):
     """One GPU instance (plus its compute instance) on a GPU."""
 
+    __crd_rules__: ClassVar[tuple[Rule, ...]] = (PLACEMENT_RULE,)
+
     # required (never left out as a default): the CRD needs them, and start 0 is a real placement
-    profile: str
+    profile: Annotated[str, profile_syntax()]
     """The MIG profile (e.g. 1g.10gb, 1g.10gb+me)."""
-    start: Annotated[int, crd(minimum=0)]
+    start: Annotated[int, crd(minimum=0, maximum=7)]
     """First memory slice of its placement."""
-    size: Annotated[int, crd(minimum=1)]
+    size: Annotated[int, crd(minimum=1, maximum=8)]
     """Memory slices it covers."""
-    device_uuid: str = msgspec.field(default="", name="deviceUUID")
+    device_uuid: Annotated[str, syntax(MIG_UUID, "must be empty or a MIG device UUID (MIG-<uuid>)", min_length=0,
+                                       max_length=64)] = msgspec.field(default="", name="deviceUUID")
     """MIG device UUID (MIG-...) of its compute instance. Empty while no compute instance spans the whole GPU
     instance."""
-    claim: str = ""
+    claim: Annotated[str, syntax(r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?)?$",
+                                 "must be empty or <namespace>/<name> of an AllocationClaim", min_length=0,
+                                 max_length=317)] = ""
     """namespace/name of the live (Pending, Created or Bound) AllocationClaim it was made for. Empty if no live
     claim owns it; the agent destroys such a slice at once if its claim was Released or Failed, and after
     --orphan-grace seconds (default 30) otherwise."""
@@ -102,28 +123,31 @@ class MigSlice(_Api, kw_only=True):
 class MigGPU(_Api, kw_only=True):
     """One physical GPU."""
 
-    index: Annotated[int, crd(minimum=0)]
+    index: Annotated[int, crd(minimum=0, maximum=63)]
     """The NVML device index."""
-    uuid: str
+    uuid: Annotated[str, gpu_uuid()]
     """The GPU UUID (GPU-...). AllocationClaims name the GPU by it (spec.gpuUUID)."""
-    model: str
+    model: Annotated[str, crd(max_length=64)]
     """The gpuops model key that selects the MIG geometry (e.g. A100-40GB, H100-80GB). It is empty when gpuops
     knows no geometry for the GPU, and then no slices can be made on it."""
-    product: str = ""
+    product: Annotated[str, crd(max_length=128)] = ""
     """The NVML product name with dashes for spaces, as GPU feature discovery writes it (e.g.
     NVIDIA-A100-SXM4-40GB)."""
-    memory_mib: int = msgspec.field(default=0, name="memoryMiB")
+    memory_mib: Annotated[int, crd(minimum=0, maximum=16777216)] = msgspec.field(default=0, name="memoryMiB")
     """Total GPU memory in MiB."""
     mig_mode: Literal["Enabled", "Disabled", "Pending"] = "Disabled"
     """Enabled or Disabled (the current MIG mode), or Pending (a mode change takes effect at the next GPU reset).
     The allocator plans slices only on Enabled GPUs."""
-    slices: tuple[MigSlice, ...] = ()
+    slices: Annotated[tuple[MigSlice, ...], crd(max_items=8, rules=(
+        Rule("self.all(a, self.all(b, a == b || a.start + a.size <= b.start || b.start + b.size <= a.start))",
+             "slices must not overlap: each covers [start, start+size) of the GPU's memory slices"),
+    ))] = ()
     """The GPU instances on the GPU, ordered by start, each with the claim it was made for. The allocator counts
     every one as occupied, including those it did not plan."""
 
 
 class MigNodeSpec(_Api):
-    node_name: str = ""
+    node_name: Annotated[str, dns_subdomain()] = ""
     """The Node this report describes (the agent's --node-name; the MigNode gets the same name). If it is empty,
     the allocator uses metadata.name."""
 
@@ -132,12 +156,14 @@ class MigNodeStatus(_Api):
     backend: Annotated[str, crd(enum=("nvml", "emulated"))] = ""
     """nvml (the real GPUs, through NVML) or emulated (an NVML-shaped fake: the agent runs with --backend
     emulated)."""
-    agent_version: str = ""
+    agent_version: Annotated[str, crd(max_length=64)] = ""
     """The gpuops version of the agent that wrote this report."""
     heartbeat: Annotated[str | None, crd(format="date-time")] = None
     """When the agent last wrote this report. If it is more than 120 s old, the allocator treats the agent as down
     and places no slices on the node."""
-    gpus: tuple[MigGPU, ...] = ()
+    gpus: Annotated[tuple[MigGPU, ...], crd(max_items=64, list_type="map", list_map_keys=("uuid",), rules=(
+        Rule("self.all(g, self.exists_one(h, h.index == g.index))", "every GPU index must appear once"),
+    ))] = ()
     """Every GPU on the node, in NVML index order, as read from the driver."""
     conditions: Annotated[tuple[Condition, ...] | None, crd(list_type="map", list_map_keys=("type",))] = None
     """metav1.Conditions. Reserved: the agent sets none today, so use heartbeat to tell whether the agent is alive."""
@@ -176,20 +202,22 @@ class ClaimSpec(_Api, kw_only=True):
 
     __crd_rules__: ClassVar[tuple[Rule, ...]] = (
         Rule("self == oldSelf", "an AllocationClaim's spec is immutable; create a new claim for a new placement"),
+        PLACEMENT_RULE,
     )
 
-    pod_name: Annotated[str, crd(required=True, min_length=1)] = ""
+    pod_name: Annotated[str, dns_subdomain(required=True)] = ""
     """The pod the slice is for, in the claim's namespace. The pod owns the claim, so deleting the pod
     garbage-collects it."""
-    pod_uid: Annotated[str, crd(required=True, min_length=1)] = msgspec.field(default="", name="podUID")
+    pod_uid: Annotated[str, syntax(r"^[-0-9A-Za-z]{1,64}$", "must be the pod's UID (letters, digits and '-')",
+                                   max_length=64, required=True)] = msgspec.field(default="", name="podUID")
     """The pod's UID (also the label gpuops.io/pod-uid), so a new pod with the same name never takes over an old
     pod's claims."""
-    node_name: Annotated[str, crd(required=True, min_length=1)] = ""
+    node_name: Annotated[str, dns_subdomain(required=True)] = ""
     """The node whose agent makes the slice (the claim has the label gpuops.io/node with this value). The pod is
     pinned to this node when its gate is removed."""
-    gpu_uuid: Annotated[str, crd(required=True, min_length=1)] = msgspec.field(default="", name="gpuUUID")
+    gpu_uuid: Annotated[str, gpu_uuid(required=True)] = msgspec.field(default="", name="gpuUUID")
     """The GPU on that node that holds the slice (its uuid in the node's MigNode)."""
-    profile: Annotated[str, crd(required=True, pattern=r'^[0-9]+g\.[0-9]+gb(\+me|\+gfx)?$')] = ""
+    profile: Annotated[str, profile_syntax(required=True)] = ""
     """MIG profile, named for the GPU's model (e.g. 1g.10gb, 1g.10gb+me). The pod requests it as
     gpuops.io/mig-<profile>, with + written as -."""
     start: Annotated[int, crd(minimum=0, maximum=7)]

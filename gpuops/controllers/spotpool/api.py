@@ -15,6 +15,7 @@ import msgspec
 from gpuops.controllers.errors import SpecError
 from gpuops.kube.crd import USE_DEFAULT, Column, CustomResource, Rule, crd
 from gpuops.kube.crd.markers import marker
+from gpuops.kube.crd.patterns import dns_label, dns_subdomain, label_map, resource_name, syntax
 from gpuops.kube.objects import Condition, ObjectMeta, Taint
 from gpuops.kube.resources import ResourceType
 
@@ -46,14 +47,26 @@ FINALIZER: Final = "gpuops.io/spotpool-instances"
 PROVIDERS: Final = ("tencent", "aws", "webhook", "sim")
 
 
+CLOUD_NAME: Final = r"^[a-z0-9]([-a-z0-9]{0,62}[a-z0-9])?$"
+"""Region and zone names as the clouds spell them."""
+CLOUD_ID: Final = r"^[A-Za-z0-9]([-A-Za-z0-9._]{0,126}[A-Za-z0-9])?$"
+"""Instance types and resource IDs (images, subnets, VPCs, security groups)."""
+ENDPOINT: Final = r"^(https?://[^\s/?#@]+(/[^\s]*)?|[^\s/?#@:]+(:[0-9]{1,5})?)$"
+"""An http(s) URL without user information, or host[:port]."""
+
+
+def cloud_id(example: str) -> msgspec.Meta:
+    return syntax(CLOUD_ID, f"must be {example}: letters, digits, '.', '_' and '-'", max_length=128)
+
+
 class _Api(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
     """Base of the CRD types: camelCase JSON, defaults left out, every field optional when decoding."""
 
 
 class CredentialsRef(_Api):
-    name: Annotated[str, crd(required=True, min_length=1)] = ""
+    name: Annotated[str, dns_subdomain(required=True)] = ""
     """Name of the Secret."""
-    namespace: Annotated[str, crd(required=True, min_length=1)] = ""
+    namespace: Annotated[str, dns_label(required=True)] = ""
     """Namespace of the Secret (required, as the pool is cluster-scoped)."""
 
 
@@ -61,64 +74,76 @@ class OnDemandFallback(_Api):
     """Launch on-demand instances of the same template after this many capacity errors in a row (every spot
     (zone, type) pair backed off); back to spot once a spot launch succeeds."""
 
-    after_capacity_errors: Annotated[int, crd(default=USE_DEFAULT, minimum=1)] = 3
+    after_capacity_errors: Annotated[int, crd(default=USE_DEFAULT, minimum=1, maximum=1000)] = 3
     """How many capacity errors since the last successful spot launch (status.capacityErrors) allow on-demand
     launches. On-demand is used only while every spot zone and type is backed off."""
 
 
 class PoolTemplate(_Api):
-    region: Annotated[str, crd(max_length=64)] = ""
+    region: Annotated[str, syntax(CLOUD_NAME, "must be a region name: lowercase letters, digits and '-' (e.g. "
+                                  "ap-guangzhou, us-east-1)", max_length=64)] = ""
     """Cloud region, e.g. ap-guangzhou or us-east-1. Required for tencent and aws; the webhook and sim providers
     ignore it."""
-    zones: Annotated[tuple[str, ...], crd(max_items=16)] = ()
+    zones: Annotated[tuple[str, ...], crd(max_items=16, list_type="set", items=marker(max_length=64), rules=(
+        Rule(f"self.all(z, z.matches(r'{CLOUD_NAME}'))",
+             "every zone must be a zone name: lowercase letters, digits and '-' (e.g. ap-guangzhou-3, us-east-1a)"),
+    ))] = ()
     """Zones to launch in, in order of preference; a zone whose capacity runs out is backed off and the next one
     tried. Required for tencent (CVM launches into a named zone); empty for aws lets EC2 choose (the subnet's
     zone when a subnet is set)."""
     instance_types: Annotated[tuple[str, ...], crd(
-        required=True, min_items=1, max_items=16, items=marker(min_length=1)
-    )] = ()
+        required=True, min_items=1, max_items=16, list_type="set", items=marker(max_length=64), rules=(
+            Rule(f"self.all(t, t.matches(r'{CLOUD_ID}'))",
+                 "every instance type must be a type name: letters, digits, '.', '_' and '-' (e.g. GN10Xp.2XLARGE40, "
+                 "p5.48xlarge)"),
+        ))] = ()
     """Instance types in order of preference; after a capacity error a (zone, type) pair is backed off (30 s
     doubling to 10 min) and the next one is tried."""
-    image: str | None = None
+    image: Annotated[str | None, cloud_id("an image ID (e.g. img-xxxxxxxx, ami-0123456789abcdef0)")] = None
     """Image to boot: the CVM ImageId (tencent), the AMI ID (aws), imageId (webhook, sim). Sent only when set."""
-    subnet: str | None = None
+    subnet: Annotated[str | None, cloud_id("a subnet ID (e.g. subnet-xxxxxxxx)")] = None
     """Subnet ID to launch into: SubnetId for tencent (with vpc) and aws, subnetId for webhook and sim. Sent only
     when set."""
-    vpc: str | None = None
+    vpc: Annotated[str | None, cloud_id("a VPC ID (e.g. vpc-xxxxxxxx)")] = None
     """VPC ID, sent with the subnet to tencent (VirtualPrivateCloud) and as vpcId to webhook and sim. The aws
     provider ignores it (EC2 takes the VPC from the subnet)."""
-    security_groups: tuple[str, ...] = ()
+    security_groups: Annotated[tuple[str, ...], crd(max_items=16, list_type="set", items=marker(max_length=128), rules=(
+        Rule(f"self.all(g, g.matches(r'{CLOUD_ID}'))",
+             "every security group must be an ID: letters, digits, '.', '_' and '-' (e.g. sg-xxxxxxxx)"),
+    ))] = ()
     """Security group IDs the instances get. Sent only when set."""
-    max_price: Annotated[str | None, crd(pattern=r'^[0-9]+(\.[0-9]+)?$')] = None
+    max_price: Annotated[str | None, syntax(r"^[0-9]{1,6}(\.[0-9]{1,6})?$", "must be a decimal price per hour "
+                                            "such as 1.25 (no currency, no sign)", max_length=13)] = None
     """Highest spot price per hour; leave unset to pay the current spot price (AWS advice)."""
     user_data: Annotated[str | None, crd(max_length=12288)] = None
     """Boot script (plain text; base64-encoded for the cloud), e.g. the kubelet join."""
-    tags: Annotated[dict[str, str] | None, crd(max_properties=40, rules=(
+    tags: Annotated[dict[str, str] | None, crd(max_properties=40, items=marker(max_length=255), rules=(
         Rule("!self.exists(k, k.startsWith('gpuops.io/'))",
              "tag keys starting with gpuops.io/ are reserved for ownership tags"),
+        Rule("self.all(k, size(k) >= 1 && size(k) <= 127)", "tag keys must be 1 to 127 characters long"),
     ))] = None
     """Extra tags for every instance, added to the ownership tags gpuops.io/pool, gpuops.io/managed-by and
     gpuops.io/launch-id."""
-    labels: dict[str, str] | None = None
+    labels: Annotated[dict[str, str] | None, label_map("spec.template.labels")] = None
     """Labels the pool's nodes get (the controller sets them when a node joins)."""
-    taints: tuple[Taint, ...] | None = None
+    taints: Annotated[tuple[Taint, ...] | None, crd(max_items=64)] = None
     """Taints the pool's nodes get (the controller sets them when a node joins)."""
-    gpus_per_instance: Annotated[int, crd(default=USE_DEFAULT, minimum=1)] = 1
+    gpus_per_instance: Annotated[int, crd(default=USE_DEFAULT, minimum=1, maximum=64)] = 1
     """GPUs one instance brings. With scaleOnDemand it sets how many instances the pending pods need; a pod that
     asks for more GPUs than this never counts as demand."""
-    gpu_resource_name: Annotated[str, crd(default=USE_DEFAULT)] = "nvidia.com/gpu"
+    gpu_resource_name: Annotated[str, resource_name(default=USE_DEFAULT)] = "nvidia.com/gpu"
     """The extended resource the instances' GPUs are advertised as. A node counts as ready once some of it is
     allocatable, and pods that request it make a node busy or, with scaleOnDemand, are demand."""
 
 
 class PoolSpec(_Api):
     __crd_rules__: ClassVar[tuple[Rule, ...]] = (
-        Rule("self.minimum <= self.maximum", "minimum must be <= maximum"),
+        Rule("self.minimum <= self.maximum", "spec.minimum must be <= spec.maximum: raise maximum or lower minimum"),
         Rule("!(self.provider in ['webhook', 'sim']) || has(self.endpoint)",
              "the webhook and sim providers need spec.endpoint (the base URL of the instance API)"),
         Rule("!(self.provider in ['tencent', 'aws']) || has(self.credentialsSecretRef)",
              "the tencent and aws providers need spec.credentialsSecretRef (the Secret with the keys)"),
-        Rule("!(self.provider in ['tencent', 'aws']) || self.template.region != ''",
+        Rule("!(self.provider in ['tencent', 'aws']) || (has(self.template.region) && self.template.region != '')",
              "the tencent and aws providers need spec.template.region"),
         Rule("self.provider != 'tencent' || (has(self.template.zones) && size(self.template.zones) > 0)",
              "the tencent provider needs spec.template.zones (CVM launches into a named zone)"),
@@ -126,7 +151,7 @@ class PoolSpec(_Api):
 
     provider: Annotated[str, crd(required=True, enum=("tencent", "aws", "webhook", "sim"))] = ""
     """Which cloud API the pool's instances live on."""
-    minimum: Annotated[int, crd(default=USE_DEFAULT, minimum=0)] = 0
+    minimum: Annotated[int, crd(default=USE_DEFAULT, minimum=0, maximum=10000)] = 0
     """Instances the pool always keeps (reclaimed ones are replaced at once)."""
     maximum: Annotated[int, crd(required=True, minimum=0, maximum=10000)] = 0
     """Instances the pool never exceeds, counting launches still in flight."""
@@ -137,7 +162,9 @@ class PoolSpec(_Api):
     """What every instance is launched with, and the labels and taints its node gets. Launch settings only affect
     later launches (running instances are not replaced); labels and taints added later are also put on the
     pool's existing nodes."""
-    endpoint: Annotated[str | None, crd(max_length=512)] = None
+    endpoint: Annotated[str | None, syntax(ENDPOINT, "must be host[:port] or an http(s) URL without "
+                                           "user:password@ (credentials go in the Secret), e.g. "
+                                           "https://spot.example.com/api", max_length=512)] = None
     """API endpoint when not the provider's public one: host:port or URL for tencent (HttpProfile), the endpoint
     URL for aws, the base URL of the instance API for webhook and sim."""
     credentials_secret_ref: CredentialsRef | None = None
@@ -146,7 +173,7 @@ class PoolSpec(_Api):
     on_demand_fallback: OnDemandFallback | None = None
     """Launch on-demand instances after this many capacity errors in a row (every spot zone and type backed off);
     spot again after the next successful spot launch. Absent - spot only."""
-    drain_timeout_seconds: Annotated[int, crd(default=USE_DEFAULT, minimum=0)] = 600
+    drain_timeout_seconds: Annotated[int, crd(default=USE_DEFAULT, minimum=0, maximum=604800)] = 600
     """On scale-in, how long to wait for the node's pods to be evicted before terminating."""
     deletion_policy: Annotated[Literal["Terminate", "Retain"], crd(default=USE_DEFAULT)] = "Terminate"
     """On deletion of the pool, Terminate every instance it owns, or Retain them (the tags stay; a new pool of the

@@ -39,7 +39,7 @@ from gpuops.sim.scenario import parse
 
 NS = "work"
 NODE = "mig-0"
-GPUS = [str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{NODE}/{i}")) for i in range(2)]
+GPUS = [f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{NODE}/{i}')}" for i in range(2)]
 
 pytestmark = pytest.mark.anyio
 
@@ -58,6 +58,10 @@ def anyio_backend() -> str:
 
 
 
+def mig_uuid(claim: str) -> str:
+    return f"MIG-{uuid.uuid5(uuid.NAMESPACE_DNS, claim)}"
+
+
 class FakeAgent:
     """What the node agent does, reduced to its effects on the API: MigNode, claim status, node allocatable."""
 
@@ -72,7 +76,7 @@ class FakeAgent:
         for i, g in enumerate(GPUS):
             mine = sorted((s for s in self.slices.items() if s[1][0] == g), key=lambda s: s[1][1])
             gpus.append({"index": i, "uuid": g, "model": "A100-40GB", "migMode": "Enabled",
-                         "slices": [{"profile": p, "start": st, "size": sz, "deviceUUID": f"MIG-{k}", "claim": k}
+                         "slices": [{"profile": p, "start": st, "size": sz, "deviceUUID": mig_uuid(k), "claim": k}
                                     for k, (_, st, sz, p) in mine]})
         gpus += self.extra_gpus
         body = {"apiVersion": "gpuops.io/v1alpha1", "kind": "MigNode", "metadata": {"name": NODE},
@@ -91,7 +95,7 @@ class FakeAgent:
             key = f"{c.metadata.namespace}/{c.metadata.name}"
             if c.status.phase == "Pending":
                 self.slices[key] = (c.spec.gpu_uuid, c.spec.start, c.spec.size, c.spec.profile)
-                await self._status(c, {"phase": "Created", "deviceUUID": f"MIG-{key}"})
+                await self._status(c, {"phase": "Created", "deviceUUID": mig_uuid(key)})
                 changed = True
             elif c.status.phase == "Released" and key in self.slices:
                 del self.slices[key]
@@ -229,9 +233,12 @@ async def test_a_gpu_of_unknown_model_does_not_block_the_others(tmp_path: Path) 
     """The agent reports a MIG-enabled GPU our tables do not know (a newer SKU, model ""): it is left out of
     placement, and pods still get slices on the GPUs we can reason about."""
     async with running(tmp_path) as (_cluster, client, agent):
-        agent.extra_gpus = [{"index": 2, "uuid": "GPU-newer-sku", "model": "", "migMode": "Enabled", "slices": []},
-                            {"index": 3, "uuid": "GPU-odd-layout", "model": "A100-40GB", "migMode": "Enabled",
-                             "slices": [{"profile": "3g.20gb", "start": 1, "size": 4}]}]  # not a legal start
+        agent.extra_gpus = [
+            {"index": 2, "uuid": "GPU-00000000-0000-4000-8000-00000000000a", "model": "", "migMode": "Enabled",
+             "slices": []},
+            {"index": 3, "uuid": "GPU-00000000-0000-4000-8000-00000000000b", "model": "A100-40GB", "migMode": "Enabled",
+             "slices": [{"profile": "3g.20gb", "start": 1, "size": 4}]},  # not a legal start
+        ]
         await agent.publish()
         await client.create(PODS, mig_pod("small", {"1g.5gb": 1}), NS)
 

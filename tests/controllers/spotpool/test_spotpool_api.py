@@ -52,7 +52,7 @@ async def test_the_sample_is_accepted_and_defaults_are_applied(client: Client) -
 
 
 @pytest.mark.parametrize(("spec", "needle"), [
-    ({"minimum": 4, "maximum": 2}, "minimum must be <= maximum"),
+    ({"minimum": 4, "maximum": 2}, "spec.minimum must be <= spec.maximum"),
     ({"provider": "gcp"}, "spec.provider"),
     ({"endpoint": None}, "spec.endpoint"),
     ({"provider": "tencent", "endpoint": None, "template": {"region": "ap-guangzhou", "instanceTypes": ["x"]}},
