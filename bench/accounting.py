@@ -1,6 +1,6 @@
 """gpuops.accounting: GPU-hours over 100,000 intervals, MIG placement latency, and MIG packing vs DAS.
 
-Targets (issue 4):
+Targets:
   - GPU-hours of 100,000 intervals in a rolling window: <= 100 ms (gpuops.accounting.gpuhours.gpu_hours);
   - one MIG placement decision on an 8-GPU node: <= 1 ms (gpuops.accounting.mig.place_on_node);
   - packing on one random churn sequence (8x A100-40GB, Poisson arrivals, mixed profiles, exponential

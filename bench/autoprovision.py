@@ -1,4 +1,4 @@
-"""Node autoprovisioning on the emulated cluster: our controller against the seed's algorithm (issue 7).
+"""Node autoprovisioning on the emulated cluster: our controller against the seed's algorithm.
 
 Two runs of the SAME seeded workload, concurrently, each on its own `SimCluster` with 12 power-managed machines
 (3 each of 1, 2, 4 and 8 GPUs, all powered off at start; full mode: 20 s boot + 5 s until the device plugin
@@ -10,9 +10,9 @@ reports GPUs, 5 s shutdown; --quick divides every time, including the baseline's
             scaleDownUnneededSeconds = scaleDownDelayAfterScaleUpSeconds = 30 s (2 s in --quick): about one
             boot (25 s), the break-even point of keeping a machine warm in this compressed timeline, instead of
             the defaults of 600 s sized for real machines that boot in minutes. bootTimeoutSeconds = 120 (10).
-  baseline  the seed's main.go algorithm re-implemented below (`SeedAutoprovisioner`, cites
-            /work/shared/reference/provisioning.md §1.1 and the defects of §1.2), POSTing through the same kind
-            of recording proxy to the same sim power API. No operator process.
+  baseline  the seed's main.go algorithm (dseif0x/k8s-gpu-autoprovision) re-implemented below
+            (`SeedAutoprovisioner`, which lists the steps it follows and the defects it keeps), POSTing through
+            the same kind of recording proxy to the same sim power API. No operator process.
 
 Workload (seeded, identical offsets in both runs): bursts of 3-7 bare pods (restartPolicy Never) at random
 instants of the first 480 s, each pod 1/2/4/8 GPUs (weights 35/30/20/15 %), short (30-60 s, 70 %) or long
@@ -35,8 +35,9 @@ Definitions:
   * idle GPU-hours (cost): integral over the horizon, for every machine not "off" (booting, on, shutting
     down: all draw power), of its GPUs minus the GPUs of Running pods bound to it; broken down by state.
   * pods left unschedulable: pods never Running by the end of the horizon.
-  * duplicate power-on POSTs: power-on POSTs arriving while the machine is already booting (the seed's defect
-    2); redundant POSTs: any POST the power API answered 200 (machine already on/booting, or off/stopping).
+  * duplicate power-on POSTs: power-on POSTs arriving while the machine is already booting (the seed has no
+    power state); redundant POSTs: any POST the power API answered 200 (machine already on/booting, or
+    off/stopping).
 """
 
 from __future__ import annotations
@@ -304,9 +305,9 @@ class RecordingProxy:
 
 
 class SeedAutoprovisioner:
-    """dseif0x/k8s-gpu-autoprovision main.go at HEAD, as /work/shared/reference/provisioning.md describes it.
+    """dseif0x/k8s-gpu-autoprovision main.go at HEAD, step by step.
 
-    Followed (provisioning.md §1.1, "Exact algorithm at HEAD"):
+    Followed (each step of main.go in quotes, then where it is here):
       * "Loop: time.Ticker(10s); each tick does a full cluster-wide Pods("").List()" -> `run`/`tick`
         (a Ticker's first tick comes one period after start; the tick period is scaled in --quick).
       * "GPU accounting (collectGpuInfo): for each pod, for each regular container with a non-zero
@@ -321,10 +322,10 @@ class SeedAutoprovisioner:
         largest GPU count (ties: first in env order) and POST scale-down to it. At most one POST-down per tick."
       * "Webhook call (safePost): POST url with body {}, Content-Type: application/json, 5 s timeout; logs
         status code; never checks it; errors only logged." -> `post`.
-    Defects reproduced on purpose (§1.2): 1 (re-POSTs the largest idle node even when off, so smaller idle
-    nodes stay on), 2 (no power state: re-POSTs scale-up to booting nodes every tick), 3 (bound-but-starting
-    pods count as pending), 4/6 (no taint, no drain), 5 (no unneeded time), 7 (sums, not bin-packing),
-    9 (no reason filter), 11 (fire-and-forget webhooks).
+    Defects reproduced on purpose: it re-POSTs the largest idle node even when off, so smaller idle nodes stay
+    on; no power state (it re-POSTs scale-up to booting nodes every tick); bound-but-starting pods count as
+    pending; no taint, no drain; no unneeded time; sums, not bin-packing; no filter on why a pod is pending;
+    init containers ignored; fire-and-forget webhooks.
     """
 
     def __init__(self, cluster: SimCluster, proxy: RecordingProxy, poll: float) -> None:
@@ -341,7 +342,7 @@ class SeedAutoprovisioner:
         usage: dict[str, int] = {}
         for p in self.cluster.access.iter(PODS):  # Pods("").List(): every namespace
             phase = (p.get("status") or {}).get("phase")
-            for c in (p.get("spec") or {}).get("containers") or ():  # regular containers only (defect 8)
+            for c in (p.get("spec") or {}).get("containers") or ():  # regular containers only: init containers ignored
                 res = c.get("resources") or {}
                 raw = (res.get("requests") or {}).get(GPU) or (res.get("limits") or {}).get(GPU)
                 try:
@@ -352,7 +353,7 @@ class SeedAutoprovisioner:
                     continue
                 requested += g
                 if phase == "Pending":
-                    pending += g  # regardless of spec.nodeName (defect 3)
+                    pending += g  # regardless of spec.nodeName: bound pods too
                 elif phase == "Running":
                     node = (p.get("spec") or {}).get("nodeName") or ""
                     usage[node] = usage.get(node, 0) + g
@@ -375,12 +376,12 @@ class SeedAutoprovisioner:
         if pending > available:
             needed = pending - available
             for n, g in sorted(((n, g) for n, g in self.nodes if n not in usage), key=lambda x: x[1]):
-                await self.post(self.up[n])  # booting or on-but-empty nodes get POSTed again (defect 2)
+                await self.post(self.up[n])  # booting or on-but-empty nodes get POSTed again
                 needed -= g
                 if needed <= 0:
                     break
             return
-        idle = [(n, g) for n, g in self.nodes if n not in usage]  # whether or not already off (defect 1)
+        idle = [(n, g) for n, g in self.nodes if n not in usage]  # whether or not already off
         if idle:
             biggest = max(g for _, g in idle)
             name = next(n for n, g in idle if g == biggest)
@@ -583,7 +584,7 @@ def markdown(fig: dict[str, float | int], ours: dict[str, Any], base: dict[str, 
              mode: Mode, jobs: list[JobSpec]) -> str:
     rows = "\n".join(f"| {k} | {_fmt(ours.get(k))} | {_fmt(base.get(k))} |" for k in METRICS)
     gpu_s = sum(j.gpus * j.runtime for j in jobs)
-    return f"""# Node autoprovisioning: ours vs the seed's algorithm (issue 7)
+    return f"""# Node autoprovisioning: ours vs the seed's algorithm
 
 `{command}` - {len(jobs)} pods ({sum(j.long for j in jobs)} long), {gpu_s / 3600:.3f} GPU-hours of work,
 12 power-managed machines (3 x 1/2/4/8 GPUs, all off at start, boot {mode.boot:g} s + device plugin

@@ -6,7 +6,7 @@ Side by side in one run, N realistic pods (2.5-3 KiB of JSON each, managedFields
   (c) the official client's Watch (sync) decoding into its models.
 Plus bytes per cached pod (tracemalloc) for our Structs vs plain dicts vs kubernetes-asyncio models, and
 cold-sync time for 100,000 pods (streaming list and paginated list).
-Targets (issue 3): (a) >= 50x (b); <= 1.5 KiB per cached pod; 100,000 pods synced in <= 10 s.
+Targets: (a) >= 50x (b); <= 1.5 KiB per cached pod; 100,000 pods synced in <= 10 s.
 """
 
 from __future__ import annotations

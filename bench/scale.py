@@ -1,6 +1,6 @@
-"""The whole operator at scale (issue 11): `gpuops run` (all four controllers) against the emulated cluster.
+"""The whole operator at scale: `gpuops run` (all four controllers) against the emulated cluster.
 
-At fraction f of the issue's size: f x (5,000 GPU nodes, 100,000 pods, 1,000 GPUWorkloadBudgets, 200
+At fraction f of the full size: f x (5,000 GPU nodes, 100,000 pods, 1,000 GPUWorkloadBudgets, 200
 GPUNodeGroups, 50 SpotPools, 500 MIG nodes), then a steady churn of 200 pod events/s (100 creates/s and as
 many completions). Targets at 100%: operator resident memory <= 1 GiB, cold start to all informers synced
 <= 30 s, budget reconcile latency p99 <= 1 s from event to status write.
@@ -309,7 +309,7 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
         if target is not None:
             ax.axhline(target, color="red", linestyle=":", label="target at 100%")
         ax.set_title(title)
-        ax.set_xlabel("% of the issue's size")
+        ax.set_xlabel("% of the full size")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle("gpuops run at scale (bench/scale.py)")
@@ -357,7 +357,7 @@ def markdown(runs: list[dict[str, Any]], mode: str, command: str, png: str) -> s
     def met(ok: bool) -> str:
         return "met" if ok else "NOT met"
 
-    verdict = (f"At {last['fraction'] * 100:g}% of the issue's size: memory <= {TARGET_RSS_MIB} MiB "
+    verdict = (f"At {last['fraction'] * 100:g}% of the full size: memory <= {TARGET_RSS_MIB} MiB "
                f"{met(last['operator_peak_rss_mib'] <= TARGET_RSS_MIB)}; cold start <= {TARGET_COLD_START_S:g} s "
                f"{met(0 <= last['cold_start_seconds'] <= TARGET_COLD_START_S)}; budget latency p99 <= "
                f"{TARGET_P99_S:g} s {met(0 <= last['budget_latency_p99_seconds'] <= TARGET_P99_S)}.")

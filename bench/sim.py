@@ -1,7 +1,7 @@
 """The emulated cluster at scale: 5,000 GPU nodes and 100,000 pods in one process.
 
 Our scale benchmarks stand on the simulator, so it must carry them: 5,000 nodes and 100,000 pods with at
-most 4 GiB of memory, and at least 500 pod phase transitions per second (issue 5). Everything runs in one
+most 4 GiB of memory, and at least 500 pod phase transitions per second. Everything runs in one
 process on one event loop, as `gpuops sim up` does: API server, kubelets (Lease heartbeats included),
 scheduler, node lifecycle and Job controllers, and the emulator's own garbage collectors. An HTTP watcher
 of all pods in a second process stands in for an operator, so the emulator also serves the watch stream.

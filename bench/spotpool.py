@@ -7,8 +7,7 @@ launch order):
   ours      `gpuops run --controllers spotpool` (OperatorHarness subprocess; default flags, --quick sets
             `--spotpool-resync 3`, the default 30 s scaled like the seed's poll) and one SpotPool of provider
             `sim` (the emulated cloud's /spot/v1 API), minimum 8, maximum 10, type gpu.l4.1x.
-  baseline  the tutorial's Spotpool reconciler re-implemented (`SeedSpotpool`; see
-            /work/shared/seeds/spotpool-operator-tutorial-en.txt and /work/shared/reference/provisioning.md §2):
+  baseline  the kubebuilder Spotpool tutorial's reconciler (Tencent CVM) re-implemented (`SeedSpotpool`):
             every 40 s (10 s after a failed list) it lists the account's instances with no filter and no
             paging (the API's first page of 20), counts pending + running ones, launches `minimum - running`
             with a fresh random client token per call (what the SDK does when none is given: no idempotency),
@@ -290,11 +289,11 @@ def latency_figures(repl: list[dict[str, Any]], observable: str) -> dict[str, An
 
 
 class SeedSpotpool:
-    """The tutorial's `SpotpoolReconciler.Reconcile` over the sim spot API (webhook contract), as described in
-    provisioning.md §2: `getRunningInstanceIds` = one DescribeInstances without filters or paging (first 20
-    instances of the account) counting RUNNING|PENDING|STARTING; `runInstances(minimum - running)` then a
-    re-list; `terminateInstances` = re-list, terminate the first `running - maximum` ids, re-list; requeue
-    after 40 s (10 s when the list fails). Times are multiplied by `scale`."""
+    """The tutorial's `SpotpoolReconciler.Reconcile` over the sim spot API (webhook contract), step by step:
+    `getRunningInstanceIds` = one DescribeInstances without filters or paging (first 20 instances of the
+    account) counting RUNNING|PENDING|STARTING; `runInstances(minimum - running)` then a re-list;
+    `terminateInstances` = re-list, terminate the first `running - maximum` ids, re-list; requeue after 40 s
+    (10 s when the list fails). Times are multiplied by `scale`."""
 
     PAGE = 20
 

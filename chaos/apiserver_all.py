@@ -1,4 +1,4 @@
-"""API-server chaos across all four controllers (issue 11): the same seeded scenario run clean, then under faults;
+"""API-server chaos across all four controllers: the same seeded scenario run clean, then under faults;
 every object converges and the faulted run's final state equals the clean run's.
 
 Rig and workload: chaos/_allcontrollers.py (one emulated cluster, one `gpuops run` with budget, autoprovision,

@@ -1,4 +1,4 @@
-"""HA failover under the scale load (issue 11): two `gpuops run --leader-elect` replicas, the leader killed -9 over
+"""HA failover under the scale load: two `gpuops run --leader-elect` replicas, the leader killed -9 over
 and over.
 
 Cluster: bench/scale.py's emulator child (bench/_scale_sim.py, at `--fraction` of 5,000 GPU nodes, 100,000 pods,
@@ -426,7 +426,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="CI-sized: fraction 0.02, lease 6 s, 3 kills 14 s apart")
     parser.add_argument("--seed", type=int, default=1, help="seed of the churn's draws")
-    parser.add_argument("--fraction", type=float, default=None, help="of the issue's cluster (default 1.0; quick 0.02)")
+    parser.add_argument("--fraction", type=float, default=None, help="of the full cluster (default 1.0; quick 0.02)")
     parser.add_argument("--kills", type=int, default=None, help="leader kills (default 10; quick 3)")
     parser.add_argument("--kill-interval", type=float, default=None, help="seconds between kills (60; quick 14)")
     parser.add_argument("--lease-duration", type=float, default=None, help="--leader-elect-lease-duration (15; 6)")

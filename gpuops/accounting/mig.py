@@ -108,7 +108,7 @@ def _physical(pl: Placement) -> tuple[int, int, str]:
     return pl.start, pl.size, pl.profile
 
 
-# (profile_id, nvml_index, compute, size, starts, max_count, +me), from mig.md §1.4 (NVML -lgipp).
+# (profile_id, nvml_index, compute, size, starts, max_count, +me): NVIDIA's tables (`nvidia-smi mig -lgipp`).
 _Row = tuple[int, int, int, int, tuple[int, ...], int, bool]
 _EIGHT_SLICE: tuple[_Row, ...] = (
     (19, 0, 1, 1, (0, 1, 2, 3, 4, 5, 6), 7, False),

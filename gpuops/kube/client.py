@@ -245,11 +245,11 @@ class Client:
         """GET a stream (a watch) and iterate, per network read, the list of frames it completed.
 
         Frames are newline-delimited and split from raw chunks, so a frame of any size streams (aiohttp's
-        readline stops at its buffer size; framework.md c.2); blank keep-alive lines are dropped and a batch
-        is never empty. One batch per read spares the consumer an `await` per frame, a measurable share of
-        an event's cost at tens of thousands of events per second. A non-2xx answer raises `ApiError` on
-        entering. `read_timeout` (default `watch_read_timeout`; 0 disables) bounds the silence between
-        chunks, so a half-open connection ends in `RequestTimeout` instead of hanging forever.
+        readline stops at its buffer size); blank keep-alive lines are dropped and a batch is never empty.
+        One batch per read spares the consumer an `await` per frame, a measurable share of an event's cost
+        at tens of thousands of events per second. A non-2xx answer raises `ApiError` on entering.
+        `read_timeout` (default `watch_read_timeout`; 0 disables) bounds the silence between chunks, so a
+        half-open connection ends in `RequestTimeout` instead of hanging forever.
         """
         return self._stream(path, query, timeout, read_timeout)
 

@@ -1,6 +1,6 @@
 """The controller loop: informer events -> mapped keys -> a work queue -> N async reconcile workers.
 
-What it adds to controller-runtime's semantics (framework.md b.5, b.6, e.1):
+What it adds to controller-runtime's semantics:
 
 * `watch(informer, mapper, predicates=...)`: an event on an object enqueues the keys its mapper returns
   (default: the object's own key). Objects of the informer's initial list, and resyncs (an update with an

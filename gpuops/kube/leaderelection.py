@@ -1,4 +1,4 @@
-"""Leader election on a coordination.k8s.io/v1 Lease, with client-go's safety rules (framework.md b.7).
+"""Leader election on a coordination.k8s.io/v1 Lease, with client-go's safety rules.
 
 Use it as a context manager that holds the lease for the duration of its body:
 
@@ -90,7 +90,7 @@ def default_identity() -> str:
 
 
 def micro_time(when: datetime | None = None) -> str:
-    """metav1.MicroTime: RFC 3339 with exactly six fraction digits in UTC (api-semantics item 53)."""
+    """metav1.MicroTime: RFC 3339 with exactly six fraction digits in UTC, as Lease acquireTime/renewTime carry."""
     return (when or datetime.now(UTC)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 

@@ -1,6 +1,6 @@
 """The manager: shared informers, controllers, leader election and the HTTP endpoints of one process.
 
-Start order (controller-runtime's, framework.md b.7): HTTP servers (/metrics, probes) -> informers, on every
+Start order (controller-runtime's): HTTP servers (/metrics, probes) -> informers, on every
 replica (a standby keeps its caches warm, so a failover costs the lease expiry, not a relist) -> runnables
 that need no leader -> with leader election, once the Lease is ours: the elected runnables (controllers).
 

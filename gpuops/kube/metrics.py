@@ -120,7 +120,7 @@ EVENTS_DROPPED = Counter(
 )
 
 # --- rest client
-# controller-runtime's client-go adapter names (framework.md b.5): `code` is the HTTP status or "<error>"
+# controller-runtime's client-go adapter names: `code` is the HTTP status or "<error>"
 # when no answer arrived; `method`/`verb` the HTTP method; `host` the API server's host:port. A request is
 # timed until its body is read, a watch until its response headers arrive, as client-go does.
 
@@ -286,7 +286,7 @@ INFORMER_COLLECTOR = _InformerCollector()
 REGISTRY.register(INFORMER_COLLECTOR)
 
 # --- controller
-# controller-runtime's names, labels and buckets (framework.md b.5), so its Grafana dashboards work as they are;
+# controller-runtime's names, labels and buckets, so its Grafana dashboards work as they are;
 # `result` is one of success, error, requeue, requeue_after (all set to 0 when a controller starts). A reconcile
 # cut by its timeout counts in reconcile_timeouts_total and as an error. The read-your-own-writes gate is ours.
 

@@ -1,6 +1,6 @@
 """The list/watch state machine that keeps an informer's store in step with the API server.
 
-What it does (framework.md b.1, e.3, e.4):
+What it does:
 
 * **Initial list.** A streaming list (watch with `sendInitialEvents=true`, `resourceVersionMatch=NotOlderThan`,
   `allowWatchBookmarks=true`) where the server supports it: items are stamped into the store as they arrive,

@@ -1,6 +1,14 @@
 """Scale-up/scale-down planning: property tests against brute force, and the seed autoprovisioner's defects.
 
-Defect numbers refer to /work/shared/reference/provisioning.md section 1.2.
+The seed (dseif0x/k8s-gpu-autoprovision main.go) defects, by the numbers the tests below use:
+  1  only the largest idle node is ever powered off, and it is picked again once it is off;
+  2  no power state: a booting (or on but empty) node's capacity is ignored and it is POSTed again;
+  3  pods bound to a node but not Running yet count as pending demand;
+  4  a node whose pods are still starting can be powered off;
+  5  no unneeded time and no cooldown after a scale-up;
+  7  cluster-wide sums instead of bin-packing, and smallest-first instead of smallest sufficient;
+  9  every pending GPU pod counts, even one no node can ever fit or one aimed at unmanaged nodes;
+  10 no warm minimum.
 """
 
 from __future__ import annotations

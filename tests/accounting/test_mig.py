@@ -1,4 +1,4 @@
-"""MIG geometry and placement: tables vs mig.md, brute-force completeness, order invariance, release inverse,
+"""MIG geometry and placement: tables vs NVIDIA's, brute-force completeness, order invariance, release inverse,
 DAS's first-fit regressions, names and models, node and cluster choice."""
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from gpuops.accounting.mig import GPU, GPUPlacement, Node, Placement
 EIGHT = ["A100-40GB", "A100-80GB", "H100-80GB", "H100-94GB", "H100-96GB", "H200-141GB", "B200-180GB"]
 ALL = [*EIGHT, "A30-24GB"]
 
-# mig.md §1.4.1, column by column: (ID, NVML index, g, size, starts, max) and each SKU's names in row order.
+# NVIDIA's placement tables (MIG User Guide, nvidia-smi mig -lgipp) for 8-memory-slice GPUs, column by column:
+# (ID, NVML index, g, size, starts, max) and each SKU's names in row order.
 EIGHT_ROWS = [
     (19, 0, 1, 1, (0, 1, 2, 3, 4, 5, 6), 7),
     (20, 7, 1, 1, (0, 1, 2, 3, 4, 5, 6), 1),
@@ -39,7 +40,7 @@ EIGHT_NAMES = {
     "H200-141GB": ["1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"],
     "B200-180GB": ["1g.23gb", "1g.23gb+me", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb"],
 }
-# mig.md §1.4.2: (name, ID, NVML index, g, size, starts, max)
+# The same for the A30-24GB (4 memory slices): (name, ID, NVML index, g, size, starts, max)
 A30_ROWS = [
     ("1g.6gb", 14, 0, 1, 1, (0, 1, 2, 3), 4),
     ("1g.6gb+me", 21, 7, 1, 1, (0, 1, 2, 3), 1),

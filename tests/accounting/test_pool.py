@@ -1,5 +1,6 @@
 """Spot pool sizing: bounds, in-flight launches, retire order and API batches; regressions from the
-tutorial Spotpool reconciler (/work/shared/reference/provisioning.md section 2, and 6.3 / 6.7)."""
+kubebuilder Spotpool tutorial's reconciler (duplicate launches, pending instances terminated, batches over
+the API's 100-id limit, LAUNCH_FAILED instances counted, no scaling between the bounds with demand)."""
 
 from __future__ import annotations
 

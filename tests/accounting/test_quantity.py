@@ -122,7 +122,7 @@ CANONICAL_VECTORS = [
     ("10000000000000000000000m", "10E"),
     ("-10.0E", "-10E"),
     ("9223372036854775808.1", "9223372036854775808100m"),
-    # the examples
+    # everyday spellings: milli, binary suffixes, exponents, signs
     ("1000m", "1"),
     ("1.5", "1500m"),
     ("1536Mi", "1536Mi"),

@@ -1,4 +1,4 @@
-"""What the monitoring tests share (issue 10): the Prometheus binaries (skip when absent unless CI requires them),
+"""What the monitoring tests share: the Prometheus binaries (skip when absent unless CI requires them),
 the PrometheusRule and dashboard of manifests/monitoring, PromQL metric-name extraction, the metric names our
 process exports, and `OperatorRig`: `gpuops run` (all four controllers, leader-elected) against an emulated cluster
 with a workload that exercises every controller, on a background thread so sync tests and subprocesses can use it.

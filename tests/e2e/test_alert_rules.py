@@ -1,4 +1,4 @@
-"""The PrometheusRule of manifests/monitoring (issue 10): promtool accepts its rule groups, every alert carries a
+"""The PrometheusRule of manifests/monitoring: promtool accepts its rule groups, every alert carries a
 severity, summary, description and runbook hint, and the promtool unit tests see every alert firing and not
 firing."""
 
@@ -46,7 +46,7 @@ def test_every_alert_has_severity_summary_description_and_runbook() -> None:
         assert rule["labels"]["severity"] in SEVERITIES, rule["alert"]
         for key in ("summary", "description", "runbook"):
             assert len(rule["annotations"].get(key, "").strip()) > 20, (rule["alert"], key)
-    wanted = {  # the alerts issue 10 asks for, by what they watch
+    wanted = {  # the alerts we ship, by what they watch
         "GPUBudgetNearlyExhausted", "GPUBudgetExceeded", "GPUNodePowerOnFailing", "GPUNodeBootTimeout",
         "SpotPoolCapacityError", "MigPodsWaitingForSlices", "GpuopsReconcileErrors", "GpuopsInformerWatchStalled",
         "GpuopsLeaderAbsent", "GpuopsOperatorAbsent",

@@ -1,4 +1,4 @@
-"""`gpuops sim apiserver` as a user runs it: a subprocess, a kubeconfig, the real kubectl (issue 2, done-when)."""
+"""`gpuops sim apiserver` as a user runs it: a subprocess, a kubeconfig, the real kubectl."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Grafana dashboard and the PrometheusRule only query series we export (issue 10): every panel's PromQL,
+"""The Grafana dashboard and the PrometheusRule only query series we export: every panel's PromQL,
 every template variable's query and every alert expression is parsed, and each metric name (with its
 _total/_bucket/_sum/_count suffix) and label name must be one our `gpuops run` process exports. Plus the
 dashboard's shape (datasource variable, schema, layout) and the monitoring kustomization that ships it."""

@@ -1,4 +1,4 @@
-"""A real Prometheus scraping a real `gpuops run` (issue 10) the way it is shipped: the operator runs as a
+"""A real Prometheus scraping a real `gpuops run` the way it is shipped: the operator runs as a
 subprocess with all four controllers against an emulated cluster that enforces RBAC (manifests/rbac installed; the
 operator uses its ServiceAccount's token) and whose workload keeps every controller busy, serving /metrics with
 `--metrics-secure` (HTTPS with a self-signed certificate; bearer tokens checked by TokenReview and

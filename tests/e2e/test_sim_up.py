@@ -1,4 +1,4 @@
-"""`gpuops sim up` and `gpuops demo` as a user runs them: subprocesses, a kubeconfig, the real kubectl (issue 5)."""
+"""`gpuops sim up` and `gpuops demo` as a user runs them: subprocesses, a kubeconfig, the real kubectl."""
 
 from __future__ import annotations
 

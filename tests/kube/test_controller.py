@@ -1,6 +1,6 @@
-"""gpuops.kube.controller: predicates, mappers, reconcile outcomes and metrics (framework.md b.5, b.6), log
-context, priorities of the initial list, draining, and the read-your-own-writes gate (e.1) against the
-emulated API server over HTTP. Waits are conditions with deadlines; nothing sleeps and hopes."""
+"""gpuops.kube.controller: predicates, mappers, reconcile outcomes and metrics, log context, priorities of
+the initial list, draining, and the read-your-own-writes gate against the emulated API server over HTTP.
+Waits are conditions with deadlines; nothing sleeps and hopes."""
 
 from __future__ import annotations
 
@@ -119,7 +119,8 @@ def test_request_keys_and_owner_mapper() -> None:
 
 
 async def test_outcomes_metrics_and_backoff() -> None:
-    """b.6 reconcileHandler: errors back off, terminal errors stop, requeue_after forgets, timeouts count."""
+    """As controller-runtime's reconcileHandler: errors back off, terminal errors stop, requeue_after forgets,
+    timeouts count."""
     name = "outcomes"
     runs: Counter[str] = Counter()
 
@@ -265,7 +266,7 @@ async def test_cache_sync_timeout(emulator: tuple[APIServer, Client]) -> None:
 
 
 async def test_initial_list_is_queued_at_low_priority(emulator: tuple[APIServer, Client]) -> None:
-    """b.6: objects of the initial list go behind fresh changes."""
+    """Objects of the initial list go behind fresh changes."""
     _, client = emulator
     for i in range(10):
         await client.create(CONFIGMAPS, {"metadata": {"name": f"old-{i}"}}, NS)
@@ -413,7 +414,7 @@ async def _stalled_informer_run(client: Client, gate: bool) -> tuple[Counting, C
 
 
 async def test_read_your_writes_gate_vs_no_gate_with_a_stalled_cache(emulator: tuple[APIServer, Client]) -> None:
-    """e.1: with the gate, no reconcile ever reads its key older than its own last write; without it the
+    """With the gate, no reconcile ever reads its key older than its own last write; without it the
     same setup reads stale data deterministically."""
     _, client = emulator
     timeouts0 = sample("gpuops_read_your_writes_timeouts_total", controller="ryw-stalled-true")

@@ -1,7 +1,7 @@
-"""gpuops.kube.leaderelection against the emulated API server over HTTP (framework.md b.7, e.5).
+"""gpuops.kube.leaderelection against the emulated API server over HTTP.
 
 Durations are shortened (lease 2 s, renew deadline 1 s, retry 0.2 s) and every wait is a condition with a
-deadline. Leases are coordination.k8s.io/v1 with MicroTime timestamps (api-semantics item 53); updates are
+deadline. Leases are coordination.k8s.io/v1 with MicroTime timestamps (six fraction digits); updates are
 PUTs guarded by resourceVersion, so races end in 409 Conflict.
 """
 
@@ -183,7 +183,7 @@ async def test_validation_names_the_field(clients: Callable[[], Awaitable[Client
 async def test_acquire_creates_lease_and_release_empties_it(
     clients: Callable[[], Awaitable[Client]], tasks: list[asyncio.Task[None]]
 ) -> None:
-    """Item 53: acquireTime/renewTime are MicroTime; release writes holderIdentity "" and leaseDurationSeconds 1."""
+    """acquireTime/renewTime are MicroTime; release writes holderIdentity "" and leaseDurationSeconds 1."""
     a = await make_elector(clients, "a", name="gpuops-acquire")
     reader = await clients()
     timeline = Timeline()

@@ -1,7 +1,7 @@
-"""gpuops.kube.manager and health, and `gpuops run` (framework.md b.7, e.4, e.5), against the emulated API
-server over HTTP: /metrics names, /healthz and /readyz (with ?exclude and ?verbose) flipping, shutdown within
-its bound, leader election with warm standbys (failover without two leaders acting at once), lease loss, the
-controller registry and the CLI. Waits are conditions with deadlines; lease timings are shortened."""
+"""gpuops.kube.manager and health, and `gpuops run`, against the emulated API server over HTTP: /metrics
+names, /healthz and /readyz (with ?exclude and ?verbose) flipping, shutdown within its bound, leader election
+with warm standbys (failover without two leaders acting at once), lease loss, the controller registry and the
+CLI. Waits are conditions with deadlines; lease timings are shortened."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The reflector under the emulator's faults (issue 3): 410 storms, dropped watches, 5% 500s and 429s,
+"""The reflector under the emulator's faults: 410 storms, dropped watches, 5% 500s and 429s,
 restarts, expired continue tokens, and a silent server (watchdog).
 
 Each chaos run: a writer creates, updates and deletes a few hundred ConfigMaps while the fault plays; then
@@ -425,9 +425,9 @@ class Recording:
 
 
 async def test_paginated_relist_resource_versions(kubeconfig: Path) -> None:
-    """b.1: the first list at "0"; after a 410 at the last synced RV (NotOlderThan); once that failed as
-    Gone, a consistent read (""). Continue pages carry no RV. Watches start at the list's RV, with bookmarks
-    and a timeout in [5, 10] minutes."""
+    """Relist resourceVersions as client-go's reflector picks them: the first list at "0"; after a 410 at the
+    last synced RV (NotOlderThan); once that failed as Gone, a consistent read (""). Continue pages carry no
+    RV. Watches start at the list's RV, with bookmarks and a timeout in [5, 10] minutes."""
     async with APIServer(bookmark_interval=0.2) as s:
         s.write_kubeconfig(kubeconfig)
         client = await Client.from_kubeconfig(str(kubeconfig))

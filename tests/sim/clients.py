@@ -762,7 +762,7 @@ class AsyncioClient(_PythonClient):
         self, res: Res, obj: dict[str, Any], *, field_manager: str, force: bool = False
     ) -> dict[str, Any]:
         # kubernetes-asyncio would pick JSON patch for a dict on CustomObjectsApi: the content type must be
-        # forced (item 43).
+        # forced.
         ns = obj["metadata"].get("namespace")
         cls, m, a, kw = self._args(res, "patch", ns, obj["metadata"]["name"])
         kw.update(field_manager=field_manager, _content_type="application/apply-patch+yaml")
@@ -770,7 +770,7 @@ class AsyncioClient(_PythonClient):
             kw["force"] = True
         out = self._call(cls, m, *a, body=obj, **kw)
         if out is None:
-            # CustomObjectsApi maps only 200 for PATCH: an apply that created (201, item 38) deserializes
+            # CustomObjectsApi maps only 200 for PATCH: an apply that created (201) deserializes
             # to None, so its users read the object back.
             out = self.get(res, obj["metadata"]["name"], ns)
         return dict(out)
@@ -1010,7 +1010,7 @@ class KubectlClient(Client):
         return list(out["items"]) if out.get("kind") == "List" else [out]
 
     def apply(self, objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        # Default --validate=strict: exercises the /openapi/v3 path of item 6.
+        # Default --validate=strict: exercises kubectl's /openapi/v3 lookups.
         return self._items(self.json("apply", "-f", self._manifest_file(objs), "-o", "json", "--show-managed-fields"))
 
     def apply_server_side(

@@ -1,4 +1,4 @@
-"""Admission webhooks against a real HTTPS webhook server on loopback (item 55).
+"""Admission webhooks against a real HTTPS webhook server on loopback.
 
 The server is aiohttp with a certificate from a throw-away `trustme` CA, reached either by URL or through a
 Service that the resolver maps to the loopback port (TLS server name `hook.gpuops.svc`).
@@ -260,7 +260,7 @@ NS_LABELS = {"kubernetes.io/metadata.name": "team-a", "gpu": "yes"}
 async def test_validating_denial_carries_the_webhook_status(
     server: HookServer, caller: WebhookCaller, ca_bundle: str
 ) -> None:
-    """Item 55: `admission webhook "<name>" denied the request: …` with the response's code and reason."""
+    """A denial reads `admission webhook "<name>" denied the request: …` with the response's code and reason."""
     server.behaviours["/deny"] = respond(
         allowed=False, status={"code": 403, "reason": "Forbidden", "message": "GPU budget exhausted"}
     )
@@ -533,7 +533,7 @@ async def test_default_json_patch_module(server: HookServer, ca_bundle: str) -> 
 async def test_unreachable_webhook_fail_and_ignore(
     caller: WebhookCaller, ca_bundle: str, closed_port: int
 ) -> None:
-    """Item 55: unreachable + Fail -> 500 InternalError `failed calling webhook`; Ignore -> admitted."""
+    """Unreachable + Fail -> 500 InternalError `failed calling webhook`; Ignore -> admitted."""
     url = f"https://127.0.0.1:{closed_port}/validate"
     fail = [config("c", webhook("v.gpuops.io", "", ca_bundle, url=url))]
     for call in (caller.validate, caller.mutate):

@@ -1,7 +1,9 @@
-"""The api-semantics checklist (/work/shared/reference/api-semantics.md) against the emulator over raw HTTP.
+"""The Kubernetes API server's wire semantics, checked against the emulator over raw HTTP.
 
-Each test names the checklist item(s) it covers. Requests go through aiohttp to an in-process APIServer, so
-what is checked is the wire: status codes, headers, Status bodies, chunked watch frames.
+One behaviour per test, named in the test's name: discovery and content negotiation, gets, lists
+(resourceVersion rules, paging, selectors), watches, writes and patches, deletion and the controller-manager
+loops, faults and RBAC. Requests go through aiohttp to an in-process APIServer, so what is checked is the wire:
+status codes, headers, Status bodies, chunked watch frames.
 """
 
 from __future__ import annotations
@@ -707,8 +709,8 @@ async def test_item18_custom_resource_field_selectors(api: Api) -> None:
     await api.ok("POST", WIDGETS, widget("b", color="blue"))
     r = await api.get(WIDGETS, params={"fieldSelector": "spec.color=blue"})
     assert [i["metadata"]["name"] for i in r.body["items"]] == ["b"]
-    # Upstream's crConverter answers like the core kinds' conversions (the checklist's text for CRs is the
-    # default conversion's, which built-ins such as ConfigMap use; see test_item18_field_selectors).
+    # Upstream's crConverter answers like the core kinds' conversions, not with the default conversion's
+    # message, which built-ins such as ConfigMap give; see test_item18_field_selectors.
     for path in (WIDGETS, GADGETS):
         r = await api.get(path, params={"fieldSelector": "foo.bar=x"})
         assert_status(r, 400, "BadRequest", "field label not supported: foo.bar")

@@ -1,4 +1,4 @@
-"""Server-side apply and managedFields (items 29, 42, 43)."""
+"""Server-side apply and managedFields: applies, updates and creates, kubectl's writes, custom resources."""
 
 from __future__ import annotations
 
@@ -333,7 +333,7 @@ def test_item42_at_most_ten_update_managers() -> None:
     assert set(ancient["fieldsV1"]["f:metadata"]["f:labels"]) == {"f:l0", "f:l1", "f:l2"}
 
 
-# ----------------------------------------------------------------------- kubectl (items 42/43) and CRs
+# ------------------------------------------------------------------------------------- kubectl and CRs
 
 
 def test_item43_kubectl_server_side_apply_takes_over_from_client_side_apply() -> None:

@@ -1,6 +1,6 @@
 """Authentication, request attributes, RBAC and the review APIs of the emulated API server.
 
-Item 55's neighbours: who may call what, with the same decisions and Forbidden messages as kube-apiserver.
+Who may call what, with the same decisions and Forbidden messages as kube-apiserver.
 """
 
 from __future__ import annotations

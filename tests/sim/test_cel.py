@@ -1,4 +1,4 @@
-"""CEL x-kubernetes-validations rules (api-semantics item 31): compilation, evaluation, causes."""
+"""CEL x-kubernetes-validations rules: compilation, evaluation, causes."""
 
 from __future__ import annotations
 

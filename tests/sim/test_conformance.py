@@ -1,7 +1,7 @@
 """One scenario list, three real clients: kubernetes-asyncio, the official `kubernetes` client and kubectl.
 
 Every scenario is written once against the `Client` adapter of `clients.py` and runs for each client
-(ids "asyncio", "official", "kubectl"); item numbers refer to /work/shared/reference/api-semantics.md.
+(ids "asyncio", "official", "kubectl"); each docstring names the API server behaviour its test checks.
 Results are observed through a plain-HTTP admin connection where the client under test would hide them.
 
 Where a client has no direct way to do something, the scenario uses that client's closest real path:
@@ -192,7 +192,7 @@ def _status_body(e: ApiError, client: Client) -> dict[str, Any] | None:
 
 
 def test_discovery(client: Client, admin: Admin) -> None:
-    """Items 1-4 and 54: version, group list, resource lists; a new CRD's group shows up."""
+    """Version, group list, resource lists; a new CRD's group shows up."""
     version = client.version()
     assert version["major"] == "1" and version["gitVersion"].startswith("v1.")
     gvs = client.api_versions()
@@ -216,7 +216,7 @@ def test_discovery(client: Client, admin: Admin) -> None:
 
 @pytest.mark.apiserver_warnings('unknown field "spec.bogus"')
 def test_apply_crd_then_custom_resource_and_configmap(client: Client, admin: Admin) -> None:
-    """Items 6-7, 29, 31, 40-41, 43, 54: apply (kubectl: default strict validation), re-apply, schema 422."""
+    """Apply (kubectl: default strict validation), re-apply, schema 422."""
     (crd,) = client.apply([widget_crd()])
     assert crd["kind"] == "CustomResourceDefinition"
     wait_until(lambda: _established(admin.get(CRDS, "widgets.conformance.gpuops.io", None)), what="Established")
@@ -245,12 +245,12 @@ def test_apply_crd_then_custom_resource_and_configmap(client: Client, admin: Adm
         managers = {m["manager"] for m in cm2["metadata"]["managedFields"]}
         assert "kubectl-client-side-apply" in managers
 
-    # Re-applying the same manifests again is a no-op: no new resourceVersion (item 21).
+    # Re-applying the same manifests again is a no-op: no new resourceVersion.
     client.apply([widget("w1", 2, "blue")])
     w3 = admin.get(WIDGETS, "w1")
     assert w3 is not None and w3["metadata"]["resourceVersion"] == w2["metadata"]["resourceVersion"]
 
-    # Unknown fields (item 8): kubectl validates strictly by default (fieldValidation=Strict, 400); the
+    # Unknown fields: kubectl validates strictly by default (fieldValidation=Strict, 400); the
     # Python clients send no fieldValidation, so the server's default (Warn) prunes the field.
     extra = widget("extra", 1)
     extra["spec"]["bogus"] = True
@@ -278,7 +278,7 @@ def test_apply_crd_then_custom_resource_and_configmap(client: Client, admin: Adm
 
 
 def test_server_side_apply(client: Client, admin: Admin) -> None:
-    """Items 38, 42: SSA creates, conflicts between managers with 409 causes, force takes ownership."""
+    """SSA creates, conflicts between managers with 409 causes, force takes ownership."""
     install_widgets(admin)
     created = client.apply_server_side(WIDGETS, widget("ssa", 3), field_manager="team-a")
     assert created["spec"] == {"size": 3, "color": "red"}
@@ -311,7 +311,7 @@ def test_server_side_apply(client: Client, admin: Admin) -> None:
 
 
 def test_custom_resource_printer_columns(client: Client, admin: Admin) -> None:
-    """Item 9: `kubectl get` of a custom resource prints its additionalPrinterColumns (Table)."""
+    """`kubectl get` of a custom resource prints its additionalPrinterColumns (Table)."""
     install_widgets(admin)
     admin.create(WIDGETS, widget("p1", 3, "blue"))
     admin.merge(WIDGETS, "p1", {"status": {"phase": "Ready"}}, sub="status")
@@ -323,7 +323,7 @@ def test_custom_resource_printer_columns(client: Client, admin: Admin) -> None:
 
 
 def test_kubectl_get_watch_prints_table_rows(apiserver: RunningServer, admin: Admin, tmp_path: Path) -> None:
-    """Item 9 (kubectl only: the others do not print): `kubectl get -w` asks for Tables on the watch too."""
+    """kubectl only (the others do not print): `kubectl get -w` asks for Tables on the watch too."""
     install_widgets(admin)
     admin.create(WIDGETS, widget("t1", 1))
     kubectl = KubectlClient(apiserver.kubeconfig, tmp_path)
@@ -346,7 +346,7 @@ def test_kubectl_get_watch_prints_table_rows(apiserver: RunningServer, admin: Ad
 
 
 def test_list_pagination(client: Client, admin: Admin) -> None:
-    """Items 13, 16: limit=2 over 5 objects: continue tokens, remainingItemCount, one snapshot."""
+    """Paging with limit=2 over 5 objects: continue tokens, remainingItemCount, one snapshot."""
     ns = "paging"
     admin.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}, None)
     for i in range(5):
@@ -375,7 +375,7 @@ def test_list_pagination(client: Client, admin: Admin) -> None:
 
 
 def test_label_and_field_selectors(client: Client, admin: Admin) -> None:
-    """Items 17-18: equality and set-based label selectors, field selectors, 400 on bad selectors."""
+    """Equality and set-based label selectors, field selectors, 400 on bad selectors."""
     admin.create(CONFIGMAPS, configmap("s1", labels={"tier": "web", "team": "a"}))
     admin.create(CONFIGMAPS, configmap("s2", labels={"tier": "db", "team": "a"}))
     admin.create(CONFIGMAPS, configmap("s3", labels={"tier": "web", "team": "b", "gone": "x"}))
@@ -414,7 +414,7 @@ def test_label_and_field_selectors(client: Client, admin: Admin) -> None:
 
 
 def test_watch_sees_changes_made_by_another_client(client: Client, admin: Admin) -> None:
-    """Items 19-20: a running watch (kubectl: `get -w`) sees ADDED, MODIFIED and DELETED from elsewhere."""
+    """A running watch (kubectl: `get -w`) sees ADDED, MODIFIED and DELETED from elsewhere."""
     admin.create(CONFIGMAPS, configmap("w-a", {"v": "1"}))
     w = client.start_watch(CONFIGMAPS)
     try:
@@ -434,7 +434,7 @@ def test_watch_sees_changes_made_by_another_client(client: Client, admin: Admin)
 
 
 def test_watch_resumes_from_resource_version(client: Client, admin: Admin) -> None:
-    """Items 20-21: watching from N replays exactly the changes after N, in order, no synthetic ADDED."""
+    """Watching from N replays exactly the changes after N, in order, no synthetic ADDED."""
     admin.create(CONFIGMAPS, configmap("r-a", {"v": "1"}))
     start = admin.rv(CONFIGMAPS)
     admin.merge(CONFIGMAPS, "r-a", {"data": {"v": "2"}})
@@ -451,7 +451,7 @@ def test_watch_resumes_from_resource_version(client: Client, admin: Admin) -> No
 
 
 def test_selector_filtered_watch(client: Client, admin: Admin) -> None:
-    """Item 22: starting to match a label-selected watch is ADDED, stopping to match is DELETED."""
+    """Starting to match a label-selected watch is ADDED, stopping to match is DELETED."""
     admin.create(CONFIGMAPS, configmap("l-a", labels={"team": "b"}))
     start = admin.rv(CONFIGMAPS)
     admin.create(CONFIGMAPS, configmap("l-b", labels={"team": "b"}))  # never matches
@@ -469,7 +469,7 @@ def test_selector_filtered_watch(client: Client, admin: Admin) -> None:
 
 
 def test_watch_bookmarks(client: Client, admin: Admin) -> None:
-    """Item 23: allowWatchBookmarks brings BOOKMARKs that carry only kind, apiVersion and the RV."""
+    """allowWatchBookmarks brings BOOKMARKs that carry only kind, apiVersion and the RV."""
     admin.create(CONFIGMAPS, configmap("b-a"))
     start = admin.rv(CONFIGMAPS)
     events = client.watch(CONFIGMAPS, resource_version=start, max_events=1, bookmarks=True)
@@ -481,7 +481,7 @@ def test_watch_bookmarks(client: Client, admin: Admin) -> None:
 def test_watch_too_old_gives_410_then_relist(
     client: Client, admin: Admin, apiserver: RunningServer
 ) -> None:
-    """Items 15, 25-26: after compaction a watch from an old RV fails with 410 Expired; relist recovers."""
+    """After compaction a watch from an old RV fails with 410 Expired; relist recovers."""
     admin.create(CONFIGMAPS, configmap("x-a", {"v": "1"}))
     old = admin.rv(CONFIGMAPS)
     admin.merge(CONFIGMAPS, "x-a", {"data": {"v": "2"}})
@@ -504,7 +504,7 @@ def test_watch_too_old_gives_410_then_relist(
 
 
 def test_stale_update_conflicts(client: Client, admin: Admin) -> None:
-    """Items 30, 32-33: 409 Conflict on a stale PUT or RV-carrying patch; 409 AlreadyExists on create."""
+    """409 Conflict on a stale PUT or RV-carrying patch; 409 AlreadyExists on create."""
     created = client.create(CONFIGMAPS, configmap("c", {"v": "1"}))
     assert created["metadata"]["uid"] and created["metadata"]["creationTimestamp"]
     stale = client.get(CONFIGMAPS, "c")
@@ -540,7 +540,7 @@ def test_stale_update_conflicts(client: Client, admin: Admin) -> None:
 
 
 def test_status_subresource_split(client: Client, admin: Admin) -> None:
-    """Items 34-35: the main resource ignores status, /status ignores everything else; generation."""
+    """The main resource ignores status, /status ignores everything else; generation."""
     install_widgets(admin)
     body = widget("s", 1)
     body["status"] = {"phase": "FromCreate"}
@@ -569,7 +569,7 @@ def test_status_subresource_split(client: Client, admin: Admin) -> None:
     assert done["status"] == {"phase": "Done"} and done["spec"]["size"] == 2
     assert done["metadata"]["generation"] == 2
 
-    # Custom resources need a resourceVersion on update (item 32).
+    # Custom resources need a resourceVersion on update.
     del current["metadata"]["resourceVersion"]
     with pytest.raises(ApiError) as err:
         client.replace(WIDGETS, current)
@@ -601,7 +601,7 @@ def _pdb_status(admin: Admin) -> dict[str, Any]:
 
 
 def test_eviction_refused_by_pdb_then_allowed(client: Client, admin: Admin) -> None:
-    """Item 50: 429 TooManyRequests with a DisruptionBudget cause; allowed eviction deletes gracefully."""
+    """Eviction: 429 TooManyRequests with a DisruptionBudget cause; allowed eviction deletes gracefully."""
     _ready_pod(admin, "ev-1")
     admin.create(
         PDBS,
@@ -636,7 +636,7 @@ def test_eviction_refused_by_pdb_then_allowed(client: Client, admin: Admin) -> N
     wait_until(lambda: _pdb_status(admin).get("disruptionsAllowed") == 1, what="disruptionsAllowed=1")
     client.evict("ev-1")
     pod = admin.get(PODS, "ev-1")
-    # A bound, running pod is deleted gracefully: it stays until the kubelet confirms (item 46).
+    # A bound, running pod is deleted gracefully: it stays until the kubelet confirms.
     assert pod is not None and pod["metadata"]["deletionTimestamp"]
     assert pod["metadata"]["deletionGracePeriodSeconds"] == 30
 
@@ -645,7 +645,7 @@ def test_eviction_refused_by_pdb_then_allowed(client: Client, admin: Admin) -> N
 
 
 def test_finalizer_flow(client: Client, admin: Admin) -> None:
-    """Items 12, 44-45: delete marks, the object stays until its last finalizer goes, then 404."""
+    """Delete marks, the object stays until its last finalizer goes, then 404."""
     client.create(CONFIGMAPS, configmap("f", {"v": "1"}, finalizers=[FINALIZER]))
     client.delete(CONFIGMAPS, "f")
     marked = client.get(CONFIGMAPS, "f")
@@ -677,7 +677,7 @@ def _owned(name: str, owner: dict[str, Any], block: bool = False) -> dict[str, A
 
 
 def test_owner_reference_garbage_collection(client: Client, admin: Admin) -> None:
-    """Item 47: Background deletes dependents, Orphan strips their ownerReferences, Foreground waits."""
+    """Owner references: Background deletes dependents, Orphan strips their ownerReferences, Foreground waits."""
     owner = admin.create(CONFIGMAPS, configmap("owner-bg"))
     client.create(CONFIGMAPS, _owned("dep-bg", owner))
     owner2 = admin.create(CONFIGMAPS, configmap("owner-orphan"))
@@ -776,7 +776,7 @@ def _webhook_config(res_kind: str, name: str, path: str, ca_bundle: str) -> dict
 
 
 def test_admission_webhooks(client: Client, admin: Admin, apiserver: RunningServer) -> None:
-    """Item 55: a validating webhook's denial reaches the client; a mutating webhook's patch is stored."""
+    """A validating webhook's denial reaches the client; a mutating webhook's patch is stored."""
     hooks = HookServer()
     apiserver.call(hooks.start())
     try:

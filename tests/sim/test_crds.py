@@ -1,5 +1,4 @@
-"""CRD validation, served resources and status (api-semantics items 31, 35, 54), and the full CR write path
-on a GPUWorkloadBudget-like CRD."""
+"""CRD validation, served resources and status, and the full CR write path on a GPUWorkloadBudget-like CRD."""
 
 from __future__ import annotations
 

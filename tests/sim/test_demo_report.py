@@ -1,4 +1,4 @@
-"""`gpuops demo`'s report (issue 10): the timeline sampler on synthetic series, the Markdown and the plots from
+"""`gpuops demo`'s report: the timeline sampler on synthetic series, the Markdown and the plots from
 them, and a short real run (a subprocess, as `make demo` runs it) leaving README.md and every PNG behind."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Discovery documents and content negotiation: checklist items 1-4, 9, 10."""
+"""Discovery documents (/version, /api, /apis, legacy and aggregated) and content negotiation (Table, 406)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""OpenAPI v3 publishing and built-in schemas: checklist items 5, 6, 8, 41, 43."""
+"""OpenAPI v3 publishing and built-in schemas: the index, per-group-version documents, what kubectl reads."""
 
 from __future__ import annotations
 

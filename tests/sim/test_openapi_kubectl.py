@@ -1,4 +1,4 @@
-"""Real kubectl against discovery and OpenAPI documents from our modules: checklist items 3-7, 43.
+"""Real kubectl against discovery and OpenAPI documents from our modules: strict apply, re-apply, explain.
 
 A tiny aiohttp server serves /api, /apis, the group-version lists and /openapi/v3 straight from
 discovery.py and openapi.py, plus just enough object handling (404 GET, echoing POST, PATCH) for
@@ -278,7 +278,7 @@ def test_item6_strict_apply_of_builtin_and_custom_resource(kubectl: Kubectl) -> 
 
 
 def test_item6_control_without_field_validation_parameter(tmp_path: Path) -> None:
-    """Control: strip the parameter and kubectl falls back to /openapi/v2 and gives up (item 6)."""
+    """Control: strip the parameter and kubectl falls back to /openapi/v2 and gives up."""
     with running(tmp_path, Probe(aggregated=True, strip_field_validation=True)) as kubectl:
         proc, log = kubectl("apply", "-f", "cm.yaml")
     assert proc.returncode != 0 and "--validate=false" in proc.stderr
@@ -313,7 +313,7 @@ def test_item4_api_resources_and_short_names(kubectl: Kubectl) -> None:
     assert any(ln.split()[:2] == ["pods", "po"] for ln in proc.stdout.splitlines())
     per_gv = {e["path"] for e in log} & {"/api/v1", "/apis/gpuops.io/v1alpha1"}
     if kubectl.probe.aggregated:
-        assert per_gv == set()  # item 4: aggregated discovery needs no per-group-version GETs
+        assert per_gv == set()  # aggregated discovery needs no per-group-version GETs
         accept = next(e["accept"] for e in log if e["path"] == "/api")
         assert "as=APIGroupDiscoveryList" in accept
     else:

@@ -1,4 +1,4 @@
-"""JSON patch, merge patch and strategic merge patch as the apiserver applies them (items 39-41, 43)."""
+"""JSON patch, merge patch and strategic merge patch as the apiserver applies them."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def _pointer(key: str) -> str:
     return "/" + key.replace("~", "~0").replace("/", "~1")
 
 
-# ------------------------------------------------------------------------- RFC 6902 appendix A (item 39)
+# ----------------------------------------------------------------------------------- RFC 6902 appendix A
 
 RFC6902_OK = [
     (
@@ -234,7 +234,7 @@ def test_item39_property_array_insert_then_remove_restores(items: list[Any], dat
     assert apply_json_patch(doc, ops) == doc
 
 
-# ------------------------------------------------------------------------- RFC 7386 appendix A (item 40)
+# ----------------------------------------------------------------------------------- RFC 7386 appendix A
 
 RFC7386 = [
     ({"a": "b"}, {"a": "c"}, {"a": "c"}),
@@ -282,7 +282,7 @@ def test_item40_property_patch_of_the_diff_reaches_the_target(
     assert apply_merge_patch(doc, _merge_diff(doc, target)) == target
 
 
-# ------------------------------------------------------------------------ strategic merge patch (item 41)
+# ---------------------------------------------------------------------------------- strategic merge patch
 
 
 def _pod(**spec: Any) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Structural schemas: unknown fields, pruning, defaulting, validation messages (api-semantics 8, 31)."""
+"""Structural schemas: unknown fields, pruning, defaulting, validation messages."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def causes(s: dict[str, Any], value: Any, **kw: Any) -> list[tuple[str, str, str
     return [(c.reason, c.field, c.message) for c in schema.validate(s, value, **kw)]
 
 
-# -- item 8: unknown fields --------------------------------------------------------------------------------
+# -- unknown fields ----------------------------------------------------------------------------------------
 
 NESTED = root(
     {
@@ -187,7 +187,7 @@ def test_non_nullable_null_is_defaulted() -> None:
     assert schema.apply_defaults(DEFAULTS, {"spec": {"action": None}})["spec"]["action"] == "AlertOnly"
 
 
-# -- validation messages (item 31) -------------------------------------------------------------------------
+# -- validation messages -----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Label and field selectors: api-semantics items 17 (labelSelector), 18 (fieldSelector), 22 (watches)."""
+"""Label and field selectors: labelSelector grammar and matching, fieldSelector, filtering of watches."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def bad(fn: object, *args: object) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# item 17: label selector grammar and matching
+# label selector grammar and matching
 
 
 def test_item17_equality_set_and_existence_terms() -> None:
@@ -302,7 +302,7 @@ def test_item17_property_never_crashes(text: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# item 18: field selectors
+# field selectors
 
 
 def _pod(**over: object) -> dict[str, object]:
@@ -471,7 +471,7 @@ def test_item18_property_never_crashes(text: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# item 22: watch filtering helper
+# watch filtering helper
 
 
 def test_item22_matches_all() -> None:

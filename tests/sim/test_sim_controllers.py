@@ -1,4 +1,4 @@
-"""The emulator's controller-manager loops: disruption controller arithmetic (item 50) and PodGC (item 49)."""
+"""The emulator's controller-manager loops: disruption controller arithmetic and PodGC."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Server-side Table printing for `kubectl get` (api-semantics item 9)."""
+"""Server-side Table printing for `kubectl get`."""
 
 from __future__ import annotations
 
@@ -576,7 +576,7 @@ def test_jsonpath_property_never_crashes(path: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Real kubectl prints our tables (item 9). Skipped when the binary or aiohttp is unavailable.
+# Real kubectl prints our tables. Skipped when the binary or aiohttp is unavailable.
 
 KUBECTL = shutil.which("kubectl", path=str(Path(os.__file__).parents[3] / "bin")) or shutil.which("kubectl")
 

@@ -1,4 +1,5 @@
-"""An emulated Kubernetes API server on loopback, faithful enough for real clients (see DESIGN.md)."""
+"""An emulated Kubernetes API server on loopback, faithful enough for real clients (kubectl, kubernetes-asyncio,
+the official `kubernetes` client)."""
 
 from .faults import Faults
 from .server import APIServer

@@ -1,4 +1,4 @@
-"""Dynamic admission control: calling mutating and validating webhooks as kube-apiserver does (item 55).
+"""Dynamic admission control: calling mutating and validating webhooks as kube-apiserver does.
 
 The seed's webhook (and any controller-runtime webhook) must see the same AdmissionReview, and clients the
 same denials and `failed calling webhook` errors, as against a real cluster. `matchConditions` (CEL over

@@ -1,4 +1,4 @@
-"""Server-side apply and managedFields (item 42), after sigs.k8s.io/structured-merge-diff and the
+"""Server-side apply and managedFields, after sigs.k8s.io/structured-merge-diff and the
 apiserver's fieldmanager wrappers.
 
 Field sets are Python sets of paths; a path is a tuple of path elements, each one of

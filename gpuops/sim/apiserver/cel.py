@@ -1,4 +1,4 @@
-"""CEL `x-kubernetes-validations` rules of CRD schemas, evaluated with cel-python (item 31).
+"""CEL `x-kubernetes-validations` rules of CRD schemas, evaluated with cel-python.
 
 Rules see `self` (and `oldSelf` for transition rules) typed by the schema as the apiserver types them:
 `number` fields are doubles, objects with properties expose only their (escaped) properties, the resource

@@ -1,7 +1,7 @@
 """The kube-controller-manager loops the API depends on, run inside the emulator.
 
-Garbage collection by owner references (item 47), namespace deletion (48), the disruption controller that
-keeps PodDisruptionBudget status current (50) and CRD instance cleanup. They react to store changes through
+Garbage collection by owner references, namespace deletion, the disruption controller that keeps
+PodDisruptionBudget status current, PodGC and CRD instance cleanup. They react to store changes through
 a synchronous listener that only records work; one async task does the work, so writes never re-enter
 the store from inside another write.
 """
@@ -98,7 +98,7 @@ class ControllerLoops:
     def __init__(self, api: ObjectAPI, terminated_pod_gc_threshold: int | None = None) -> None:
         self.api = api
         self.store: Store = api.store
-        # PodGC (item 49): None keeps terminated pods forever, like a cluster below the 12,500 default.
+        # PodGC: None keeps terminated pods forever, like a cluster below the 12,500 default.
         self.terminated_pod_gc_threshold = terminated_pod_gc_threshold
         self._terminated: set[Ref] = set()
         self._dependents: dict[str, set[Ref]] = {}

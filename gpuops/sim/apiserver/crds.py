@@ -1,4 +1,4 @@
-"""CustomResourceDefinitions: static validation, the resources they serve, and their initial status (item 54).
+"""CustomResourceDefinitions: static validation, the resources they serve, and their initial status.
 
 Validation follows apiextensions' ValidateCustomResourceDefinition for what a v1 CRD can get wrong in
 practice: names, group, scope, versions, structural schemas (with defaults and CEL rules checked the way

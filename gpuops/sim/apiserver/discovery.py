@@ -1,4 +1,4 @@
-"""Discovery documents and content negotiation (checklist items 1-4, 9, 10).
+"""Discovery documents (/version, /api, /apis, legacy and aggregated) and content negotiation.
 
 kubectl resolves every resource name, short name and category through these documents before it sends
 a single object request, so their shapes follow the upstream wire format field by field.
@@ -29,7 +29,7 @@ _VERSION_RE = re.compile(r"^v(\d+)(?:(alpha|beta)(\d+))?$")
 
 
 def version_info() -> dict[str, Any]:
-    """`GET /version` (item 1). The build fields are stable so tests can compare them."""
+    """`GET /version`. The build fields are stable so tests can compare them."""
     major, minor = SERVER_VERSION[1:].split(".")[:2]
     return {
         "major": major,
@@ -45,7 +45,7 @@ def version_info() -> dict[str, Any]:
 
 
 def api_versions(server_address: str | None = None) -> dict[str, Any]:
-    """`GET /api` (item 2). Clients ignore the CIDR table, but it must be a list, not null."""
+    """`GET /api`. Clients ignore the CIDR table, but it must be a list, not null."""
     cidrs = [{"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}] if server_address else []
     return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": cidrs}
 
@@ -72,7 +72,7 @@ def served_groups(infos: Iterable[ResourceInfo]) -> dict[str, list[str]]:
 
 
 def api_group_list(infos: Sequence[ResourceInfo]) -> dict[str, Any]:
-    """`GET /apis` legacy document (item 2): every non-core group with its preferred version."""
+    """`GET /apis` legacy document: every non-core group with its preferred version."""
     groups = []
     for group, versions in served_groups(infos).items():
         if not group:
@@ -93,7 +93,7 @@ def _of(infos: Sequence[ResourceInfo], group: str, version: str) -> list[Resourc
 
 
 def api_resource_list(infos: Sequence[ResourceInfo], group_version: str) -> dict[str, Any] | None:
-    """`GET /api/v1`, `GET /apis/{g}/{v}` (item 4); None when nothing is served there (-> 404)."""
+    """`GET /api/v1`, `GET /apis/{g}/{v}`; None when nothing is served there (-> 404)."""
     group, _, version = group_version.rpartition("/")
     served = _of(infos, group, version)
     if not served:
@@ -158,7 +158,7 @@ def _resource_discovery(info: ResourceInfo) -> dict[str, Any]:
 
 
 def aggregated_discovery(infos: Sequence[ResourceInfo], *, core: bool, version: str) -> dict[str, Any]:
-    """`APIGroupDiscoveryList` for `/api` (core) or `/apis` (item 3); `version` is "v2" or "v2beta1"."""
+    """`APIGroupDiscoveryList` for `/api` (core) or `/apis`; `version` is "v2" or "v2beta1"."""
     if version not in ("v2", "v2beta1"):
         raise ValueError(f"unknown aggregated discovery version {version!r}")
     items = []
@@ -238,7 +238,7 @@ def _not_acceptable(accepted: Sequence[str]) -> StatusError:
 
 
 def negotiate_discovery(accept: str | None) -> tuple[str, str]:
-    """Aggregated v2/v2beta1 or legacy discovery for `/api` and `/apis` (item 3) -> (mode, Content-Type)."""
+    """Aggregated v2/v2beta1 or legacy discovery for `/api` and `/apis` -> (mode, Content-Type)."""
     if not (accept or "").strip():
         return "legacy", JSON
     for r in parse_accept(accept):
@@ -259,7 +259,7 @@ def negotiate_discovery(accept: str | None) -> tuple[str, str]:
 
 
 def negotiate_object(accept: str | None) -> str:
-    """Representation of a resource GET/LIST/WATCH (items 9, 10): "table-v1", "table-v1beta1" or "json"."""
+    """Representation of a resource GET/LIST/WATCH: "table-v1", "table-v1beta1" or "json"."""
     if not (accept or "").strip():
         return "json"
     for r in parse_accept(accept):

@@ -1,4 +1,4 @@
-"""List semantics: the resourceVersion matrix (item 14), snapshots for paging (16), selectors (17, 18)."""
+"""List semantics: the resourceVersion matrix, snapshots for paging, label and field selectors."""
 
 from __future__ import annotations
 
@@ -199,7 +199,7 @@ class Lister:
         self._expire()
         snap = self._snapshots.pop(sid, None)
         if snap is None or snap.rv != rv:
-            # The paging snapshot is gone; rebuild from retained history if possible, else 410 (item 16).
+            # The paging snapshot is gone; rebuild from retained history if possible, else 410.
             if rv < self.store.compacted_rv:
                 current = self.store.rv
                 raise StatusError(

@@ -366,7 +366,7 @@ class ObjectAPI:
     def _merge_for_subresource(
         self, info: ResourceInfo, old: dict[str, Any], new: dict[str, Any], subresource: str
     ) -> dict[str, Any]:
-        """Status split (item 35): the main resource ignores status, /status ignores everything else."""
+        """Status split: the main resource ignores status, /status ignores everything else."""
         if subresource == "status":
             merged = dict(old)
             if "status" in new:
@@ -488,7 +488,7 @@ class ObjectAPI:
         if _without(new, "metadata") == _without(old, "metadata") and _meta_sans_volatile(
             new["metadata"]
         ) == _meta_sans_volatile(old["metadata"]):
-            return old  # a no-op write: no new resourceVersion, no event (item 21)
+            return old  # a no-op write: no new resourceVersion, no event
         if (
             new["metadata"].get("deletionTimestamp")
             and not new["metadata"].get("finalizers")
@@ -717,7 +717,7 @@ class ObjectAPI:
         nmeta = new["metadata"]
         now = self.clock()
         grace = options.get("gracePeriodSeconds")
-        # Pod graceful deletion (item 46): bound, non-terminal pods wait for the kubelet.
+        # Pod graceful deletion: bound, non-terminal pods wait for the kubelet.
         if info.storage_key == PODS_GR:
             phase = (old.get("status") or {}).get("phase")
             bound = bool((old.get("spec") or {}).get("nodeName"))
@@ -786,7 +786,7 @@ class ObjectAPI:
     # ------------------------------------------------------------------------------------ subresources
 
     async def evict(self, namespace: str, name: str, body: Any, ctx: WriteContext) -> dict[str, Any]:
-        """Eviction (item 50): PDB-guarded graceful delete."""
+        """Eviction: PDB-guarded graceful delete."""
         if not isinstance(body, dict):
             raise bad_request("the body of an eviction must be an Eviction object")
         bname = (body.get("metadata") or {}).get("name")
@@ -879,7 +879,7 @@ class ObjectAPI:
             )
 
     async def bind(self, namespace: str, name: str, body: Any, ctx: WriteContext) -> dict[str, Any]:
-        """Binding (item 51): sets spec.nodeName and PodScheduled=True once."""
+        """Binding: sets spec.nodeName and PodScheduled=True once."""
         if not isinstance(body, dict) or not isinstance(body.get("target"), dict):
             raise bad_request("the body of a binding must be a Binding with a target")
         target = body["target"].get("name")

@@ -1,4 +1,4 @@
-"""OpenAPI v3 publishing (checklist items 5, 6, 43).
+"""OpenAPI v3 publishing: the `/openapi/v3` index and one document per group-version.
 
 kubectl's default `--validate=strict` decides from these documents whether the server validates fields
 itself: it needs, for the object's group/version/kind, a PATCH operation carrying
@@ -496,7 +496,7 @@ def _split(group_version: str) -> tuple[str, str]:
 
 
 def openapi_v3_group_version(infos: Sequence[ResourceInfo], group_version: str) -> dict[str, Any] | None:
-    """`GET /openapi/v3/api/v1`, `/openapi/v3/apis/{g}/{v}` (item 5): a fresh OpenAPI 3.0 doc, or None."""
+    """`GET /openapi/v3/api/v1`, `/openapi/v3/apis/{g}/{v}`: a fresh OpenAPI 3.0 doc, or None."""
     group, version = _split(group_version)
     cached = _cached(infos, group, version)
     if cached is None:
@@ -514,7 +514,7 @@ def openapi_v3_group_version_bytes(
 
 
 def openapi_v3_index(infos: Sequence[ResourceInfo]) -> dict[str, Any]:
-    """`GET /openapi/v3` (item 5): where each group-version document lives, with its content hash."""
+    """`GET /openapi/v3`: where each group-version document lives, with its content hash."""
     paths: dict[str, Any] = {}
     for group, versions in served_groups(infos).items():
         for version in versions:

@@ -1,4 +1,4 @@
-"""PATCH bodies as the kube-apiserver applies them: JSON, merge and strategic merge patch (items 39-41).
+"""PATCH bodies as the kube-apiserver applies them: JSON, merge and strategic merge patch.
 
 Faithful to what the apiserver links, not to the RFCs where the two differ: JSON patch behaves like
 gopkg.in/evanphx/json-patch.v4 (negative indices, `replace` of a missing object key adds it, `copy` of a
@@ -250,7 +250,7 @@ def _apply_op(doc: Any, op: dict[str, Any], copied: list[int]) -> Any:
 
 
 def apply_json_patch(doc: Any, patch: Any) -> Any:
-    """RFC 6902 as the apiserver applies it (item 39); `doc` and `patch` are not changed."""
+    """RFC 6902 as the apiserver applies it; `doc` and `patch` are not changed."""
     if patch is None:
         return clone(doc)
     if not isinstance(patch, list):
@@ -283,7 +283,7 @@ def apply_json_patch(doc: Any, patch: Any) -> Any:
 
 
 def apply_merge_patch(doc: Any, patch: Any) -> Any:
-    """RFC 7386 (item 40). A non-object patch replaces the document, as the RFC says; the HTTP layer is
+    """RFC 7386. A non-object patch replaces the document, as the RFC says; the HTTP layer is
     the one to refuse such bodies the way the apiserver does."""
     if not isinstance(patch, dict):
         return clone(patch)
@@ -1017,7 +1017,7 @@ def _set_new(original: dict[str, Any], k: str, pv: Any) -> None:
 def apply_strategic_merge_patch(
     doc: dict[str, Any], patch: dict[str, Any], group: str, kind: str
 ) -> dict[str, Any]:
-    """A strategic merge patch on a built-in object (item 41); `doc` and `patch` are not changed.
+    """A strategic merge patch on a built-in object; `doc` and `patch` are not changed.
 
     Kinds missing from the tables merge like metadata-only objects; refusing custom resources (415) is
     the HTTP layer's job, since only it knows whether a kind is a CRD.

@@ -1,4 +1,4 @@
-"""Structural schemas on JSON values: unknown fields, pruning, defaulting and validation (items 8, 31).
+"""Structural schemas on JSON values: unknown fields, pruning, defaulting and validation.
 
 This mirrors the apiextensions-apiserver write path of custom resources: unknown fields are found and
 pruned (metadata against ObjectMeta), non-nullable nulls without defaults dropped, `default`s applied,

@@ -1,17 +1,17 @@
 """Label and field selectors with the apiserver's grammar, matching rules and error messages.
 
-Items 17, 18 and 22 of api-semantics.md. The label grammar follows apimachinery's `labels.Parse`
-(tokens, whitespace, `in`/`notin` as values, validation of keys and values, and the exact error text,
-including the `<nil>` path it prints for a bad key). Field selectors follow `fields.ParseSelector`
-plus each kind's field-label conversion, which decides both the accepted fields and the error text:
+The label grammar follows apimachinery's `labels.Parse` (tokens, whitespace, `in`/`notin` as values,
+validation of keys and values, and the exact error text, including the `<nil>` path it prints for a bad
+key). Field selectors follow `fields.ParseSelector` plus each kind's field-label conversion, which decides
+both the accepted fields and the error text:
 
 * kinds with a registered conversion (Pod, Node, Event, Namespace, Secret, Service, Job, ReplicaSet,
   ReplicationController) and all custom resources answer ``field label not supported: <field>``;
 * every other built-in kind falls back to the default conversion, which answers
   ``"<field>" is not a known field selector: only "metadata.name", "metadata.namespace"``.
 
-(api-semantics item 18 attributes the second message to custom resources; upstream's CR converter
-uses the first one, which is what real clusters print, so we do too.)
+(Custom resources get the first message, not the default conversion's second one: upstream's CR
+converter answers like the registered conversions, and that is what real clusters print.)
 """
 
 from __future__ import annotations

@@ -777,7 +777,7 @@ class APIServer:
         return discovery.negotiate_object(request.headers.get("Accept"))
 
     async def _wait_fresh(self, rv_s: str | None) -> None:
-        """A get "not older than" a future RV waits for it, then 504s like the watch cache (item 15)."""
+        """A get "not older than" a future RV waits for it, then 504s like the watch cache."""
         if rv_s in (None, "", "0"):
             return
         from . import lists

@@ -1,4 +1,4 @@
-"""Server-side printing: `meta.k8s.io/v1 Table` bodies for `kubectl get` (api-semantics item 9).
+"""Server-side printing: `meta.k8s.io/v1 Table` bodies for `kubectl get`.
 
 kubectl asks for `application/json;as=Table;v=v1;g=meta.k8s.io` on list, get and watch and prints the
 cells as given, so the cells must be what kube-apiserver would compute:

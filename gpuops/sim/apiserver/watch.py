@@ -1,4 +1,4 @@
-"""Watch streams (items 19-28): initial events, history replay, selector transitions, bookmarks, timeouts."""
+"""Watch streams: initial events, history replay, selector transitions, bookmarks, timeouts."""
 
 from __future__ import annotations
 
@@ -182,7 +182,7 @@ async def serve_watch(
         if open_streams is not None:
             open_streams.add(resp)
         if too_old:
-            # Item 25: HTTP 200, then one ERROR event carrying a 410 Status.
+            # As kube-apiserver does: HTTP 200, then one ERROR event carrying a 410 Status.
             await resp.write(
                 _status_event(
                     410, "Expired", f"too old resource version: {start_rv} ({store.compacted_rv + 1})"

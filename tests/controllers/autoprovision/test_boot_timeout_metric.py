@@ -1,4 +1,4 @@
-"""gpuops_autoprovision_boot_timeouts_total (issue 10, for the GPUNodeBootTimeout alert): exported at 0 before any
+"""gpuops_autoprovision_boot_timeouts_total (behind the GPUNodeBootTimeout alert): exported at 0 before any
 timeout, so increase() sees the first one, and counted once per boot timeout, when the group goes Failed."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The planner reads demand from the pods the scheduler gave up on (an index), never from a scan of every pod:
-at 100,000 pods a scan per plan cost O(pods) on every pod event near a managed node (bench/scale.py, issue 11).
+at 100,000 pods a scan per plan cost O(pods) on every pod event near a managed node (seen in bench/scale.py).
 The index is the spot pool controller's (one shared function, so both controllers in one process share it)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The whole emulated cluster from a scenario: power API -> Node Ready -> pod scheduled; spot launch -> Node;
-reclaim -> Node gone; and kubectl sees all of it (issue 5's integration tests)."""
+reclaim -> Node gone; and kubectl sees all of it."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Why one backend: emulated mode must exercise the same code as a GPU node, so `MigBackend` only ever talks to
 an object shaped like the `pynvml` module: the real module on hardware, `fakenvml.FakeNVML` when emulated.
 It uses NVML the way the driver expects: an explicit placement for every GPU instance (the driver's default
-placement depends on creation order, see docs/mig.md), the NVML profile *index* to look a profile up and the
+placement depends on creation order), the NVML profile *index* to look a profile up and the
 profile *ID* it returns to create/list instances, and pynvml's ctypes conventions (output arrays plus
 `byref(count)`, `byref(placement)`).
 

@@ -66,7 +66,8 @@ _INSTANCE_ID = re.compile(r"ins-[0-9a-z]{8}")
 _GONE_STATES = frozenset({"TERMINATING", "SHUTDOWN"})
 _BUSY_STATES = frozenset({"PENDING", "STARTING", "STOPPING", "REBOOTING"})
 
-# Codes by what the reconciler does about them (provisioning notes 6.3, 6.4); prefixes end with a dot.
+# Codes by what the reconciler does about them (the codes documented for RunInstances and TerminateInstances);
+# prefixes end with a dot.
 _CAPACITY = ("ResourceInsufficient.", "ResourcesSoldOut.", "ResourceUnavailable.InstanceType",
              "InvalidParameterValue.InsufficientOffering", "InvalidParameterValue.InsufficientPrice",
              "FailedOperation.NoAvailableIpAddressCountInSubnet")
