@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import pytest
@@ -708,6 +709,65 @@ def test_process_update_runs_transition_rules() -> None:
         "message": 'Invalid value: "b": pool is immutable',
         "field": "spec.pool",
     }
+
+
+RATCHET_INFO = dataclasses.replace(INFO, schema=root(
+    {
+        "windowHours": {"type": "integer", "minimum": 1},
+        "action": {"type": "string", "enum": ["Evict", "Pause", "AlertOnly"]},
+        "selector": {
+            "type": "object",
+            "properties": {"matchLabels": {"type": "object", "additionalProperties": STR}},
+            "x-kubernetes-validations": [{"rule": "has(self.matchLabels) && size(self.matchLabels) > 0",
+                                          "message": "must not be empty"}],
+        },
+        "pools": {
+            "type": "array",
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+            "items": obj({"name": STR, "size": {"type": "integer", "minimum": 1}}),
+        },
+        "counter": {"type": "integer", "x-kubernetes-validations": [{"rule": "self > oldSelf", "message": "grows"}]},
+    },
+    required=["windowHours"],
+))
+
+
+def _ratchet_causes(new: dict[str, Any], old: dict[str, Any] | None) -> list[str]:
+    try:
+        schema.process_custom_resource(RATCHET_INFO, new, old=old, field_validation="")
+    except StatusError as e:
+        return [c.field for c in e.causes]
+    return []
+
+
+def test_updates_ratchet_errors_on_values_left_as_they_were() -> None:
+    """CRD validation ratcheting (on by default since Kubernetes 1.30): an object stored while invalid (before
+    a rule tightened, or written past validation) can still be updated in its other parts, its status above all;
+    a value changed is checked again, and transition rules are never ratcheted."""
+    stored = cr(windowHours=0, action="Kill", selector={}, pools=[{"name": "a", "size": 0}, {"name": "b", "size": 1}])
+    stored["status"] = {"seen": 1}
+    assert _ratchet_causes(copy.deepcopy(stored), old=None) == [
+        "spec.windowHours", "spec.action", "spec.pools[0].size", "<nil>"]  # CEL blocked by the enum error
+    status = copy.deepcopy(stored)
+    status["status"] = {"seen": 2}
+    assert _ratchet_causes(status, stored) == []
+    reordered = copy.deepcopy(status)
+    reordered["spec"]["pools"].reverse()  # map-list items correlate by key, not by position
+    assert _ratchet_causes(reordered, stored) == []
+    changed = copy.deepcopy(status)
+    changed["spec"]["windowHours"] = -1
+    changed["spec"]["pools"][1]["size"] = 0  # item b changed; item a, still invalid, did not
+    assert _ratchet_causes(changed, stored) == ["spec.windowHours", "spec.pools[1].size"]
+    emptied = copy.deepcopy(status)
+    emptied["spec"]["action"] = "Pause"  # the enum error fixed: the CEL rules now run (and ratchet)
+    emptied["spec"]["selector"] = {"matchLabels": {}}
+    assert _ratchet_causes(emptied, stored) == ["spec.selector"]
+    counted = copy.deepcopy(stored)
+    counted["spec"]["counter"] = 1
+    again = copy.deepcopy(counted)
+    again["status"] = {"seen": 2}
+    assert _ratchet_causes(again, counted) == ["spec.counter"]  # a transition rule sees the unchanged value
 
 
 # -- properties --------------------------------------------------------------------------------------------

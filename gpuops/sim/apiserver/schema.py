@@ -1250,6 +1250,60 @@ def _validate(schema: Schema, obj: JSON, old: JSON, root_path: str, prior: list[
     return errs
 
 
+_FIELD_TOKEN = re.compile(r"([^.\[\]]+)|\[([^\]]*)\]")
+"""A field path's steps: `name` (a property) or `[key]` (a map key or a list index)."""
+
+
+def _transition_rule(s: Schema | None) -> bool:
+    for rule in (s or {}).get("x-kubernetes-validations") or ():
+        try:
+            if isinstance(rule, Mapping) and cel.compile_rule(str(rule.get("rule", ""))).uses_old_self:
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def _unchanged(schema: Schema, new: JSON, old: JSON, field: str) -> bool:
+    """Is the value a cause is about equal to its correlated old value? Values correlate through object fields
+    and the keys of list-type=map items (other list items do not); a missing value is judged by its parent.
+    A cause on a node with a transition rule is never judged unchanged (those rules see both values)."""
+    s: Schema | None = schema
+    n, o = new, old
+    for name, key in [] if field in ("", "<nil>") else _FIELD_TOKEN.findall(field):
+        step = name or key
+        if isinstance(n, dict) and isinstance(o, dict):
+            if step not in n or step not in o:
+                break
+            child = _props(s).get(step)
+            s, n, o = child if isinstance(child, Mapping) else _additional(s), n[step], o[step]
+        elif isinstance(n, list) and step.isdigit() and int(step) < len(n):
+            item = n[int(step)]
+            paired = _map_list_old(s, o)(item) if s is not None else None
+            if paired is None:
+                break
+            s, n, o = _items(s), item, paired
+        else:
+            break
+    else:
+        if _transition_rule(s):
+            return False
+    return go_json(n) == go_json(o)
+
+
+def _ratchet(schema: Schema, new: JSON, old: JSON, causes: list[Cause]) -> list[Cause]:
+    """Validation ratcheting (CRDValidationRatcheting, on by default since Kubernetes 1.30): on an update, an
+    error about a value equal to its old value is dropped, so an object stored before a rule tightened (or
+    written past validation) can still be updated in its other parts, its status above all. When the errors
+    that kept CEL rules from running are all dropped, the rules run, and are ratcheted the same way."""
+    kept = [c for c in causes if _BLOCKED_MESSAGE in c.message or not _unchanged(schema, new, old, c.field)]
+    blocked = [c for c in kept if _BLOCKED_MESSAGE in c.message]
+    if blocked and not any(c.reason in _BLOCKING for c in kept):
+        kept = [c for c in kept if c not in blocked]
+        kept.extend(c for c in _cel_errors(schema, new, old, "", True) if not _unchanged(schema, new, old, c.field))
+    return kept
+
+
 def validate(schema: Schema, obj: Any, *, old: Any = None, root_path: str = "") -> list[Cause]:
     """Validation causes for `obj`, never raising for JSON input: OpenAPI value validations, embedded
     resources, list-type uniqueness, then CEL rules unless an earlier error blocks them, in upstream order.
@@ -1374,6 +1428,8 @@ def _process_custom_resource(
         if old is None:
             causes.extend(_name_causes(cleaned.get("metadata") or {}))
         causes.extend(_validate(schema, cleaned, old, "", causes))
+        if causes and old is not None:
+            causes = _ratchet(schema, cleaned, old, causes)
     if causes:
         raise invalid(info.kind, info.group, name, causes)
     return cleaned, warnings + _finalizer_warnings(cleaned, old)

@@ -1,6 +1,7 @@
 """A small emulated GPU cluster with our CRD installed and the budget controller run by a Manager over HTTP.
 
-Every wait is a condition with a deadline (`Env.until`); nothing sleeps and hopes.
+Every wait is a condition with a deadline (`Env.until`); nothing sleeps and hopes. `Clock` and `Reconciles` let a
+test move the controller's time by hand and know which reconcile saw which instant (and what it asked for).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from fractions import Fraction
 from pathlib import Path
@@ -18,12 +20,15 @@ from typing import Any, TypeVar
 import yaml
 
 from gpuops.controllers.budget import BudgetController, install
-from gpuops.controllers.budget.api import BUDGETS, GPUWorkloadBudget
+from gpuops.controllers.budget.api import BUDGETS, GPUWorkloadBudget, format_time
+from gpuops.controllers.budget.reconciler import wall_clock
 from gpuops.kube.client import Client
+from gpuops.kube.controller import Request, Result
 from gpuops.kube.errors import ApiError, NotFound
 from gpuops.kube.manager import Manager
 from gpuops.kube.objects import Pod
 from gpuops.kube.resources import JOBS, PODS
+from gpuops.sim.apiserver.store import clone
 from gpuops.sim.cluster.cluster import SimCluster
 from gpuops.sim.scenario import parse
 
@@ -33,6 +38,10 @@ ROOT = Path(__file__).resolve().parents[3]
 CRD = ROOT / "manifests" / "crds" / "gpuworkloadbudgets.gpuops.io.yaml"
 NS = "team-a"
 RUNTIME = "sim.gpuops.io/runtime-seconds"
+BUDGETS_STORED = ("gpuops.io", "gpuworkloadbudgets")
+"""Where the emulator's store keeps budgets (group, plural)."""
+S = 1_000_000
+"""Microseconds per second: the controller's clock counts microseconds."""
 
 SCENARIO = {
     "name": "budget-tests",
@@ -95,6 +104,90 @@ def truth_gpu_hours(pods: list[dict[str, Any]], resource: str = "nvidia.com/gpu"
     return total
 
 
+def at(second: int) -> str:
+    """An instant as the controller writes it in status (RFC 3339, whole seconds here)."""
+    return format_time(second * S)
+
+
+class Clock:
+    """The budget controller's clock (integer microseconds). Unset, it is the wall clock moved on by what
+    `advance` added (the kubelet's timestamps stay in the past, and an hour passes in a call); once `set`, it
+    stands still at that instant until set again, so a reconcile's figures and requeues are exact."""
+
+    def __init__(self) -> None:
+        self.fixed: int | None = None
+        self.offset = 0
+
+    def __call__(self) -> int:
+        return self.fixed if self.fixed is not None else wall_clock() + self.offset
+
+    def advance(self, seconds: float) -> None:
+        self.offset += round(seconds * S)
+
+    def set(self, second: int) -> None:
+        self.fixed = second * S
+
+
+@dataclass(frozen=True, slots=True)
+class Reconciled:
+    seq: int
+    """Order of the reconcile's start (1 = the controller's first)."""
+    request: Request
+    result: Result | None
+    error: Exception | None
+
+
+class Reconciles:
+    """The reconciles the running budget controller makes: it calls its reconcile function through this, so a
+    test knows how many started, which are in flight, and each finished one's Result. Before asserting what a
+    reconcile did (or did not do), a test waits for one that started after the change it made (`after`)."""
+
+    def __init__(self, handle: BudgetController) -> None:
+        self.controller = handle.controller
+        self.started = 0
+        self.running = 0
+        self.finished: list[Reconciled] = []
+        inner = handle.controller.reconcile
+
+        async def observed(req: Request) -> Result | None:
+            self.started += 1
+            seq = self.started
+            self.running += 1
+            try:
+                result = await inner(req)
+            except Exception as e:
+                self.finished.append(Reconciled(seq, req, None, e))
+                raise
+            finally:
+                self.running -= 1
+            self.finished.append(Reconciled(seq, req, result, None))
+            return result
+
+        handle.controller.reconcile = observed
+
+    async def after(self, env: Env, req: Request, change: Callable[[], None] | None = None,
+                    within: float = 10.0) -> Reconciled:
+        """Make `change` (e.g. move the clock) while no reconcile is in flight, queue `req` (as its requeue
+        timer or an event would) and return the first reconcile of it that started after the change."""
+
+        async def idle() -> bool:
+            return self.running == 0
+
+        await env.until("no reconcile in flight", idle, within)
+        if change is not None:
+            change()
+        mark = self.started
+        self.controller.enqueue(req, trigger="test")
+
+        async def done() -> Reconciled | None:
+            return next((r for r in self.finished if r.seq > mark and r.request == req), None)
+
+        got = await env.until(f"a reconcile of {req} after the change", done, within)
+        if got.error is not None:
+            raise AssertionError(f"the reconcile of {req} failed: {got.error!r}") from got.error
+        return got
+
+
 class Env:
     def __init__(self, cluster: SimCluster, client: Client, kubeconfig: Path) -> None:
         self.cluster = cluster
@@ -126,8 +219,20 @@ class Env:
     async def create_budget(self, body: dict[str, Any]) -> GPUWorkloadBudget:
         return await self.client.create(BUDGETS, body, NS)
 
-    async def budget(self, name: str) -> GPUWorkloadBudget:
-        return await self.client.get(BUDGETS, name, NS)
+    async def budget(self, name: str, namespace: str = NS) -> GPUWorkloadBudget:
+        return await self.client.get(BUDGETS, name, namespace)
+
+    def edit_stored_budget(self, name: str, change: Callable[[dict[str, Any]], None]) -> str:
+        """Change a stored budget in the emulator's store, past admission and schema validation (as an object
+        stored before a validation rule existed, or written by a server that did not check it, would be);
+        metadata.generation moves on as for a spec change. Returns the new resourceVersion."""
+        store = self.cluster.server.store
+        stored = store.get(BUDGETS_STORED, NS, name)
+        assert stored is not None, f"budget {name} is not stored"
+        obj = clone(stored.obj)
+        change(obj)
+        obj["metadata"]["generation"] = obj["metadata"].get("generation", 1) + 1
+        return str(store.put(BUDGETS_STORED, obj).obj["metadata"]["resourceVersion"])
 
     async def create_pod(self, body: dict[str, Any]) -> Pod:
         return await self.client.create(PODS, body, NS)
