@@ -26,9 +26,12 @@ def machine() -> dict[str, Any]:
 
 
 def write_results(
-    name: str, figures: dict[str, float | int], summary_md: str, extra: dict[str, Any], folder: Path = RESULTS
+    name: str, figures: dict[str, Any], summary_md: str, extra: dict[str, Any], folder: Path = RESULTS
 ) -> Path:
     """<folder>/<name>.json (machine facts, `figures`, then `extra`) and <folder>/<name>.md.
+
+    `figures`: name -> number, or a scenario's own key -> its dict of name -> number (the README's headline table
+    reads top-level numbers only).
 
     A quick run (`extra["mode"] == "quick"`, what CI does) writes to <folder>/quick/ instead (git-ignored), so it
     never replaces the committed full-run figures that the README's tables quote."""

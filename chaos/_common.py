@@ -35,7 +35,7 @@ from typing import Any
 from gpuops import logs
 from gpuops.sim.apiserver.faults import Faults
 from gpuops.sim.apiserver.store import WatchEvent
-from gpuops.sim.budget_workload import MICROS, budget, micros, scenario, truth
+from gpuops.sim.budget_workload import MICROS, budget, job, micros, scenario, truth
 from gpuops.sim.cluster.access import EVENTS, JOBS, PODS
 from gpuops.sim.cluster.cluster import BUDGETS, SimCluster
 from gpuops.sim.harness import OperatorHarness, metric_value, now_us, until
@@ -233,18 +233,6 @@ async def open_rig(name: str, gpus: int, *, seed: int, log_level: str = "WARNING
     with tempfile.TemporaryDirectory() as tmp:
         async with OperatorHarness(cluster, Path(tmp), crds=[CRD], log_level=log_level) as rig:
             yield Chaos(rig, log)
-
-
-def job(name: str, template: dict[str, Any], ttl: int) -> dict[str, Any]:
-    """A one-pod batch/v1 Job running `template` (a pod from budget_workload.pod), deleted `ttl` s after it ends."""
-    meta = template["metadata"]
-    return {
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": name, "labels": dict(meta["labels"])},
-        "spec": {"ttlSecondsAfterFinished": ttl, "backoffLimit": 0, "completions": 1, "parallelism": 1,
-                 "template": {"metadata": {"labels": dict(meta["labels"]), "annotations": dict(meta["annotations"])},
-                              "spec": template["spec"]}},
-    }
 
 
 async def pace(origin: float, offset: float) -> None:

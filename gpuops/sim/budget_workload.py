@@ -14,7 +14,7 @@ from gpuops.accounting.quantity import parse_quantity
 
 from .scenario import Scenario, parse
 
-__all__ = ["MICROS", "RUNTIME", "budget", "micros", "pod", "scenario", "truth"]
+__all__ = ["MICROS", "RUNTIME", "budget", "job", "micros", "pod", "scenario", "truth"]
 
 MICROS = 1_000_000
 RUNTIME = "sim.gpuops.io/runtime-seconds"
@@ -54,6 +54,20 @@ def pod(name: str, labels: dict[str, str], resource: str, amount: str, runtime: 
             "containers": [{"name": "main", "image": "cuda", "resources": res}],
         },
     }
+
+
+def job(name: str, template: dict[str, Any], ttl: int | None) -> dict[str, Any]:
+    """A one-pod batch/v1 Job running `template` (a pod from `pod`), deleted `ttl` s after it ends; with `ttl`
+    None it has no ttlSecondsAfterFinished, so the Job and its finished pod stay in the API until deleted."""
+    meta = template["metadata"]
+    spec: dict[str, Any] = {"backoffLimit": 0, "completions": 1, "parallelism": 1,
+                            "template": {"metadata": {"labels": dict(meta["labels"]),
+                                                      "annotations": dict(meta["annotations"])},
+                                         "spec": template["spec"]}}
+    if ttl is not None:
+        spec["ttlSecondsAfterFinished"] = ttl
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "labels": dict(meta["labels"])},
+            "spec": spec}
 
 
 def budget(name: str, labels: dict[str, str], resource: str, *, quota: str = "100000", action: str = "AlertOnly",
