@@ -27,6 +27,7 @@ from typing import Any
 import structlog
 
 from gpuops.accounting.gpuhours import format_gpu_hours
+from gpuops.accounting.reporting import counting_instant
 from gpuops.kube.client import Client
 from gpuops.kube.errors import ApiError, Conflict, NotFound, TooManyRequests
 from gpuops.kube.events import EventRecorder, EventType
@@ -86,6 +87,9 @@ class Target:
 
 @dataclass(frozen=True, slots=True)
 class Situation:
+    """What the reconcile found. `over`, `due` and `consumed` are the figure its status records (computed at its
+    counting instant), so an Event never names another; `now` is the clock, for the enforcer's own timers."""
+
     now: int
     over: bool
     due: bool
@@ -152,12 +156,12 @@ class Enforcer:
         self.clock = clock or (lambda: time.time_ns() // 1000)
         self._evictions: dict[str, _Evictions] = {}
         self.stopped_at: dict[str, int] = {}
-        """Pods we evict with no grace period, by UID: when the server stopped them (they stop using their devices
-        as it accepts the eviction): the request's send instant at first, then the middle of the request once
-        answered. The reconciler counts them up to it at once; a later finishedAt (whole seconds) or deletion
-        event (seen later still) never moves the end back."""
+        """Pods we evict with no grace period, by UID: the counting instant (whole second) we sent the eviction.
+        The server stops such a pod as it accepts the eviction, not before we send it, so its finishedAt (whole
+        seconds) is never earlier: the reconciler counts the pod up to this at once, then to its finishedAt, and
+        a figure reported meanwhile is never taken back."""
         self.on_stop: Callable[[str, str, int | None], None] | None = None
-        """Called with (budget key, pod UID, instant) as such an eviction is sent (None: it was refused)."""
+        """Called with (budget key, pod UID, counting instant) as such an eviction is sent (None: it was refused)."""
         pods.add_index(INDEX_PAUSED_BY, paused_by)
         jobs.add_index(INDEX_PAUSED_BY, paused_by)
 
@@ -344,7 +348,7 @@ class Enforcer:
         usage = format_gpu_hours(t.usage)
         grace = spec.eviction_grace if spec.eviction_grace is not None else pod.spec.termination_grace_period_seconds
         key = f"{budget.metadata.namespace}/{budget.metadata.name}"
-        sent = self.clock()
+        sent = counting_instant(self.clock())
         if grace == 0:  # it stops the moment the server accepts: stop counting it now, not when the cache hears
             self.stopped_at[uid] = sent
             if self.on_stop is not None:
@@ -387,10 +391,6 @@ class Enforcer:
                         attempt=attempts, retry_in=delay, error=str(e))
             return
         state.blocked.pop(uid, None)
-        if uid in self.stopped_at:  # the server stopped it between our request and its answer: take the middle
-            self.stopped_at[uid] = (sent + self.clock()) // 2
-            if self.on_stop is not None:
-                self.on_stop(key, uid, self.stopped_at[uid])
         message = (
             f"evicted pod {name} ({usage} GPU-hours in the window): budget over quota"
             f" ({format_gpu_hours(sit.consumed)} of {format_gpu_hours(sit.quota)} GPU-hours); its usage keeps counting"
