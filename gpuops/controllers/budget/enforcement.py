@@ -27,7 +27,6 @@ from typing import Any
 import structlog
 
 from gpuops.accounting.gpuhours import format_gpu_hours
-from gpuops.accounting.reporting import counting_instant
 from gpuops.kube.client import Client
 from gpuops.kube.errors import ApiError, Conflict, NotFound, TooManyRequests
 from gpuops.kube.events import EventRecorder, EventType
@@ -156,17 +155,31 @@ class Enforcer:
         self.clock = clock or (lambda: time.time_ns() // 1000)
         self._evictions: dict[str, _Evictions] = {}
         self.stopped_at: dict[str, int] = {}
-        """Pods we evict with no grace period, by UID: the counting instant (whole second) we sent the eviction.
-        The server stops such a pod as it accepts the eviction, not before we send it, so its finishedAt (whole
-        seconds) is never earlier: the reconciler counts the pod up to this at once, then to its finishedAt, and
-        a figure reported meanwhile is never taken back."""
+        """Pods we evict with no grace period, by UID: when we sent the eviction (the server stops such a pod as it
+        accepts the eviction, not before). The reconciler counts the pod up to this instant's counting instant
+        (whole second) at once, so its finishedAt (whole seconds, never earlier) replaces it without taking back
+        a reported figure (a pod that vanishes still running, with no finishedAt: `vanished_end`)."""
         self.on_stop: Callable[[str, str, int | None], None] | None = None
-        """Called with (budget key, pod UID, counting instant) as such an eviction is sent (None: it was refused)."""
+        """Called with (budget key, pod UID, instant) as such an eviction is sent (None: it was refused)."""
+        self.answered_at: dict[str, int] = {}
+        """When the server answered such an eviction, by UID: it stopped the pod between our request and this."""
         pods.add_index(INDEX_PAUSED_BY, paused_by)
         jobs.add_index(INDEX_PAUSED_BY, paused_by)
 
     def forget(self, key: str) -> None:
         self._evictions.pop(key, None)
+
+    def vanished_end(self, uid: str) -> int | None:
+        """Where a pod we evicted without grace ends if it leaves the API still running (no finishedAt exists):
+        the middle of the eviction request once answered (the server stopped it inside), else its send instant."""
+        sent = self.stopped_at.get(uid)
+        answered = self.answered_at.get(uid)
+        return sent if sent is None or answered is None else (sent + answered) // 2
+
+    def forget_stop(self, uid: str) -> None:
+        """The pod's final usage is in every ledger that counts it: its stop is no longer needed."""
+        self.stopped_at.pop(uid, None)
+        self.answered_at.pop(uid, None)
 
     def event(self, budget: GPUWorkloadBudget, type: EventType, reason: str, message: str) -> None:
         self.recorder.record(budget, type, reason, message, kind=KIND, api_version=API_VERSION)
@@ -348,7 +361,7 @@ class Enforcer:
         usage = format_gpu_hours(t.usage)
         grace = spec.eviction_grace if spec.eviction_grace is not None else pod.spec.termination_grace_period_seconds
         key = f"{budget.metadata.namespace}/{budget.metadata.name}"
-        sent = counting_instant(self.clock())
+        sent = self.clock()
         if grace == 0:  # it stops the moment the server accepts: stop counting it now, not when the cache hears
             self.stopped_at[uid] = sent
             if self.on_stop is not None:
@@ -364,11 +377,13 @@ class Enforcer:
             state.blocked.pop(uid, None)
             return
         except Conflict:  # the pod changed since the cache's copy: its update event brings a fresh decision
+            self.answered_at.pop(uid, None)
             if self.stopped_at.pop(uid, None) is not None and self.on_stop is not None:
                 self.on_stop(key, uid, None)
             log.info("eviction skipped: the pod changed since the cached copy", pod=f"{pod.metadata.namespace}/{name}")
             return
         except ApiError as e:
+            self.answered_at.pop(uid, None)
             if self.stopped_at.pop(uid, None) is not None and self.on_stop is not None:
                 self.on_stop(key, uid, None)  # refused: it runs on, and counts on
             prior = state.blocked.get(uid)
@@ -391,6 +406,8 @@ class Enforcer:
                         attempt=attempts, retry_in=delay, error=str(e))
             return
         state.blocked.pop(uid, None)
+        if uid in self.stopped_at:
+            self.answered_at[uid] = self.clock()
         message = (
             f"evicted pod {name} ({usage} GPU-hours in the window): budget over quota"
             f" ({format_gpu_hours(sit.consumed)} of {format_gpu_hours(sit.quota)} GPU-hours); its usage keeps counting"

@@ -11,9 +11,11 @@ Pod contract (what "usage" means)
     end    for a Succeeded/Failed pod, or a deleted pod whose containers have all terminated: the latest
            finishedAt, else deletionTimestamp, else its latest condition transition. Otherwise the pod is open
            (it accrues up to now, CrashLoopBackOff included: the device stays allocated). A pod that vanishes
-           while still open ends at min(the whole second we saw it vanish, its deletionTimestamp). A pod we evict with
-           no grace period ends when we sent the eviction (`Enforcer.stopped_at`): its accrual stops at once in
-           the scrape snapshot, and its finishedAt, no earlier, replaces that end once it is in.
+           while still open has no recorded finish: it ends when we saw it vanish (microseconds), or at its
+           deletionTimestamp if earlier. A pod we evict with no grace period stops accruing at once, at the
+           counting instant we sent the eviction (`Enforcer.stopped_at`), in the scrape snapshot too; its
+           finishedAt, never earlier, replaces that end once it is in, or, if it vanished while still running,
+           the middle of the eviction request (microseconds; the server stopped it inside).
 One figure (`gpuops.accounting.reporting`). Every figure, status, Events, the enforcement decision and the
 metrics, is `reported_usage` at the counting instant: the clock rounded down to the whole second, the
 resolution of the container timestamps, so a running pod counts up to the last whole second, as its finishedAt
@@ -517,9 +519,9 @@ class BudgetReconciler:
         self._snapshots[(ns, name)] = Snapshot(live, ledger, spec.window, spec.quota, Published(now))
 
     def _stop_counting(self, key: str, uid: str, at: int | None) -> None:
-        """An eviction without grace is being sent (`at`: its counting instant) or was refused (`at` None): end
-        (or reopen) that pod's interval in the budget's scrape snapshot at once, no earlier than a scrape already
-        counted."""
+        """An eviction without grace is being sent (at `at`) or was refused (`at` None): end that pod's interval in
+        the budget's scrape snapshot at once, at the counting instant of the send, no earlier than a scrape
+        already counted (or reopen it)."""
         ns, _, name = key.partition("/")
         snap = self._snapshots.get((ns, name))
         if snap is None:
@@ -527,8 +529,9 @@ class BudgetReconciler:
         stopped = self.enforcer.stopped_at
         if at is not None and uid in stopped:
             stopped[uid] = max(at, snap.published.at)
+        halt = None if at is None else counting_instant(stopped.get(uid, at))
         live = tuple(
-            msgspec.structs.replace(i, end=None if at is None else max(i.start, stopped.get(uid, at)))
+            msgspec.structs.replace(i, end=None if halt is None else max(i.start, halt))
             if i.uid == uid else i  # an evicted pod is open, or ended by us: never finished on its own
             for i in snap.live
         )
@@ -619,7 +622,7 @@ class BudgetReconciler:
             if uid in held or (horizon is not None and seen < horizon):
                 del pending[uid]
                 if uid in stopped and not any(uid in d for d in self._departed.values()):
-                    del stopped[uid]
+                    self.enforcer.forget_stop(uid)
         if not pending:
             del self._departed[key]
 
@@ -687,7 +690,8 @@ class BudgetReconciler:
             if span.end is None:
                 open_uids.add(uid)
             interval = None
-            end = _counted_end(span, stopped.get(uid), counted.get(uid))
+            halt = stopped.get(uid)
+            end = _counted_end(span, None if halt is None else counting_instant(halt), counted.get(uid))
             if span.start is not None and gpus > 0 and not (
                 span.end is not None and end is not None and prev_book.covers(end)
             ):
@@ -698,7 +702,8 @@ class BudgetReconciler:
             members.append(_Member(pod, span, gpus, interval))
         departed = dict(self._departed.get(key, {}))
         for uid, (pod, seen) in departed.items():
-            entry = _departed_entry(pod, seen, pod_gpus(pod, spec.resource), stopped.get(uid), counted.get(uid))
+            entry = _departed_entry(pod, seen, pod_gpus(pod, spec.resource), self.enforcer.vanished_end(uid),
+                                    counted.get(uid))
             if entry is not None and not prev_book.covers(entry.end):
                 fresh.append(entry)
                 names[uid] = pod.metadata.name
@@ -750,7 +755,7 @@ class BudgetReconciler:
                 if pending.get(uid) is item:
                     del pending[uid]
                     if uid in stopped and not any(uid in d for d in self._departed.values()):
-                        del stopped[uid]  # every budget that counted it has its final usage in a ledger
+                        self.enforcer.forget_stop(uid)  # every budget that counted it has its final usage in a ledger
             if not pending:
                 del self._departed[key]
         wake = [outcome.wake_at, usage.next_change]
@@ -946,7 +951,7 @@ def _recorded(ledger: LedgerStatus | None, uid: str, end: int) -> bool:
 
 
 def _counted_end(span: PodSpan, halted: int | None, counted: int | None) -> int | None:
-    """The end to count for a pod (None: it still runs).
+    """The end to count for a pod still in the cache (None: it still runs).
 
     A pod we evicted with no grace period (`halted`: the counting instant we sent the eviction) ends then while
     the cache still shows it running; once its final state is in, at its finishedAt (the server stopped it
@@ -964,16 +969,17 @@ def _departed_entry(
 ) -> LedgerEntry | None:
     """The final usage of a pod that left the API (its last known state, `seen` when it went).
 
-    One still open ends at the counting instant it was seen gone, or its deletionTimestamp if earlier; any end
-    is raised to `counted` (see `_counted_end`)."""
+    A finished one ends at its finishedAt. One that vanished still running has no recorded finish: it ends when
+    our eviction without grace stopped it (`halted`, `Enforcer.vanished_end`), else when we saw it gone or at
+    its deletionTimestamp if earlier (microseconds: our own clock's). Either is raised to `counted` (see
+    `_counted_end`)."""
     span = pod_span(pod)
     if span.start is None or gpus <= 0:
         return None
-    end = _counted_end(span, halted, counted)
+    end = span.end
     if end is None:
-        end = counting_instant(seen)
+        end = halted if halted is not None else seen
         deleted = _t(pod.metadata.deletion_timestamp)
-        if deleted is not None:
+        if halted is None and deleted is not None:
             end = min(end, deleted)
-        end = settle_end(span.start, end, counted)
-    return LedgerEntry(uid=pod.metadata.uid, start=span.start, end=end, gpus=gpus)
+    return LedgerEntry(uid=pod.metadata.uid, start=span.start, end=settle_end(span.start, end, counted), gpus=gpus)
