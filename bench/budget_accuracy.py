@@ -490,7 +490,8 @@ async def retained_sample(run: RetainedRun) -> dict[str, Any]:
     }
     if value is not None:
         metric = Fraction(value) / 3600  # exact: the scraped float GPU-seconds in GPU-hours
-        t_mid, lo, hi = (truth(pods, GPU, at) for at in ((s0 + s1) // 2, s0, s1))
+        # the metric is the figure at the counting instant (whole second) of some instant of its scrape
+        t_mid, lo, hi = (truth(pods, GPU, counting_instant(at)) for at in ((s0 + s1) // 2, s0, s1))
         out.update({
             "metric_gpu_hours": str(metric), "truth_metric_gpu_hours": str(t_mid),
             "accuracy_metric": ratio(metric, t_mid),
