@@ -11,8 +11,9 @@ AlertOnly budget with a large quota selects 50 pods created at 10 pods/s, each r
 (mid-flight), 30 s and 45 s after the first pod was created we read the budget's status (consumedGpuHours and
 computedAt) and scrape `gpuops_budget_consumed_gpu_seconds` (/ 3600, GPU-hours). Truth is computed with exact
 arithmetic from the emulator's container timestamps (startedAt/finishedAt, whole seconds as Kubernetes stores
-them), at the instant each figure claims: computedAt for the status, the scrape instant (the midpoint of the HTTP
-request, whose width is reported) for the metric. Reported per snapshot: accuracy = reported / truth, the delta
+them), at the instant each figure claims: computedAt for the status, the counting instant (whole second,
+`gpuops.accounting.reporting`) of the scrape instant (the midpoint of the HTTP request, whose width is
+reported) for the metric. Reported per snapshot: accuracy = reported / truth, the delta
 in GPU-seconds, and the status's staleness (snapshot time - computedAt; the status is rewritten on pod changes,
 not polled). `--quick` runs this scenario with its times divided by 3 (figures keep the seed's names
 t15/t30/t45).
@@ -78,6 +79,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_results
 
 from gpuops import logs
+from gpuops.accounting.reporting import counting_instant
 from gpuops.sim.budget_workload import MICROS, budget, job, micros, pod, scenario, truth
 from gpuops.sim.cluster.access import JOBS, PODS
 from gpuops.sim.cluster.cluster import SimCluster
@@ -136,10 +138,11 @@ async def accuracy(resource: str, amount: str, pods: int, compress: float) -> di
                 value = metric_value(text, METRIC, {"namespace": NS, "name": "seed"})
                 assert value is not None, f"no {METRIC} series for the budget"
                 reported_metric = Fraction(value) / 3600  # exact: the scraped float GPU-seconds in GPU-hours
-                scrape_at = (s0 + s1) // 2
+                # the metric is the figure at the counting instant (whole second) of its scrape's instant
+                scrape_at = counting_instant((s0 + s1) // 2)
                 t_status, t_metric = truth(raw, resource, computed), truth(raw, resource, scrape_at)
                 # how much the metric's truth moves across the scrape's HTTP request (its instant is inside)
-                spread = truth(raw, resource, s1) - truth(raw, resource, s0)
+                spread = truth(raw, resource, counting_instant(s1)) - truth(raw, resource, counting_instant(s0))
                 snaps.append({
                     "t": seed_t, "t_seconds": t,
                     "pods_running": sum(1 for p in raw if (p.get("status") or {}).get("phase") == "Running"),
@@ -487,7 +490,8 @@ async def retained_sample(run: RetainedRun) -> dict[str, Any]:
     }
     if value is not None:
         metric = Fraction(value) / 3600  # exact: the scraped float GPU-seconds in GPU-hours
-        t_mid, lo, hi = (truth(pods, GPU, at) for at in ((s0 + s1) // 2, s0, s1))
+        # the metric is the figure at the counting instant (whole second) of some instant of its scrape
+        t_mid, lo, hi = (truth(pods, GPU, counting_instant(at)) for at in ((s0 + s1) // 2, s0, s1))
         out.update({
             "metric_gpu_hours": str(metric), "truth_metric_gpu_hours": str(t_mid),
             "accuracy_metric": ratio(metric, t_mid),
@@ -839,10 +843,11 @@ The seed's scenario on the emulated cluster: 50 pods created at {10 * compress:g
 {30 / compress:g} s{" (the seed's times / 3)" if compress != 1 else ""}, one AlertOnly
 budget selecting them; the operator is a `gpuops run --controllers budget` subprocess. Truth is exact
 arithmetic on the emulator's container timestamps at the instant each figure claims (computedAt for the
-status, the scrape for the metric). Running/finished = pods at the snapshot. The status is rewritten when a pod
-changes, not on a timer, so between pod events it is stale: "status / truth at snapshot" shows what a reader
-gets (not a target); the metric is computed at scrape time. Scrape (ms) = the HTTP request's width, the
-uncertainty of the metric's instant (running pods x width/2 bounds its delta).
+status, the whole second of the scrape for the metric: figures are counted at whole seconds). Running/finished
+= pods at the snapshot. The status is rewritten when a pod changes, not on a timer, so between pod events it is
+stale: "status / truth at snapshot" shows what a reader gets (not a target); the metric is computed at the
+scrape's whole second. Scrape (ms) = the HTTP request's width, the uncertainty of the metric's instant (a
+request straddling a second can put the midpoint in the other second).
 
 | pods | snapshot | running/finished | status accuracy | status delta (GPU-s) | status staleness (s) | \
 status / truth at snapshot | metric accuracy | metric delta (GPU-s) | scrape (ms) |

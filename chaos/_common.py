@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuops import logs
+from gpuops.accounting.reporting import counting_instant
 from gpuops.sim.apiserver.faults import Faults
 from gpuops.sim.apiserver.store import WatchEvent
 from gpuops.sim.budget_workload import MICROS, budget, job, micros, scenario, truth
@@ -254,12 +255,13 @@ def accuracy_ok(*values: float) -> bool:
 
 
 def snapshot_ok(snap: Mapping[str, Any]) -> bool:
-    """Status exact at computedAt and metric exact at some instant of its scrape, both to 0.999..1.001.
+    """Status exact at computedAt and metric exact at the counting instant (whole second) of some instant of its
+    scrape, both to 0.999..1.001.
 
-    The metric's instant is only known to lie inside the scrape's HTTP request; at the midpoint (reported as
-    accuracy_metric) the error can reach running GPUs x half the request's width, which on a loaded 2-core
-    machine (10+ ms) exceeds 0.1 % early in a short run. accuracy_metric_in_window is 1 when the metric equals
-    the truth at some instant of the request, else its ratio to the nearer end."""
+    The metric's instant is only known to lie inside the scrape's HTTP request; when the request straddles a
+    second, the midpoint's second (reported as accuracy_metric) can be the wrong one by running GPUs x 1 s.
+    accuracy_metric_in_window is 1 when the metric equals the truth at the counting instant of some instant of
+    the request, else its ratio to the nearer end."""
     return accuracy_ok(snap["accuracy_status"], snap["accuracy_metric_in_window"])
 
 
@@ -297,8 +299,10 @@ async def snapshot(chaos: Chaos, name: str, labels: Mapping[str, str], origin_us
     taken = now_us()
     computed = micros(st["computedAt"])
     status = Fraction(st["consumedGpuHours"])
-    t_status, t_metric = chaos.log.truth(labels, computed), chaos.log.truth(labels, (s0 + s1) // 2)
-    lo, hi = chaos.log.truth(labels, s0), chaos.log.truth(labels, s1)
+    # figures are counted at whole seconds (gpuops.accounting.reporting): computedAt is one, and the metric is
+    # the figure at the counting instant of its scrape, which lies inside the request
+    t_status, t_metric = chaos.log.truth(labels, computed), chaos.log.truth(labels, counting_instant((s0 + s1) // 2))
+    lo, hi = chaos.log.truth(labels, counting_instant(s0)), chaos.log.truth(labels, counting_instant(s1))
     metric = metric_gpu_hours(text, name)
     in_window = window_accuracy(metric, lo, hi)
     return {

@@ -77,6 +77,7 @@ from _autoprovision import power_report
 from _common import NS, command, figures_table, log_records, metric_sum, run, until, write_results
 
 from gpuops import logs
+from gpuops.accounting.reporting import counting_instant
 from gpuops.sim.budget_workload import micros
 from gpuops.sim.cluster.access import EVENTS, JOBS
 
@@ -121,7 +122,9 @@ def _budgets_not_final(r: AllRig) -> list[str]:
     for b in r.objects(BUDGETS):
         st, name = b.get("status") or {}, b["metadata"]["name"]
         ends = [rec.terminal_at or rec.gone_at or 0 for rec in r.log.select({"budget": name})]
-        if not st.get("computedAt") or st.get("runningPods") or (ends and micros(st["computedAt"]) < max(ends)):
+        # computedAt is a counting instant (whole second): the status of the second the last pod ended is final
+        last = counting_instant(max(ends)) if ends else 0
+        if not st.get("computedAt") or st.get("runningPods") or (ends and micros(st["computedAt"]) < last):
             out.append(f"{name} (computedAt {st.get('computedAt')}, runningPods {st.get('runningPods')}, last pod "
                        f"end {max(ends, default=0) / 1e6:.3f})")
     return out

@@ -14,9 +14,10 @@ it) and the scraped `gpuops_budget_consumed_gpu_seconds` (/ 3600); the largest d
 be <= 1e-9 GPU-h for both. Evictions done: pods of the set removed (all deletions here are evictions), the
 operator's `gpuops_budget_enforcement_actions_total{action="Evict",result="Evicted"}` (both budgets), the budgets'
 `Evicted` Events. Once every pod is gone: final accuracy of status (at computedAt) and metric (at the scrape)
-against the truth, which includes the evicted pods' last states (a pod removed while running ends at the instant the
-store removed it). Pass, per budget: all N pods evicted, no drop, final accuracy within 0.999..1.001 (metric: inside
-its scrape window, see chaos/_common.py `snapshot_ok`).
+against the truth, which includes the evicted pods' last states: their container timestamps, whole seconds as the
+operator counts them, and for a pod removed while running (no finishedAt) the instant the store removed it.
+Pass, per budget: all N pods evicted, no drop, final accuracy within 0.999..1.001 (metric: inside its scrape
+window, see chaos/_common.py `snapshot_ok`).
 
 `--quick`: N = 9 instead of 24 (the timeline is short already: about 15 s of evictions in full mode).
 """
@@ -126,9 +127,8 @@ async def sampler(chaos: Chaos, series: dict[str, Series], stop: asyncio.Event) 
 
 
 def pod_end(rec: PodRecord) -> int | None:
-    """The end truth uses: the latest container finishedAt (synthesized at removal for a running pod; the
-    deletion instant for one killed by it, see PodLog.precise_kills)."""
-    statuses = (PodLog.killed_state(rec).get("status") or {}).get("containerStatuses") or ()
+    """The end truth uses: the latest container finishedAt (synthesized at removal for a running pod)."""
+    statuses = (PodLog.final_state(rec).get("status") or {}).get("containerStatuses") or ()
     ends = [micros(t["finishedAt"]) for c in statuses
             if (t := (c.get("state") or {}).get("terminated")) and t.get("finishedAt")]
     return max(ends) if ends else None
@@ -152,7 +152,6 @@ async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict
         for s in SETS:
             await chaos.create_budget(budget(s, labels(s), GPU, quota=quota, action="Evict", delay=DELAY,
                                              retain=(s == "evict-retain")))
-        chaos.log.precise_kills = True  # see PodLog.precise_kills: truth to the microsecond for evicted pods
         series = {s: Series() for s in SETS}
         stop = asyncio.Event()
         sampling = asyncio.create_task(sampler(chaos, series, stop))

@@ -4,9 +4,10 @@ The CRD schema is generated from these Structs (`make manifests`) and refuses ba
 checks them again because objects written before a schema change, or by a server without CEL, can still
 reach us. Its errors name the field and the fix, and end up in the Ready/Degraded conditions.
 
-Time in status: RFC 3339 in UTC; pod-derived instants have whole seconds (Kubernetes truncates them), the
-controller's own instants (computedAt, overQuotaSince, ...) keep microseconds, written as a fraction only
-when there is one.
+Time in status: RFC 3339 in UTC, written with a fraction only when there is one. Pod-derived instants have
+whole seconds (Kubernetes truncates them; a pod that left the API still running has no recorded end and ends at
+our own observation, in microseconds), and so do the instants figures are counted at (computedAt,
+overQuotaSince, exhaustsAt: `gpuops.accounting.reporting`); lastEnforcement.time keeps the clock's microseconds.
 """
 
 from __future__ import annotations
@@ -208,7 +209,8 @@ class BudgetStatus(_Api):
     observed_generation: Annotated[int, crd(format="int64")] = 0
     """The spec generation this status describes."""
     consumed_gpu_hours: str = ""
-    """GPU-hours used in the window at computedAt, 6 decimals (exact before rounding)."""
+    """GPU-hours used in the window at computedAt, running pods counted up to it, 6 decimals (exact before
+    rounding). Events and metrics show the same figure for the same second."""
     remaining_gpu_hours: str = ""
     """Quota minus consumption at computedAt, floored at 0, 6 decimals."""
     quota_gpu_hours: str = ""
@@ -220,7 +222,7 @@ class BudgetStatus(_Api):
     running_pods: Annotated[int, crd(format="int32")] = 0
     """Matched pods holding GPUs now."""
     computed_at: Annotated[str | None, crd(format="date-time")] = None
-    """When these numbers were computed (written only when one of them changed)."""
+    """The whole second these numbers were computed at (written only when one of them changed)."""
     over_quota_since: Annotated[str | None, crd(format="date-time")] = None
     """Since when consumption has been at or above the quota; enforcement delays count from it."""
     exhausts_at: Annotated[str | None, crd(format="date-time")] = None
@@ -239,7 +241,18 @@ class BudgetStatus(_Api):
 class GPUWorkloadBudget(_Api):
     """GPUWorkloadBudget limits the GPU-hours that the pods chosen by a label selector may use within a rolling
     window, and enforces the limit (alert, pause Jobs, or evict pods). Usage of finished and deleted pods keeps
-    counting while it is inside the window."""
+    counting while it is inside the window.
+    How usage is counted: a pod holds its GPUs from its first container start to its last container finish, in
+    whole seconds, as Kubernetes records those times; a running pod counts up to the last whole second. The
+    status, the Events, the enforcement decision and the metrics all compute the same figure at the same whole
+    second (the status's computedAt), so an Event never names a figure the status contradicts. A figure once
+    reported is never taken back when a pod's finish arrives: the pod counts at least up to the second an
+    earlier figure counted it through, even if its recorded finish is earlier (the operator saw it running a
+    moment after it stopped), so until usage leaves the window consumption only grows. The operator remembers
+    those seconds while it runs; after a restart a pod's recorded finish counts. A pod that starts and stops
+    within the same second used no whole second and counts zero. A pod that vanishes while still running has
+    no recorded finish: it counts until the operator stopped it (an eviction without grace period) or saw it
+    go."""
 
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     spec: Annotated[BudgetSpec, crd(required=True)] = msgspec.field(default_factory=BudgetSpec)

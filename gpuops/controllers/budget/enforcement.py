@@ -86,6 +86,9 @@ class Target:
 
 @dataclass(frozen=True, slots=True)
 class Situation:
+    """What the reconcile found. `over`, `due` and `consumed` are the figure its status records (computed at its
+    counting instant), so an Event never names another; `now` is the clock, for the enforcer's own timers."""
+
     now: int
     over: bool
     due: bool
@@ -152,17 +155,31 @@ class Enforcer:
         self.clock = clock or (lambda: time.time_ns() // 1000)
         self._evictions: dict[str, _Evictions] = {}
         self.stopped_at: dict[str, int] = {}
-        """Pods we evict with no grace period, by UID: when the server stopped them (they stop using their devices
-        as it accepts the eviction): the request's send instant at first, then the middle of the request once
-        answered. The reconciler counts them up to it at once; a later finishedAt (whole seconds) or deletion
-        event (seen later still) never moves the end back."""
+        """Pods we evict with no grace period, by UID: when we sent the eviction (the server stops such a pod as it
+        accepts the eviction, not before). The reconciler counts the pod up to this instant's counting instant
+        (whole second) at once, so its finishedAt (whole seconds, never earlier) replaces it without taking back
+        a reported figure (a pod that vanishes still running, with no finishedAt: `vanished_end`)."""
         self.on_stop: Callable[[str, str, int | None], None] | None = None
         """Called with (budget key, pod UID, instant) as such an eviction is sent (None: it was refused)."""
+        self.answered_at: dict[str, int] = {}
+        """When the server answered such an eviction, by UID: it stopped the pod between our request and this."""
         pods.add_index(INDEX_PAUSED_BY, paused_by)
         jobs.add_index(INDEX_PAUSED_BY, paused_by)
 
     def forget(self, key: str) -> None:
         self._evictions.pop(key, None)
+
+    def vanished_end(self, uid: str) -> int | None:
+        """Where a pod we evicted without grace ends if it leaves the API still running (no finishedAt exists):
+        the middle of the eviction request once answered (the server stopped it inside), else its send instant."""
+        sent = self.stopped_at.get(uid)
+        answered = self.answered_at.get(uid)
+        return sent if sent is None or answered is None else (sent + answered) // 2
+
+    def forget_stop(self, uid: str) -> None:
+        """The pod's final usage is in every ledger that counts it: its stop is no longer needed."""
+        self.stopped_at.pop(uid, None)
+        self.answered_at.pop(uid, None)
 
     def event(self, budget: GPUWorkloadBudget, type: EventType, reason: str, message: str) -> None:
         self.recorder.record(budget, type, reason, message, kind=KIND, api_version=API_VERSION)
@@ -360,11 +377,13 @@ class Enforcer:
             state.blocked.pop(uid, None)
             return
         except Conflict:  # the pod changed since the cache's copy: its update event brings a fresh decision
+            self.answered_at.pop(uid, None)
             if self.stopped_at.pop(uid, None) is not None and self.on_stop is not None:
                 self.on_stop(key, uid, None)
             log.info("eviction skipped: the pod changed since the cached copy", pod=f"{pod.metadata.namespace}/{name}")
             return
         except ApiError as e:
+            self.answered_at.pop(uid, None)
             if self.stopped_at.pop(uid, None) is not None and self.on_stop is not None:
                 self.on_stop(key, uid, None)  # refused: it runs on, and counts on
             prior = state.blocked.get(uid)
@@ -387,10 +406,8 @@ class Enforcer:
                         attempt=attempts, retry_in=delay, error=str(e))
             return
         state.blocked.pop(uid, None)
-        if uid in self.stopped_at:  # the server stopped it between our request and its answer: take the middle
-            self.stopped_at[uid] = (sent + self.clock()) // 2
-            if self.on_stop is not None:
-                self.on_stop(key, uid, self.stopped_at[uid])
+        if uid in self.stopped_at:
+            self.answered_at[uid] = self.clock()
         message = (
             f"evicted pod {name} ({usage} GPU-hours in the window): budget over quota"
             f" ({format_gpu_hours(sit.consumed)} of {format_gpu_hours(sit.quota)} GPU-hours); its usage keeps counting"

@@ -1,10 +1,11 @@
-"""Budget metrics, computed when Prometheus scrapes: exact at that instant, not at the last reconcile.
+"""Budget metrics, computed when Prometheus scrapes: at that instant, not at the last reconcile.
 
 Each reconcile leaves a `Snapshot` of its accounting inputs (live intervals, ledger, window, quota); a scrape
-evaluates `window_usage` on them at the scrape time, so running pods accrue between reconciles and intervals
-sliding out of the window drop out on time. A deleted budget's snapshot is dropped and its series vanish
-with it. Sources register while their controller runs (several managers may share one test process; the
-latest snapshot of a budget wins).
+evaluates `reported_usage` on them at the scrape's counting instant (whole seconds, the same computation as the
+status and Events: the same inputs in the same second give the same figure), so running pods accrue between
+reconciles and intervals sliding out of the window drop out on time. A deleted budget's snapshot is dropped and
+its series vanish with it. Sources register while their controller runs (several managers may share one test
+process; the latest snapshot of a budget wins).
 
 The enforcement counter is an ordinary Counter labelled by action and result (no budget labels: those would
 outlive the budget).
@@ -21,7 +22,8 @@ from prometheus_client import REGISTRY, Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gpuops.accounting.gpuhours import Interval, Ledger, window_usage
+from gpuops.accounting.gpuhours import Interval, Ledger
+from gpuops.accounting.reporting import counting_instant, reported_usage
 from gpuops.kube.sources import Sources
 
 __all__ = ["COLLECTOR", "ENFORCEMENT_ACTIONS", "BudgetCollector", "Published", "Snapshot", "SnapshotSource"]
@@ -36,8 +38,9 @@ ENFORCEMENT_ACTIONS = Counter(
 
 @dataclass(slots=True)
 class Published:
-    """The latest instant up to which a snapshot's open intervals were reported (its reconcile, then scrapes):
-    a pod the reconciler evicts is ended no earlier, so an eviction never takes back a reported figure."""
+    """The latest counting instant up to which a snapshot's open intervals were reported (its reconcile, then
+    scrapes): the reconciler ends a pod of the snapshot no earlier (`counted_through`), so a pod finishing, evicted
+    or deleted never takes back a reported figure."""
 
     at: int
 
@@ -85,9 +88,10 @@ class BudgetCollector(Collector):
         for source in sources:
             now = source.now()
             for labels, snap in list(source.snapshots().items()):
-                usage = window_usage(snap.live, snap.ledger, now=now, window=snap.window, quota=snap.quota)
-                if now > snap.published.at:
-                    snap.published.at = now
+                usage = reported_usage(snap.live, snap.ledger, now=now, window=snap.window, quota=snap.quota)
+                at = counting_instant(now)
+                if at > snap.published.at:
+                    snap.published.at = at
                 rows[labels] = (
                     float(usage.pods_in_window),
                     1.0 if usage.over_quota else 0.0,

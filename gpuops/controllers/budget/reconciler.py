@@ -11,12 +11,18 @@ Pod contract (what "usage" means)
     end    for a Succeeded/Failed pod, or a deleted pod whose containers have all terminated: the latest
            finishedAt, else deletionTimestamp, else its latest condition transition. Otherwise the pod is open
            (it accrues up to now, CrashLoopBackOff included: the device stays allocated). A pod that vanishes
-           while still open ends at min(the instant we saw it vanish, its deletionTimestamp). A pod we evict with
-           no grace period ends when the server stopped it (the middle of our eviction request, microseconds;
-           `Enforcer.stopped_at`): its accrual stops at once in the scrape snapshot, and its later finishedAt
-           (whole seconds) or deletion never moves that end back, so evictions never lower a reported figure.
-           (Pods ending on their own can: a reading between their truncated finishedAt and the cache hearing of
-           it counted them a little longer, by at most 1 s plus the cache's lag per pod.)
+           while still open has no recorded finish: it ends when we saw it vanish (microseconds), or at its
+           deletionTimestamp if earlier. A pod we evict with no grace period stops accruing at once, at the
+           counting instant we sent the eviction (`Enforcer.stopped_at`), in the scrape snapshot too; its
+           finishedAt, never earlier, replaces that end once it is in, or, if it vanished while still running,
+           the middle of the eviction request (microseconds; the server stopped it inside).
+One figure (`gpuops.accounting.reporting`). Every figure, status, Events, the enforcement decision and the
+metrics, is `reported_usage` at the counting instant: the clock rounded down to the whole second, the
+resolution of the container timestamps, so a running pod counts up to the last whole second, as its finishedAt
+will. And a pod's end is never before what an already reported figure counted it through (`counted_through`
+of the budget's last snapshot: its reconcile or a later scrape): a cache that still showed a finished pod
+running made us report more than its finishedAt says, and that figure stands. So, while nothing leaves the
+window, no figure is lower than one reported before it, whether a pod finishes, is evicted or is deleted.
 A pod counts in every budget (of its namespace) that selects it.
 
 Ledger
@@ -63,9 +69,15 @@ from gpuops.accounting.gpuhours import (
     compact_ledger,
     format_gpu_hours,
     gpu_hours,
-    window_usage,
 )
 from gpuops.accounting.quantity import format_quantity, parse_quantity, round_up_to_nano
+from gpuops.accounting.reporting import (
+    counted_through,
+    counting_instant,
+    next_counting_instant,
+    reported_usage,
+    settle_end,
+)
 from gpuops.accounting.requests import Container, PodSpecRequests, pod_request
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
@@ -503,12 +515,13 @@ class BudgetReconciler:
 
     def _publish(self, ns: str, name: str, live: tuple[Interval, ...], ledger: Ledger, spec: ParsedSpec,
                  now: int) -> None:
-        """Leave the accounting inputs for scrapes; `now` is the first instant they report."""
+        """Leave the accounting inputs for scrapes; `now` is the first (counting) instant they report."""
         self._snapshots[(ns, name)] = Snapshot(live, ledger, spec.window, spec.quota, Published(now))
 
     def _stop_counting(self, key: str, uid: str, at: int | None) -> None:
-        """An eviction without grace is being sent or was answered (or was refused: `at` None): end (or reopen)
-        that pod's interval in the budget's scrape snapshot at once, no earlier than a scrape already counted."""
+        """An eviction without grace is being sent (at `at`) or was refused (`at` None): end that pod's interval in
+        the budget's scrape snapshot at once, at the counting instant of the send, no earlier than a scrape
+        already counted (or reopen it)."""
         ns, _, name = key.partition("/")
         snap = self._snapshots.get((ns, name))
         if snap is None:
@@ -516,8 +529,9 @@ class BudgetReconciler:
         stopped = self.enforcer.stopped_at
         if at is not None and uid in stopped:
             stopped[uid] = max(at, snap.published.at)
+        halt = None if at is None else counting_instant(stopped.get(uid, at))
         live = tuple(
-            msgspec.structs.replace(i, end=None if at is None else max(i.start, stopped.get(uid, at)))
+            msgspec.structs.replace(i, end=None if halt is None else max(i.start, halt))
             if i.uid == uid else i  # an evicted pod is open, or ended by us: never finished on its own
             for i in snap.live
         )
@@ -608,7 +622,7 @@ class BudgetReconciler:
             if uid in held or (horizon is not None and seen < horizon):
                 del pending[uid]
                 if uid in stopped and not any(uid in d for d in self._departed.values()):
-                    del stopped[uid]
+                    self.enforcer.forget_stop(uid)
         if not pending:
             del self._departed[key]
 
@@ -651,6 +665,8 @@ class BudgetReconciler:
         return max(_SECOND, math.ceil(spec.window / divisions / _SECOND) * _SECOND)
 
     async def _reconcile(self, budget: GPUWorkloadBudget, spec: ParsedSpec, now: int) -> Result | None:
+        """`now` is the clock; every figure is computed at its counting instant `at` (whole seconds)."""
+        at = counting_instant(now)
         meta = budget.metadata
         ns, name = meta.namespace, meta.name
         key = f"{ns}/{name}"
@@ -666,7 +682,7 @@ class BudgetReconciler:
         open_uids: set[str] = set()
         stopped = self.enforcer.stopped_at
         last = self._snapshots.get((ns, name))
-        reported = last.published.at if last is not None else 0
+        counted = counted_through(last.live, at=last.published.at) if last is not None else {}
         for pod in selected:
             uid = pod.metadata.uid
             gpus = self._gpus(pod, spec.resource)
@@ -674,8 +690,11 @@ class BudgetReconciler:
             if span.end is None:
                 open_uids.add(uid)
             interval = None
-            end = _stopped_end(span, stopped.get(uid), reported)
-            if span.start is not None and gpus > 0 and not (span.end is not None and prev_book.covers(span.end)):
+            halt = stopped.get(uid)
+            end = _counted_end(span, None if halt is None else counting_instant(halt), counted.get(uid))
+            if span.start is not None and gpus > 0 and not (
+                span.end is not None and end is not None and prev_book.covers(end)
+            ):
                 interval = self._interval(pod, span.start, end, gpus)
                 if span.end is not None and end is not None:
                     fresh.append(LedgerEntry(uid=uid, start=span.start, end=end, gpus=gpus))
@@ -683,14 +702,15 @@ class BudgetReconciler:
             members.append(_Member(pod, span, gpus, interval))
         departed = dict(self._departed.get(key, {}))
         for uid, (pod, seen) in departed.items():
-            entry = _departed_entry(pod, seen, pod_gpus(pod, spec.resource), stopped.get(uid), reported)
+            entry = _departed_entry(pod, seen, pod_gpus(pod, spec.resource), self.enforcer.vanished_end(uid),
+                                    counted.get(uid))
             if entry is not None and not prev_book.covers(entry.end):
                 fresh.append(entry)
                 names[uid] = pod.metadata.name
-        horizon = now - spec.window
+        horizon = at - spec.window
         width = self._bucket_width(spec)
         book = compact(
-            Book(prev_book.ledger, names, prev_book.compacted_through), fresh, now=now, window=spec.window,
+            Book(prev_book.ledger, names, prev_book.compacted_through), fresh, now=at, window=spec.window,
             max_entries=opts.max_ledger_entries, bucket_width=width, open_uids=open_uids,
             margin=round(opts.compaction_margin * _SECOND),
         )
@@ -698,8 +718,8 @@ class BudgetReconciler:
         # a finished pod merged just now counts through its bucket only
         live = tuple(m.interval for m in members if m.interval is not None
                      and not (m.interval.end is not None and book.covers(m.interval.end)))
-        usage = window_usage(live, ledger, now=now, window=spec.window, quota=spec.quota)
-        self._publish(ns, name, live, ledger, spec, now)
+        usage = reported_usage(live, ledger, now=at, window=spec.window, quota=spec.quota)
+        self._publish(ns, name, live, ledger, spec, at)
 
         await self._hold(spec, members)
 
@@ -707,25 +727,27 @@ class BudgetReconciler:
         prev = budget.status
         over_since: int | None = None
         if usage.over_quota:
-            over_since = now
+            over_since = at
             if cond.is_true(prev.conditions, "QuotaExceeded"):
                 held = _t(prev.over_quota_since)
                 if held is None:
                     c = cond.get_condition(prev.conditions, "QuotaExceeded")
                     held = _t(c.last_transition_time) if c is not None else None
-                over_since = held if held is not None else now
+                over_since = held if held is not None else at
         due_at = over_since + spec.delay if over_since is not None else None
         def targets() -> list[Target]:  # per-pod usage costs a Fraction sum per pod: only when acting
-            return [Target(m.pod, gpu_hours((m.interval,), now=now, window=spec.window), m.span.end is None,
+            return [Target(m.pod, gpu_hours((m.interval,), now=at, window=spec.window), m.span.end is None,
                            m.span.final) for m in members if m.interval is not None]
 
-        situation = Situation(now=now, over=usage.over_quota, due=due_at is not None and now >= due_at,
+        # the decision and its Events use the figure the status below records (same usage, same instant);
+        # only the enforcer's own timers run on the clock itself
+        situation = Situation(now=now, over=usage.over_quota, due=due_at is not None and at >= due_at,
                               consumed=usage.consumed, quota=spec.quota, window_hours=spec.window_hours)
         outcome = await self.enforcer.apply(budget, spec, situation, targets, prev.last_enforcement, over_since)
         # 3. status (one merge patch of what changed), then what may only follow a durable ledger
         desired = self._status(budget, spec, usage, book, width, over_since, outcome.last or prev.last_enforcement,
-                               outcome.degraded, members, now)
-        if not await self._write_status(budget, desired, now):
+                               outcome.degraded, members, at)
+        if not await self._write_status(budget, desired, at):
             return None
         pending = self._departed.get(key)
         if pending is not None:
@@ -733,13 +755,13 @@ class BudgetReconciler:
                 if pending.get(uid) is item:
                     del pending[uid]
                     if uid in stopped and not any(uid in d for d in self._departed.values()):
-                        del stopped[uid]  # every budget that counted it has its final usage in a ledger
+                        self.enforcer.forget_stop(uid)  # every budget that counted it has its final usage in a ledger
             if not pending:
                 del self._departed[key]
         wake = [outcome.wake_at, usage.next_change]
-        if due_at is not None and now < due_at:
-            wake.append(due_at)
-        wake.append(await self._release(budget, spec, members, book, horizon, now))
+        if due_at is not None and at < due_at:
+            wake.append(next_counting_instant(due_at))  # the first counting instant it is due at
+        wake.append(await self._release(budget, spec, members, book, horizon, at))
         if opts.status_refresh and usage.burn_rate > 0:
             wake.append(now + round(opts.status_refresh * _SECOND))
         log.debug("budget reconciled", budget=key, consumed=format_gpu_hours(usage.consumed),
@@ -801,11 +823,12 @@ class BudgetReconciler:
         )
 
     async def _write_status(self, budget: GPUWorkloadBudget, desired: BudgetStatus, now: int) -> bool:
-        """Merge-patch what changed (guarded by resourceVersion); False if the budget is gone."""
+        """Merge-patch what changed (guarded by resourceVersion); False if the budget is gone. computedAt is the
+        counting instant of `now`: the whole second the figures were computed at."""
         patch = _diff(budget.status, desired, nested=("ledger", "last_enforcement"))
         if not patch:
             return True
-        patch["computedAt"] = format_time(now)
+        patch["computedAt"] = format_time(counting_instant(now))
         meta = budget.metadata
         try:
             await self.client.patch(
@@ -927,36 +950,36 @@ def _recorded(ledger: LedgerStatus | None, uid: str, end: int) -> bool:
     return (through is not None and end <= through) or any(e.uid == uid for e in ledger.entries or ())
 
 
-def _stopped_end(span: PodSpan, halted: int | None, reported: int) -> int | None:
-    """The end to count for a pod we evicted with no grace period (`halted`: when we sent the eviction).
+def _counted_end(span: PodSpan, halted: int | None, counted: int | None) -> int | None:
+    """The end to count for a pod still in the cache (None: it still runs).
 
-    While the cache still shows it running: `halted` (it stopped right after). Once its final state is in,
-    its finishedAt (whole seconds, like the rest of the accounting), but never before what was already
-    reported for it (up to `halted`, if a status or scrape at `reported` came after it): no drop."""
-    if halted is None or span.start is None:
+    A pod we evicted with no grace period (`halted`: the counting instant we sent the eviction) ends then while
+    the cache still shows it running; once its final state is in, at its finishedAt (the server stopped it
+    after we sent). Either end is raised to `counted`, what an already reported figure counted it through
+    (`halted` itself, once a figure was reported after it), so its reported usage never shrinks (`settle_end`).
+    """
+    if span.start is None:
         return span.end
-    if span.end is None:
-        return max(span.start, halted)
-    return max(span.end, min(halted, reported))
+    end = span.end if span.end is not None else halted
+    return None if end is None else settle_end(span.start, end, counted)
 
 
 def _departed_entry(
-    pod: Pod, seen: int, gpus: Fraction, halted: int | None = None, reported: int = 0
+    pod: Pod, seen: int, gpus: Fraction, halted: int | None = None, counted: int | None = None
 ) -> LedgerEntry | None:
-    """The final usage of a pod that left the API (its last known state, `seen` when it went)."""
+    """The final usage of a pod that left the API (its last known state, `seen` when it went).
+
+    A finished one ends at its finishedAt. One that vanished still running has no recorded finish: it ends when
+    our eviction without grace stopped it (`halted`, `Enforcer.vanished_end`), else when we saw it gone or at
+    its deletionTimestamp if earlier (microseconds: our own clock's). Either is raised to `counted` (see
+    `_counted_end`)."""
     span = pod_span(pod)
     if span.start is None or gpus <= 0:
         return None
     end = span.end
-    if halted is not None:
-        end = _stopped_end(span, halted, reported)
-    elif end is None:
-        end = seen
+    if end is None:
+        end = halted if halted is not None else seen
         deleted = _t(pod.metadata.deletion_timestamp)
-        if deleted is not None:
+        if halted is None and deleted is not None:
             end = min(end, deleted)
-    assert end is not None
-    return LedgerEntry(uid=pod.metadata.uid, start=span.start, end=max(span.start, end), gpus=gpus)
-
-
-
+    return LedgerEntry(uid=pod.metadata.uid, start=span.start, end=settle_end(span.start, end, counted), gpus=gpus)

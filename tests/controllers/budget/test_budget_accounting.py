@@ -13,7 +13,7 @@ from budget_harness import NS, Env, budget, environment, pod, truth_gpu_hours
 from prometheus_client import REGISTRY
 
 from gpuops.accounting.gpuhours import format_gpu_hours
-from gpuops.controllers.budget.api import BUDGETS, GPUWorkloadBudget
+from gpuops.controllers.budget.api import BUDGETS, GPUWorkloadBudget, parse_time
 from gpuops.controllers.budget.reconciler import Options
 from gpuops.kube import conditions as cond
 from gpuops.kube.resources import PODS
@@ -192,8 +192,14 @@ async def test_status_refresh_rewrites_the_status_while_pods_run_and_not_when_id
 
 
 async def _no_running(env: Env) -> GPUWorkloadBudget | None:
+    """No pod runs and the figure is final: computed at or after the deleted pod's end (figures are counted at
+    whole seconds, and a pod deleted while running ends when it was seen gone, within a second)."""
     b = await env.budget("team-a")
-    return b if b.status.running_pods == 0 and b.status.tracked_pods == 1 else None
+    st = b.status
+    if st.running_pods != 0 or st.tracked_pods != 1 or st.ledger is None or not st.ledger.entries:
+        return None
+    final = st.computed_at is not None and parse_time(st.computed_at) >= parse_time(st.ledger.entries[0].end)
+    return b if final else None
 
 
 def _after(seconds: float) -> Callable[[], Awaitable[bool]]:

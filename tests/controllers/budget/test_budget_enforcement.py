@@ -90,6 +90,14 @@ async def test_equality_triggers_and_the_delay_holds_then_fires_once_alert_only(
         # more reconciles (metadata changes, a pod) while still over quota: no second Event, pods untouched
         for i in range(4):
             before = (await env.budget("alert")).status.computed_at
+            assert before is not None
+
+            async def next_second(before: str = before) -> bool:
+                return time.time() >= parse_time(before) / 1e6 + 1
+
+            # figures are counted in whole seconds: a nudge in a later second than the last status has a new
+            # figure to write (hog still runs), so computedAt moving proves the nudge's reconcile ran
+            await env.until("a second after the last status", next_second)
             await env.client.patch(BUDGETS, "alert", {"metadata": {"labels": {"nudge": str(i)}}}, namespace=NS)
 
             async def recomputed(before: str | None = before) -> bool:
