@@ -11,13 +11,17 @@ enforcement decision, metrics) one consistent series:
    will say if it stops within the current second. The same inputs in the same second give the same figure,
    whoever asks. Instants at which the answer changes (`Usage.next_change`, `Usage.exhausted_at`) are rounded
    up to the first counting instant that sees the change.
-2. No take-back. A pod's end is at least the instant through which an already reported figure counted it
-   (`counted_through`: the reporting instant for a pod reported open, its reported end, if earlier, for one
-   reported finished); `settle_end` and `settle` raise ends to it. Rule 1 alone is monotone only while the
-   caller's view of the pods is current: a cache that still shows a finished pod running has counted it past
-   its finishedAt, and that figure stands. Over-counting is then bounded by how far the view lagged.
+2. No take-back within the record's own precision. A pod's end is raised to the instant through which an
+   already reported figure counted it (`counted_through`: the reporting instant for a pod reported open, its
+   reported end, if earlier, for one reported finished), but never past one second after its finishedAt
+   (`settle_end`, `settle`). Rule 1 alone is monotone only while the caller's view of the pods is current: a
+   view that still shows a finished pod running (the kubelet's report, or the watch carrying it, lagged) has
+   counted it past its finishedAt. A container that finished "at second 10" stopped somewhere in [10, 11):
+   counting it through 11 is within what Kubernetes recorded, counting it further is provably too much.
 
-Together, while nothing leaves the window, usage reported at t1 <= usage reported at t2 for t1 <= t2.
+Together, while nothing leaves the window and the view lags by less than a second, usage reported at t1 <= usage
+reported at t2 for t1 <= t2; with any lag, a finished pod counts at most one second more than its record says,
+and a figure that counted a pod further than that is corrected down when the pod's finish arrives.
 """
 
 from __future__ import annotations
@@ -102,15 +106,16 @@ def counted_through(intervals: Iterable[Interval], *, at: int) -> dict[str, int]
 
 
 def settle_end(start: int, end: int, counted: int | None = None) -> int:
-    """A finished pod's end to count: its reported end, no earlier than its start nor than `counted`
-    (what a figure already reported counted it through), so the pod's reported usage never shrinks."""
+    """A finished pod's end to count: its reported end, no earlier than its start, raised to `counted` (what a
+    figure already reported counted it through, so that figure is not taken back) but by at most one second,
+    the precision of the reported end."""
     start = _instant(start, "start")
     end = max(start, _instant(end, "end"))
-    return end if counted is None else max(end, _instant(counted, "counted"))
+    return end if counted is None else max(end, min(_instant(counted, "counted"), end + RESOLUTION))
 
 
 def settle(intervals: Iterable[Interval], counted: Mapping[str, int]) -> tuple[Interval, ...]:
-    """The intervals with each finished one's end raised by `settle_end` to what `counted` holds for its UID.
+    """The intervals with each finished one's end raised by `settle_end` towards what `counted` holds for its UID.
 
     Open intervals are kept as they are (they count up to every later instant anyway).
     """

@@ -541,6 +541,10 @@ class Informer(Generic[T]):
         except rvmod.NotComparable:
             return True
 
+    def current_through(self) -> float:
+        """The monotonic instant up to which the store is known current (`Reflector.current_through`)."""
+        return self.reflector.current_through()
+
     def last_event_age(self) -> float:
         """Seconds since the last frame (event, bookmark) or completed list."""
         return time.monotonic() - self.reflector.last_frame

@@ -352,6 +352,10 @@ class Reflector(Generic[T]):
         self.last_frame = time.monotonic()
         self.synced = False
         self._started = self.last_frame
+        self.watching_since: float | None = None
+        """Monotonic time since which a watch has been open on a synced store (None while none is)."""
+        self.current_until = self.last_frame
+        """Monotonic time the store was last known current: when the previous watch ended."""
         self.relists = 0
         self.watch_restarts = 0
         self.streaming_lists = 0
@@ -625,6 +629,20 @@ class Reflector(Generic[T]):
             await self._read_stream(query, server_timeout, wd, outcome, initial_events, started, tally)
         finally:
             tally.flush()
+            if self.watching_since is not None:
+                self.watching_since = None
+                self.current_until = time.monotonic()
+
+    def current_through(self) -> float:
+        """The monotonic instant up to which the store is known to hold the server's state: now while a watch is
+        open on a synced store (its events arrive as they happen), else when the last such watch ended. A
+        reader that counts time against the store (GPU-seconds of running pods) counts no further than this:
+        while the watch is down a pod may already have stopped."""
+        return time.monotonic() if self.watching_since is not None else self.current_until
+
+    def _watching(self) -> None:
+        if self.watching_since is None:
+            self.watching_since = time.monotonic()
 
     async def _read_stream(
         self,
@@ -661,6 +679,8 @@ class Reflector(Generic[T]):
             read_timeout=self.options.watchdog + 10.0,
         ) as batches:
             outcome.opened = True
+            if not initial_events:
+                self._watching()  # from the list's resourceVersion: every change since is on its way
             async for batch in batches:  # one network read: an await per batch, not per frame
                 for line in batch:
                     t0 = now()
@@ -696,6 +716,7 @@ class Reflector(Generic[T]):
                             self.last_sync_resource_version = rv
                             self._m_list_duration.observe(now() - started)
                             self._note_synced()
+                            self._watching()
                         elif rv:
                             self.last_sync_resource_version = rv
                             advance(rv)

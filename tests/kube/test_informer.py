@@ -546,3 +546,27 @@ async def test_run_twice_is_refused(emulator: tuple[APIServer, Client]) -> None:
         await inf.run()
     await inf.stop()
 
+
+
+async def test_current_through_follows_the_watch_and_holds_while_it_is_down(
+    emulator: tuple[APIServer, Client],
+) -> None:
+    """While a watch is open on a synced store, the store is current now; while the server is gone, it is current
+    only up to when the watch ended, and it is current now again once a new watch is open."""
+    s, client = emulator
+    inf = Informer(client, CONFIGMAPS, namespace="default", options=FAST)
+    inf.start()
+    try:
+        assert await inf.wait_synced(10)
+        await eventually(lambda: inf.reflector.watching_since is not None, what="a watch open")
+        assert time.monotonic() - inf.current_through() < 0.05
+        down = asyncio.create_task(s.outage(2.0))
+        await eventually(lambda: inf.reflector.watching_since is None, what="the watch ended")
+        held = inf.current_through()
+        await asyncio.sleep(0.5)  # the outage lasts 2 s: the hold must not move meanwhile
+        assert inf.current_through() == held
+        assert time.monotonic() - held >= 0.5
+        await down
+        await eventually(lambda: time.monotonic() - inf.current_through() < 0.05, within=15, what="current again")
+    finally:
+        await inf.stop()

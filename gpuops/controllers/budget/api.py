@@ -243,16 +243,17 @@ class GPUWorkloadBudget(_Api):
     window, and enforces the limit (alert, pause Jobs, or evict pods). Usage of finished and deleted pods keeps
     counting while it is inside the window.
     How usage is counted: a pod holds its GPUs from its first container start to its last container finish, in
-    whole seconds, as Kubernetes records those times; a running pod counts up to the last whole second. The
-    status, the Events, the enforcement decision and the metrics all compute the same figure at the same whole
-    second (the status's computedAt), so an Event never names a figure the status contradicts. A figure once
-    reported is never taken back when a pod's finish arrives: the pod counts at least up to the second an
-    earlier figure counted it through, even if its recorded finish is earlier (the operator saw it running a
-    moment after it stopped), so until usage leaves the window consumption only grows. The operator remembers
-    those seconds while it runs; after a restart a pod's recorded finish counts. A pod that starts and stops
-    within the same second used no whole second and counts zero. A pod that vanishes while still running has
-    no recorded finish: it counts until the operator stopped it (an eviction without grace period) or saw it
-    go."""
+    whole seconds as Kubernetes records them; a running pod counts up to the last whole second, and no further
+    than the operator's pod watch has been current (while that watch is down, counting pauses rather than
+    guesses). Status, Events, the enforcement decision and the metrics compute the same figure at the same whole
+    second (the status's computedAt), so an Event never names a figure the status contradicts. A reported figure
+    is not taken back when a pod's finish arrives late: the pod counts through the second an earlier figure
+    counted it, up to one second past its recorded finishedAt (that record's precision: a container that
+    finished "at second 10" stopped within [10, 11)). Only a finish that reached the API server more than a
+    second late lowers an earlier figure, to the exact one. The operator remembers reported seconds while it
+    runs; after a restart a pod's recorded finish counts. A pod that starts and stops within the same second
+    counts zero. A pod that vanishes while still running has no recorded finish: it counts until the operator
+    stopped it (an eviction without grace period) or saw it go."""
 
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     spec: Annotated[BudgetSpec, crd(required=True)] = msgspec.field(default_factory=BudgetSpec)

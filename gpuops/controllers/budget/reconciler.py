@@ -51,6 +51,7 @@ window), the end of the enforcement delay, and enforcement's own timers; events 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -461,7 +462,12 @@ class BudgetReconciler:
         return self._snapshots
 
     def now(self) -> int:
-        return self.clock()
+        """The instant figures are computed at: the clock, held back to when the pod cache was last known current
+        (while the pods watch is down, a pod the cache shows running may have stopped: counting it further
+        would report GPU-seconds that a later, exact figure must not take back)."""
+        now = self.clock()
+        lag = time.monotonic() - self.pods.current_through()
+        return now - round(lag * _SECOND) if lag > 0 else now
 
     # ------------------------------------------------------------------------------------------ caches
 
@@ -644,7 +650,7 @@ class BudgetReconciler:
             self._forget(req.key)
             await self._sweep(req.namespace)
             return None
-        now = self.clock()
+        now = self.now()
         spec = self.spec_of(budget)
         if isinstance(spec, SpecError):
             self._forget(req.key)
