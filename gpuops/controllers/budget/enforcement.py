@@ -96,6 +96,9 @@ class Situation:
     consumed: Fraction
     quota: Fraction
     window_hours: int
+    crossed: bool = False
+    """The previous status said within quota: a new over-quota episode starts with this reconcile (its alert is
+    not the previous episode's, even within the same second)."""
 
 
 @dataclass(slots=True)
@@ -225,7 +228,8 @@ class Enforcer:
     ) -> None:
         reminder = round(self.options.alert_reminder * _SECOND)
         last = _time_of(previous) if previous is not None and previous.action == "AlertOnly" else None
-        if last is not None and (over_since is None or last >= over_since) and sit.now < last + reminder:
+        same_episode = not sit.crossed and (over_since is None or last is None or last >= over_since)
+        if last is not None and same_episode and sit.now < last + reminder:
             out.wake(last + reminder)
             return
         top = ranked[0] if ranked else None

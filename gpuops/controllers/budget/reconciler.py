@@ -747,8 +747,10 @@ class BudgetReconciler:
 
         # the decision and its Events use the figure the status below records (same usage, same instant);
         # only the enforcer's own timers run on the clock itself
+        crossed = usage.over_quota and not cond.is_true(prev.conditions, "QuotaExceeded")
         situation = Situation(now=now, over=usage.over_quota, due=due_at is not None and at >= due_at,
-                              consumed=usage.consumed, quota=spec.quota, window_hours=spec.window_hours)
+                              consumed=usage.consumed, quota=spec.quota, window_hours=spec.window_hours,
+                              crossed=crossed)
         outcome = await self.enforcer.apply(budget, spec, situation, targets, prev.last_enforcement, over_since)
         # 3. status (one merge patch of what changed), then what may only follow a durable ledger
         desired = self._status(budget, spec, usage, book, width, over_since, outcome.last or prev.last_enforcement,
