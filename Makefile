@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 QUICK  ?=
 export DEMO_SECONDS
 
-.PHONY: install test lint typecheck unit demo bench chaos clean lock readme manifests
+.PHONY: install test lint typecheck unit demo bench chaos clean lock readme manifests mutation
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -60,13 +60,37 @@ chaos: install
 	  [ -n "$(QUICK)" ] || $(BIN)/python tests/readme_sections.py; \
 	  [ -z "$$failed" ] || { echo "chaos scenarios FAILED:$$failed (see chaos/results/$(if $(QUICK),quick/)SUMMARY.md)"; exit 1; }
 
+# Mutation testing of the budget guarantees (config: [tool.mutmut] in pyproject.toml). mutmut is installed by this
+# target only, so `make test` never pays for it; a run takes hours (every mutant runs the budget tests against the
+# emulated cluster), so it is not part of CI. Results stay in mutants/ (git-ignored); tests/mutation_report.py
+# prints the score per file and the surviving mutants. MUTATION_JOBS: mutants in parallel; MUTANTS: mutant-name
+# globs (default: the accounting and enforcement code whole, reconciler.py's ledger and stop bookkeeping).
+MUTMUT        := mutmut==3.8.1
+MUTMUT_STAMP  := $(VENV)/.mutmut-installed
+MUTATION_JOBS ?= 2
+RECON         := gpuops.controllers.budget.reconciler
+MUTANTS       ?= 'gpuops.accounting.gpuhours.*' 'gpuops.accounting.reporting.*' 'gpuops.controllers.budget.enforcement.*' \
+                 '$(RECON).x__counted_end__mutmut_*' '$(RECON).x__departed_entry__mutmut_*' \
+                 '$(RECON).x__recorded__mutmut_*' '$(RECON).x_compact__mutmut_*' \
+                 '$(RECON).x_ledger_from_status__mutmut_*' '$(RECON).x_ledger_to_status__mutmut_*' \
+                 '$(RECON).xǁBudgetReconcilerǁ_stop_counting__mutmut_*' '$(RECON).xǁBudgetReconcilerǁmap_deleted_pod__mutmut_*' \
+                 '$(RECON).xǁBudgetReconcilerǁprune_departed__mutmut_*' '$(RECON).xǁBudgetReconcilerǁ_reconcile__mutmut_*'
+
+$(MUTMUT_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -c constraints.txt '$(MUTMUT)'
+	touch $(MUTMUT_STAMP)
+
+mutation: $(MUTMUT_STAMP)
+	$(BIN)/mutmut run --max-children $(MUTATION_JOBS) $(MUTANTS)
+	$(BIN)/python tests/mutation_report.py
+
 # Refresh constraints.txt from the current virtualenv (run after changing dependencies).
 lock: | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^gpuops' > constraints.txt
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache demo.kubeconfig demo-operator.log demo-agents.log demo-report
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache mutants demo.kubeconfig demo-operator.log demo-agents.log demo-report
 
 # Regenerate the committed kubelet device-plugin gRPC modules from api.proto (`make test` never needs protoc).
 DEVICEPLUGIN := gpuops/kube/deviceplugin
