@@ -268,7 +268,7 @@ EntryText = tuple[str, str, str, str]
 class LedgerMemo:
     """One budget's ledger entries parsed and formatted at its previous reconcile. A ledger holds up to
     max_ledger_entries (500) entries and every reconcile read and rewrote all of them: exact time and quantity
-    parsing and formatting were two thirds of a reconcile's time (bench/scale.py, issue 11). Entries are
+    parsing and formatting were two thirds of a reconcile's time (measured with bench/scale.py). Entries are
     immutable once written, so each is parsed and formatted once; each use keeps only the entries still in
     the ledger (bounded by it), and a forgotten budget drops its memo."""
 

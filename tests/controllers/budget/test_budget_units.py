@@ -161,7 +161,7 @@ def test_ledger_status_round_trip_is_exact() -> None:
 
 def test_ledger_memo_parses_and_formats_each_entry_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every reconcile reads and rewrites the whole ledger (up to 500 entries); with the budget's memo an entry
-    is parsed and formatted once (two thirds of a reconcile's time went there: bench/scale.py, issue 11), the
+    is parsed and formatted once (two thirds of a reconcile's time went there, measured with bench/scale.py), the
     results are the same as without it, and the memo keeps only the entries still in the ledger."""
     parsed: list[str] = []
     formatted: list[int] = []
