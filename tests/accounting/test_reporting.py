@@ -52,16 +52,16 @@ def test_counting_instants_are_monotone(a: int, b: int) -> None:
 
 def test_instants_must_be_ints_and_the_error_names_the_argument() -> None:
     for bad in (1.5, True, "1", None):
-        with pytest.raises(AccountingError, match="^now must be an int instant in microseconds"):
+        with pytest.raises(AccountingError, match=r"^now must be an int instant in microseconds"):
             counting_instant(bad)  # type: ignore[arg-type]
-        with pytest.raises(AccountingError, match="^at must be an int instant in microseconds"):
+        with pytest.raises(AccountingError, match=r"^at must be an int instant in microseconds"):
             next_counting_instant(bad)  # type: ignore[arg-type]
         for args, name in (((bad, 1), "start"), ((1, bad), "end"), ((1, 2, bad), "counted")):
             if bad is None and name == "counted":
                 continue  # counted None: nothing was reported yet
-            with pytest.raises(AccountingError, match=f"^{name} must be an int instant in microseconds"):
+            with pytest.raises(AccountingError, match=rf"^{name} must be an int instant in microseconds"):
                 settle_end(*args)  # type: ignore[arg-type]
-        with pytest.raises(AccountingError, match="^at must be an int instant"):
+        with pytest.raises(AccountingError, match=r"^at must be an int instant"):
             counted_through([], at=bad)  # type: ignore[arg-type]
 
 
