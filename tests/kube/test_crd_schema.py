@@ -48,7 +48,8 @@ class Sample(_Api):
     names: Annotated[tuple[str, ...], crd(list_type="set", items=marker(min_length=1))] = ()
     inner: Inner | None = None
     inners: Annotated[tuple[Inner, ...], crd(list_type="map", list_map_keys=("low",))] = ()
-    nested: Annotated[Inner, crd(default=USE_DEFAULT, description="Overrides the type's docstring.")] = (
+    nested: Annotated[Inner, crd(default=USE_DEFAULT, description="Overrides the type's docstring.",
+                                 rules=(Rule("self.high < 100", "high must be below 100"),))] = (
         msgspec.field(default_factory=Inner))
     anything: Any = None
     renamed: str = msgspec.field(default="", name="renamedField")
@@ -103,6 +104,9 @@ def test_collections_objects_and_rules() -> None:
     assert props["inners"]["x-kubernetes-list-map-keys"] == ["low"]
     assert props["nested"]["description"] == "Overrides the type's docstring."
     assert props["nested"]["default"] == {}
+    assert props["nested"]["x-kubernetes-validations"] == [  # the type's rules and the field's
+        {"rule": "self.low <= self.high", "message": "low must be <= high"},
+        {"rule": "self.high < 100", "message": "high must be below 100"}]
 
 
 def test_the_manifest_has_names_columns_status_and_a_plain_metadata() -> None:

@@ -171,7 +171,11 @@ def type_schema(t: mi.Type, where: str, marker: Marker | None = None) -> dict[st
     else:
         raise SchemaError(f"{where}: {type(t).__name__} has no structural schema")
     if marker is not None:
-        out.update(marker.openapi())
+        extra = marker.openapi()
+        rules = [*out.get("x-kubernetes-validations", ()), *extra.pop("x-kubernetes-validations", ())]
+        out.update(extra)
+        if rules:  # the type's own rules and the field's both hold
+            out["x-kubernetes-validations"] = rules
     return out
 
 
