@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from fractions import Fraction
 
 import pytest
@@ -185,27 +186,138 @@ def test_format_gpu_hours() -> None:
         format_gpu_hours(F(1), places=-1)
 
 
-def test_bad_input() -> None:
-    with pytest.raises(IntervalError, match="ends"):
-        iv("x", 10, 5)
-    with pytest.raises(NegativeValueError):
-        iv("x", 0, 5, -1)
-    with pytest.raises(AccountingError):
-        Interval(uid="x", start=0, end=None, gpus=0.5)  # type: ignore[arg-type]
-    with pytest.raises(AccountingError):
-        Interval(uid="", start=0, end=None, gpus=F(1))
-    with pytest.raises(IntervalError):
-        gpu_hours([], now=0, window=0)
-    with pytest.raises(NegativeValueError):
-        window_usage([], now=0, window=H, quota=-1)
-    with pytest.raises(AccountingError):
-        LedgerBucket(start=0, end=10, gpu_micros=F(30), peak_gpus=F(2))  # more than peak x width
-    with pytest.raises(IntervalError):
-        compact_ledger(Ledger(), now=0, window=H, max_entries=1, bucket_width=0)
-    with pytest.raises(IntervalError, match="bucket_width >= 36000"):
-        compact_ledger(Ledger(), now=0, window=H, max_entries=1, bucket_width=1)
-    with pytest.raises(AccountingError):
-        window_usage([le("x", 0, 1)], now=0, window=H, quota=1)  # type: ignore[list-item]
+BAD_INPUT = [
+    # (what is built, error class, text the message must hold: the field at fault and what it must be)
+    (lambda: iv("x", 10, 5), IntervalError, r"Interval 'x' ends \(5\) before it starts \(10\); clamp"),
+    (lambda: le("x", 10, 5), IntervalError, r"LedgerEntry 'x' ends \(5\) before it starts \(10\)"),
+    (
+        lambda: LedgerEntry(uid="x", start=0, end=None, gpus=F(1)),  # type: ignore[arg-type]
+        AccountingError,
+        r"LedgerEntry 'x' end must be an int",
+    ),
+    (lambda: iv("x", 0, 5, -1), NegativeValueError, r"Interval 'x' gpus must be >= 0, got -1"),
+    (lambda: le("x", 0, 5, -1), NegativeValueError, r"LedgerEntry 'x' gpus must be >= 0, got -1"),
+    (
+        lambda: Interval(uid="x", start=0, end=None, gpus=0.5),  # type: ignore[arg-type]
+        AccountingError,
+        r"Interval 'x' gpus must be an exact GPU amount",
+    ),
+    (
+        lambda: Interval(uid="", start=0, end=None, gpus=F(1)),
+        AccountingError,
+        r"Interval\.uid must be a non-empty string",
+    ),
+    (
+        lambda: LedgerEntry(uid="", start=0, end=1, gpus=F(1)),
+        AccountingError,
+        r"LedgerEntry\.uid must be a non-empty string",
+    ),
+    (
+        lambda: Interval(uid="x", start=True, end=None, gpus=F(1)),
+        AccountingError,
+        r"Interval 'x' start must be an int instant",
+    ),
+    (
+        lambda: LedgerBucket(start=0.5, end=10, gpu_micros=F(1), peak_gpus=F(1)),  # type: ignore[arg-type]
+        AccountingError,
+        r"LedgerBucket\.start must be an int",
+    ),
+    (
+        lambda: LedgerBucket(start=0, end=None, gpu_micros=F(1), peak_gpus=F(1)),  # type: ignore[arg-type]
+        AccountingError,
+        r"LedgerBucket\.end must be an int",
+    ),
+    (
+        lambda: LedgerBucket(start=10, end=10, gpu_micros=F(0), peak_gpus=F(0)),
+        IntervalError,
+        r"LedgerBucket must have end > start, got \[10, 10\)",
+    ),
+    (
+        lambda: LedgerBucket(start=0, end=10, gpu_micros=F(-1), peak_gpus=F(1)),
+        NegativeValueError,
+        r"LedgerBucket\.gpu_micros must be >= 0",
+    ),
+    (
+        lambda: LedgerBucket(start=0, end=10, gpu_micros=F(1), peak_gpus=F(-1)),
+        NegativeValueError,
+        r"LedgerBucket\.peak_gpus must be >= 0",
+    ),
+    # 30 GPU-microseconds cannot fit in 10 microseconds at 2 GPUs (the bucket does not start at 0, so the width
+    # is end - start, not end)
+    (
+        lambda: LedgerBucket(start=100, end=110, gpu_micros=F(30), peak_gpus=F(2)),
+        AccountingError,
+        r"LedgerBucket \[100, 110\) holds 30 GPU-microseconds, more than peak_gpus 2 times its width allows; the peak",
+    ),
+    (
+        lambda: Ledger(entries=(iv("x", 0, 1),)),  # type: ignore[arg-type]
+        AccountingError,
+        r"Ledger\.entries must hold LedgerEntry values",
+    ),
+    (lambda: gpu_hours([], now=0, window=0), IntervalError, r"window must be > 0 microseconds, got 0"),
+    (lambda: gpu_hours([], now=0.0, window=1), AccountingError, r"^now must be an int"),  # type: ignore[arg-type]
+    (
+        lambda: gpu_hours([le("x", 0, 1)], now=0, window=1),  # type: ignore[list-item]
+        AccountingError,
+        r"intervals must hold Interval values",
+    ),
+    (
+        lambda: record(Ledger(), iv("x", 0, 1)),  # type: ignore[arg-type]
+        AccountingError,
+        r"entry must be a LedgerEntry, got Interval",
+    ),
+    (lambda: window_usage([], now=0, window=H, quota=-1), NegativeValueError, r"quota"),
+    (
+        lambda: window_usage([le("x", 0, 1)], now=0, window=H, quota=1),  # type: ignore[list-item]
+        AccountingError,
+        r"live intervals must hold Interval",
+    ),
+    (
+        lambda: compact_ledger(Ledger(), now=0, window=H, max_entries=1, bucket_width=0),
+        IntervalError,
+        r"bucket_width must be > 0",
+    ),
+    (
+        lambda: compact_ledger(Ledger(), now=0, window=H, max_entries=1, bucket_width=1),
+        IntervalError,
+        r"use bucket_width >= 36000",
+    ),
+    (
+        lambda: format_gpu_hours(0.5),  # type: ignore[arg-type]
+        AccountingError,
+        r"value must be an exact Fraction or int of GPU-hours, got 0\.5",
+    ),
+    (lambda: format_gpu_hours(F(1), places=-1), AccountingError, r"places must be an int >= 0, got -1"),
+    (lambda: format_gpu_hours(F(1), places=True), AccountingError, r"places must be an int >= 0, got True"),
+    (
+        lambda: format_gpu_hours(F(1), places="2"),  # type: ignore[arg-type]
+        AccountingError,
+        r"places must be an int >= 0, got '2'",
+    ),
+]
+
+
+@pytest.mark.parametrize(("build", "error", "message"), BAD_INPUT)
+def test_bad_input_is_refused_with_a_message_naming_the_field(
+    build: Callable[[], object], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        build()
+
+
+def test_record_keeps_buckets_and_orders_entries_by_start_then_uid() -> None:
+    bucket = LedgerBucket(start=0, end=100, gpu_micros=F(50), peak_gpus=F(1))
+    ledger = Ledger(entries=(le("b", 200, 300),), buckets=(bucket,))
+    ledger = record(record(record(ledger, le("c", 150, 400)), le("a", 200, 250)), le("z", 100, 110))
+    assert ledger.buckets == (bucket,)
+    assert [e.uid for e in ledger.entries] == ["z", "c", "a", "b"]
+
+
+def test_dedup_ties_go_to_the_earlier_start_then_the_larger_gpu_count() -> None:
+    assert record(record(Ledger(), le("p", 5, 50)), le("p", 0, 50)).entries == (le("p", 0, 50),)
+    assert record(record(Ledger(), le("p", 0, 50)), le("p", 5, 50)).entries == (le("p", 0, 50),)
+    assert record(record(Ledger(), le("p", 0, 50, 2)), le("p", 0, 50, 1)).entries == (le("p", 0, 50, 2),)
+    assert counted_intervals([iv("p", 5, 50)], [le("p", 0, 50)]) == (iv("p", 5, 50),)  # equal ends: live wins
 
 
 # ---------------------------------------------------------------------------------------------------- properties

@@ -118,6 +118,16 @@ def test_counted_through_is_what_the_figure_at_that_instant_counted(live: list[I
         assert gpu_hours([cut], now=at, window=H) == gpu_hours([item], now=at, window=H)
 
 
+def test_counted_through_keeps_the_furthest_instant_a_uid_was_counted_and_refuses_other_records() -> None:
+    """Two records of one pod (a live view and a ledger entry, say): the figure counted it through the later."""
+    ends = (Interval(uid="p", start=0, end=9 * S, gpus=F(1)), Interval(uid="p", start=0, end=4 * S, gpus=F(1)))
+    assert counted_through(ends, at=20 * S) == {"p": 9 * S}
+    assert counted_through(ends[::-1], at=20 * S) == {"p": 9 * S}
+    for call in (lambda: counted_through([object()], at=0), lambda: settle([object()], {})):  # type: ignore[list-item]
+        with pytest.raises(AccountingError, match=r"^intervals must hold Interval values, got <object"):
+            call()
+
+
 @given(intervals(), st.dictionaries(st.sampled_from([f"u{i}" for i in range(8)]), st.integers(0, 60 * S)))
 def test_settle_only_raises_finished_ends_to_what_was_counted(live: list[Interval], counted: dict[str, int]) -> None:
     settled = settle(live, counted)

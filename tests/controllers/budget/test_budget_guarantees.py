@@ -1,0 +1,187 @@
+"""Two promises of the budget README held at the moment they are easiest to break, on the emulated cluster:
+
+- An eviction never changes a figure after the fact. The scrape between the evicting reconcile and the next one
+  reads that reconcile's snapshot, which still lists the pod as running; the evictor edits it at once: a pod
+  evicted without grace ends at the instant the eviction was sent, one whose eviction was refused counts on.
+  A scrape a minute later (nothing else reconciled) shows exactly that.
+- A finished pod keeps counting after deletion. Its accounting finalizer stays until every retaining budget that
+  selects it holds its final usage in a ledger, not only the budget whose reconcile ran first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from budget_harness import NS, Clock, Env, Reconciles, budget, environment, pod, seconds
+from prometheus_client import REGISTRY
+
+from gpuops.controllers.budget import BudgetController
+from gpuops.controllers.budget.api import FINALIZER
+from gpuops.kube.controller import Request, Result
+from gpuops.kube.resources import PDBS, PODS
+
+pytestmark = pytest.mark.anyio
+S = 1_000_000
+LATER = 60
+"""Seconds past the reconcile's instant at which the scrape after it is taken."""
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def consumed_gpu_seconds(name: str) -> float | None:
+    return REGISTRY.get_sample_value("gpuops_budget_consumed_gpu_seconds", {"namespace": NS, "name": name})
+
+
+class ScrapeAfterEach:
+    """Right after each reconcile returns (before anything else runs on the loop), a scrape taken LATER seconds
+    past the controller's fixed clock: what a Prometheus scrape in the gap before the next reconcile reads."""
+
+    def __init__(self, handle: BudgetController, clock: Clock, name: str) -> None:
+        self.values: dict[int, float | None] = {}
+        controller = handle.controller
+        inner = controller.reconcile
+        seq = 0
+
+        async def scraped(req: Request) -> Result | None:
+            nonlocal seq
+            seq += 1
+            mine = seq
+            result = await inner(req)
+            assert clock.fixed is not None, "the clock must be set before the first reconcile"
+            clock.fixed += LATER * S
+            try:
+                self.values[mine] = consumed_gpu_seconds(name)
+            finally:
+                clock.fixed -= LATER * S
+            return result
+
+        controller.reconcile = scraped
+
+
+async def _start_clocked(env: Env, wall: int) -> tuple[BudgetController, Clock, Reconciles, ScrapeAfterEach]:
+    clock = Clock()
+    clock.set(wall)
+    handle = await env.start(clock=clock)
+    scrapes = ScrapeAfterEach(handle, clock, "ev")  # inside: Reconciles' numbering is the order reconciles start
+    return handle, clock, Reconciles(handle), scrapes
+
+
+async def _running_since(env: Env, name: str) -> int | None:
+    for p in await env.raw_pods([name]):
+        for cs in p["status"].get("containerStatuses") or ():
+            started = (cs.get("state") or {}).get("running", {}).get("startedAt")
+            if started:
+                return seconds(started)
+    return None
+
+
+async def _evict_at_second_two(env: Env, setup: Callable[[], Awaitable[None]] | None = None) -> float | None:
+    """`hog` (4 GPUs) runs under `ev` (Evict at once, no grace, 7.2 GPU-seconds): 4 GPU-seconds at its first
+    second, 8 at its second, where the reconcile evicts it. Returns the scrape right after that reconcile."""
+    handle, clock, seen, scrapes = await _start_clocked(env, int(time.time()))
+    await env.create_budget(budget("ev", "0.002", enforcement={
+        "action": "Evict", "delaySeconds": 0, "evictionGracePeriodSeconds": 0}))
+    if setup is not None:
+        await setup()
+    await env.create_pod(pod("hog", 4, 600.0))
+    s0 = await env.until("hog running", lambda: _running_since(env, "hog"))
+
+    async def cached_running() -> bool:  # the reconciles below must see what the API says
+        cached = handle.reconciler.pods.store.get(f"{NS}/hog")
+        return cached is not None and cached.status.phase == "Running"
+
+    await env.until("the controller's cache shows hog running", cached_running)
+    req = Request(NS, "ev")
+    under = await seen.after(env, req, lambda: clock.set(s0 + 1))
+    assert scrapes.values[under.seq] == 4 * (1 + LATER)  # under quota: it runs on, and counts on in the gap
+    evicting = await seen.after(env, req, lambda: clock.set(s0 + 2))
+    status = (await env.budget("ev")).status
+    assert status.consumed_gpu_hours == "0.002222"  # 8 GPU-seconds: over quota, evicted in this reconcile
+    return scrapes.values[evicting.seq]
+
+
+async def test_a_scrape_after_an_eviction_without_grace_counts_the_pod_up_to_the_eviction_only(
+    tmp_path: Path,
+) -> None:
+    async with environment(tmp_path) as env:
+        scraped = await _evict_at_second_two(env)
+        assert any("evicted pod hog " in e["message"] for e in await env.events("Evicted"))
+        assert scraped == 8.0, f"a scrape {LATER} s after the eviction counted {scraped} GPU-seconds, not 8"
+
+
+async def test_a_scrape_after_a_refused_eviction_keeps_counting_the_pod(tmp_path: Path) -> None:
+    async with environment(tmp_path) as env:
+
+        async def guard() -> None:
+            await env.client.create(PDBS, {
+                "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "guard"},
+                "spec": {"minAvailable": 1, "selector": {"matchLabels": {"team": "a"}}}}, NS)
+
+        scraped = await _evict_at_second_two(env, guard)
+        assert await env.phase("hog") == "Running"
+        assert scraped == 4 * (2 + LATER), f"a scrape after the refused eviction counted {scraped} GPU-seconds"
+
+
+async def test_a_finished_pod_keeps_its_finalizer_until_every_retaining_budget_recorded_it(tmp_path: Path) -> None:
+    """Both budgets first record `q`, so each has a ledger; then `lag`'s reconciles are held back while `p` runs
+    and finishes: `first` records `p` and must leave its finalizer (a ledger that does not hold `p` is no record
+    of it); once `lag` runs and records `p`, the finalizer goes and the deleted pod leaves the API."""
+    async with environment(tmp_path) as env:
+        handle = await env.start()
+        seen = Reconciles(handle)  # counts only the reconciles let through: a held one is not "in flight"
+        gate = asyncio.Event()
+        gate.set()
+        controller = handle.controller
+        inner = controller.reconcile
+
+        async def held_back(req: Request) -> Result | None:
+            if req.name == "lag":
+                await gate.wait()
+            return await inner(req)
+
+        controller.reconcile = held_back
+        try:
+            retain = {"retainFinishedPods": True}
+            await env.create_budget(budget("first", "100", accounting=retain))
+            await env.create_budget(budget("lag", "100", accounting=retain))
+
+            async def finalizers(name: str) -> tuple[str, ...]:
+                return (await env.client.get(PODS, name, NS)).metadata.finalizers or ()
+
+            async def recorded_by(budget_name: str, pod_name: str) -> bool:
+                ledger = (await env.budget(budget_name)).status.ledger
+                return ledger is not None and any(e.name == pod_name for e in ledger.entries or ())
+
+            await env.create_pod(pod("q", 1, 0.5))
+            await env.until("first recorded q", lambda: recorded_by("first", "q"))
+            await env.until("lag recorded q", lambda: recorded_by("lag", "q"))
+            gate.clear()
+
+            await env.create_pod(pod("p", 1, 1.0))
+            await env.until("p holds the accounting finalizer", lambda: _holds(finalizers("p")))
+            await env.until("p finished", lambda: env.all_finished(["p"]))
+            await env.until("first recorded p", lambda: recorded_by("first", "p"))
+            # a reconcile of `first` that started after its ledger held p has run its finalizer release
+            await seen.after(env, Request(NS, "first"))
+            assert FINALIZER in await finalizers("p"), "released before lag recorded the pod"
+            await env.client.delete(PODS, "p", NS)
+            assert await env.phase("p") is not None, "p left the API before lag recorded it"
+
+            gate.set()
+            await env.until("lag recorded p", lambda: recorded_by("lag", "p"), within=20)
+            await env.until("p gone once both ledgers hold it", lambda: env.pod_gone("p"), within=20)
+            for name in ("first", "lag"):
+                assert await recorded_by(name, "p")
+        finally:
+            gate.set()  # a held reconcile would hold the manager's stop
+
+
+async def _holds(finalizers: Awaitable[tuple[str, ...]]) -> bool:
+    return FINALIZER in await finalizers
