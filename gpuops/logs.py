@@ -13,7 +13,10 @@ def configure(json: bool | None = None, level: str = "INFO") -> None:
     if json is None:
         json = not sys.stderr.isatty()
     renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+        structlog.processors.JSONRenderer()
+        if json
+        # plain tracebacks: with `rich` installed the default would print every frame's locals (tokens included)
+        else structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback)
     )
     logging.basicConfig(level=level, stream=sys.stderr, format="%(message)s")
     structlog.configure(

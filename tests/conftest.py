@@ -7,11 +7,22 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
+import structlog
 from running_server import RunningServer
 
 from gpuops.sim.apiserver import answered_warnings
 
 T = TypeVar("T")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """structlog's default console renderer formats a logged exception with `rich` when that is installed (the
+    mutation tester brings it), printing every frame's locals: seconds per retried reconcile error. Tests log
+    tracebacks as the operator does, plain; the rest of structlog's default chain stays."""
+    processors = list(structlog.get_config()["processors"])
+    if processors and isinstance(processors[-1], structlog.dev.ConsoleRenderer):
+        processors[-1] = structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback)
+        structlog.configure(processors=processors)
 
 
 @pytest.fixture(autouse=True)
