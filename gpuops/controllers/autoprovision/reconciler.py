@@ -182,9 +182,17 @@ class Autoprovisioner:
         out = self._group_of(node.metadata.name)
         return [*out, PLAN] if out else []
 
-    @staticmethod
-    def map_group(group: GPUNodeGroup) -> list[Request]:
-        return [Request("", group.metadata.name), PLAN]
+    def map_group(self, group: GPUNodeGroup) -> list[Request]:
+        """The group, the plan, and the other groups naming its node (one of them may manage it now)."""
+        rivals = [r for r in self._group_of(group.spec.node_name) if r.name != group.metadata.name]
+        return [Request("", group.metadata.name), *rivals, PLAN]
+
+    def owner(self, group: GPUNodeGroup) -> GPUNodeGroup:
+        """Of the groups naming one node, the one created first (then by name) manages it: two groups driving
+        one machine would power it on and off against each other. The others wait (Ready=False, NodeClaimed)."""
+        rivals = [g for g in self.groups.store.by_index(INDEX_GROUP_NODE, group.spec.node_name)
+                  if not g.metadata.deletion_timestamp]
+        return min([group, *rivals], key=_seniority)
 
     # ------------------------------------------------------------------------------------------ observing
 
@@ -240,51 +248,53 @@ class Autoprovisioner:
         try:
             check_spec(group.spec)
         except SpecError as e:
-            await self._write(group, self._with_condition(group, "Ready", "False", "InvalidSpec", str(e)))
+            await self._refuse(group, "InvalidSpec", str(e))
+            return None
+        owner = self.owner(group)
+        if owner.metadata.uid != group.metadata.uid:
+            await self._refuse(group, "NodeClaimed", f"node {group.spec.node_name} is managed by GPUNodeGroup"
+                               f" {owner.metadata.name}, created earlier; give this group another spec.nodeName"
+                               " or delete one of the two")
             return None
         return await self.drive(group)
+
+    async def _refuse(self, group: GPUNodeGroup, reason: str, message: str) -> None:
+        """A group we cannot act on: Ready=False naming why, and (when that is news) a Warning Event and a log."""
+        current = cond.get_condition(group.status.conditions, "Ready")
+        news = current is None or (current.status, current.reason, current.message) != ("False", reason, message)
+        if await self._write(group, self._with_condition(group, "Ready", "False", reason, message)) and news:
+            self.recorder.record(group, "Warning", reason, message, kind=KIND, api_version=API_VERSION)
+            log.warning("node group not managed", group=group.metadata.name, reason=reason, error=message)
 
     # ------------------------------------------------------------------------------------------ the planner
 
     async def plan(self) -> Result | None:
         now = self.clock()
         s = self.settings
-        valid: list[GPUNodeGroup] = []
-        for g in self.groups.store.list():
+        by_node: dict[str, GPUNodeGroup] = {}
+        for g in sorted(self.groups.store.list(), key=_seniority):  # a node's first group manages it (`owner`)
             try:
                 check_spec(g.spec)
             except SpecError:
                 continue
             if not g.metadata.deletion_timestamp:
-                valid.append(g)
-        by_node = {g.spec.node_name: g for g in valid}
+                by_node.setdefault(g.spec.node_name, g)
+        valid = list(by_node.values())
         last_up = max((t for g in valid if (t := _t(g.status.last_scale_up)) is not None), default=None)
         nodes: list[GpuNode] = []
         views: list[NodeView] = []
         wake: list[int] = []
         for g in valid:
-            st, spec = g.status, g.spec
-            state = st.state or "Off"
-            if state == "Failed":
-                until = _t(st.backoff_until)
-                if until is not None and now < until:
-                    wake.append(until)
-                    continue
-                state = "Off"
-            obs = self.observe(g)
-            capacity = obs.gpus if obs.ready and obs.gpus > 0 else Fraction(spec.gpu_count)
-            idle_since = _t(st.idle_since) if state == "Ready" and obs.gpu_pods == 0 else None
-            if idle_since is not None:  # this group's own thresholds decide when it may go
-                due = idle_since + spec.scale_down_unneeded_seconds * _SECOND
-                if last_up is not None:
-                    due = max(due, last_up + spec.scale_down_delay_after_scale_up_seconds * _SECOND)
-                if now < due:
-                    wake.append(due)
-                    idle_since = None
-            nodes.append(GpuNode(name=spec.node_name, capacity=capacity, state=_STATE[state], used=obs.used,
-                                 gpu_pods=obs.gpu_pods, idle_since=idle_since, priority=spec.priority))
-            views.append(NodeView.of(g.metadata.name, spec.node_name, spec.gpu_resource_name, obs.node,
-                                     spec.template.labels, spec.template.taints, DRAIN_TAINT, ready=obs.ready))
+            try:
+                planned = self._planned(g, now, last_up, wake)
+            except Exception as e:  # one group's data must not stop the plan of every other group
+                log.exception("node group left out of the plan", group=g.metadata.name, error=str(e))
+                self.recorder.record(g, "Warning", "PlanningFailed", f"left out of the power plan: {e}",
+                                     kind=KIND, api_version=API_VERSION)
+                continue
+            if planned is not None:
+                nodes.append(planned[0])
+                views.append(planned[1])
         # the index holds only the pods the scheduler gave up on (a scan of every pod cost O(pods) per plan);
         # in name order, so the plan does not depend on the index's set order
         waiting = sorted(self.pods.store.by_index(INDEX_UNSCHEDULABLE, ""),
@@ -314,6 +324,33 @@ class Autoprovisioner:
             log.debug("pending pod fits no managed node", pod=u.pod, reason=str(u.reason))
         wake += await self._track_idle(valid, now)
         return requeue_at(now, wake)
+
+    def _planned(self, g: GPUNodeGroup, now: int, last_up: int | None,
+                 wake: list[int]) -> tuple[GpuNode, NodeView] | None:
+        """The group as the planner sees it (None while a failed power-on backs off); adds its wake-ups."""
+        st, spec = g.status, g.spec
+        state = st.state or "Off"
+        if state == "Failed":
+            until = _t(st.backoff_until)
+            if until is not None and now < until:
+                wake.append(until)
+                return None
+            state = "Off"
+        obs = self.observe(g)
+        capacity = obs.gpus if obs.ready and obs.gpus > 0 else Fraction(spec.gpu_count)
+        idle_since = _t(st.idle_since) if state == "Ready" and obs.gpu_pods == 0 else None
+        if idle_since is not None:  # this group's own thresholds decide when it may go
+            due = idle_since + spec.scale_down_unneeded_seconds * _SECOND
+            if last_up is not None:
+                due = max(due, last_up + spec.scale_down_delay_after_scale_up_seconds * _SECOND)
+            if now < due:
+                wake.append(due)
+                idle_since = None
+        node = GpuNode(name=spec.node_name, capacity=capacity, state=_STATE[state], used=obs.used,
+                       gpu_pods=obs.gpu_pods, idle_since=idle_since, priority=spec.priority)
+        view = NodeView.of(g.metadata.name, spec.node_name, spec.gpu_resource_name, obs.node,
+                           spec.template.labels, spec.template.taints, DRAIN_TAINT, ready=obs.ready)
+        return node, view
 
     async def _decide(self, group: GPUNodeGroup, direction: str, now: int, why: str) -> bool:
         spec = group.spec
@@ -370,7 +407,7 @@ class Autoprovisioner:
         state = st.state or "Off"
         obs = self.observe(group)
         up = obs.ready and obs.gpus > 0
-        if not st.state:  # first sight: say where it stands
+        if not st.state or _refused(group):  # first sight (or first since it was refused): say where it stands
             if up:
                 await self._become(group, now, "Ready", "NodeReady", f"{group.spec.node_name} is up")
             else:
@@ -610,6 +647,22 @@ class Autoprovisioner:
             log.debug("group status write skipped", group=group.metadata.name, error=str(e))
             return False
         return True
+
+
+_REFUSALS = ("InvalidSpec", "NodeClaimed")
+"""Ready reasons of a group we do not manage (see `Autoprovisioner._refuse`)."""
+
+
+def _refused(group: GPUNodeGroup) -> bool:
+    ready = cond.get_condition(group.status.conditions, "Ready")
+    return ready is not None and ready.status == "False" and ready.reason in _REFUSALS
+
+
+def _seniority(group: GPUNodeGroup) -> tuple[str, bool, str]:
+    """Order of the claims on a node: created first; within a second (timestamps are whole seconds), the group
+    already managing it (observed by us, not refused) keeps it; then by name."""
+    managing = bool(group.status.state) and not _refused(group)
+    return (group.metadata.creation_timestamp or "", not managing, group.metadata.name)
 
 
 def _condition(status: GroupStatus, group: GPUNodeGroup, type: str, value: str, reason: str,

@@ -332,3 +332,46 @@ async def test_every_idle_machine_goes_off_in_time_largest_first(tmp_path: Path)
         assert small.status.last_webhook is not None and big.status.last_webhook is not None
         assert small.status.last_webhook.direction == big.status.last_webhook.direction == "down"
         assert big.status.last_webhook.time < small.status.last_webhook.time  # largest first
+
+
+async def test_two_groups_naming_one_node_the_first_manages_it_and_hands_over_when_it_goes(tmp_path: Path) -> None:
+    """Two groups driving one machine would power it on and off against each other: the one created first
+    manages it, the other says so (Ready=False NodeClaimed, a Warning Event) while the planner powers the machine
+    on for work; deleting the first hands the machine to the second."""
+    async with running(tmp_path) as (cluster, client):
+        await client.create(GROUPS, group(cluster, "small-0", 2))
+        second = group(cluster, "small-0", 2)
+        second["metadata"]["name"] = "second"
+
+        async def observed(name: str) -> GPUNodeGroup | None:
+            g: GPUNodeGroup = await client.get(GROUPS, name)
+            return g if g.status.observed_generation == g.metadata.generation and g.status.conditions else None
+
+        await until("small-0 observed", lambda: observed("small-0"))
+        await client.create(GROUPS, second)
+        g = await until("second observed", lambda: observed("second"))
+        ready = cond.get_condition(g.status.conditions, "Ready")
+        assert ready is not None and (ready.status, ready.reason) == ("False", "NodeClaimed"), ready
+        assert "GPUNodeGroup small-0" in ready.message and "spec.nodeName" in ready.message
+
+        async def warned() -> bool:
+            _, events = await client.list(EVENTS, namespace="default")
+            return any(e.reason == "NodeClaimed" and e.involved_object.name == "second" for e in events)
+
+        await until("a NodeClaimed Event on second", warned)
+        await client.create(PODS, gpu_pod("job", 2, 60.0), NS)
+        await until("small-0 powered on for the pod", lambda: _state_in(client, "small-0", ("PoweringOn", "Ready")))
+        assert await state_of(client, "second") == "Off"
+
+        await client.delete(GROUPS, "small-0")
+
+        async def handed_over() -> bool:
+            g: GPUNodeGroup = await client.get(GROUPS, "second")
+            ready = cond.get_condition(g.status.conditions, "Ready")
+            return ready is not None and ready.reason != "NodeClaimed" and g.status.state == "Ready"
+
+        await until("second manages the running machine", handed_over)
+
+
+async def _state_in(client: Client, name: str, states: tuple[str, ...]) -> bool:
+    return await state_of(client, name) in states

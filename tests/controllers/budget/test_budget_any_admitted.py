@@ -1,0 +1,59 @@
+"""Any budget the CRD schema admits is handled: hypothesis draws specs from the schema itself (so the draws
+follow every change to it), the API server admits or refuses each, and the budget controller, running on the
+emulated cluster with pods of several teams, reconciles every admitted one without raising, without a hot loop,
+and with a Ready condition for its generation (Ready=False with a reason and an Event when it cannot act)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from budget_harness import NS, SCENARIO, pod
+from hypothesis import HealthCheck, event, given, reject, settings
+from live_controller import Expect, Live, handles_admitted
+from schema_strategies import for_schema
+
+from gpuops.controllers.budget import install
+from gpuops.controllers.budget.api import BUDGETS
+from gpuops.kube.manager import Manager
+from gpuops.kube.resources import PODS
+from gpuops.sim.cluster.cluster import SimCluster
+
+ROOT = Path(__file__).resolve().parents[3]
+SPEC = yaml.safe_load((ROOT / "manifests/crds/gpuworkloadbudgets.gpuops.io.yaml").read_text())[
+    "spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+NAMES = itertools.count()
+
+
+def _install(manager: Manager, _cluster: SimCluster) -> Any:
+    return install(manager)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    with Live(tmp_path_factory.mktemp("budget-any"), SCENARIO, ["gpuworkloadbudgets"], [BUDGETS], _install) as lv:
+
+        async def workload() -> None:
+            for i, (gpus, labels) in enumerate([(1, {"team": "a"}), ("500m", {"team": "b", "tier": "x"}),
+                                                (2, {})]):
+                await lv.client.create(PODS, pod(f"w{i}", gpus, 0.5 if i == 0 else None, labels), NS)
+
+        lv.run(workload())
+        yield lv
+
+
+@settings(max_examples=20, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                 HealthCheck.filter_too_much])
+@given(spec=for_schema(SPEC, "spec"))
+def test_any_admitted_budget_is_reconciled_without_raising_or_looping(live: Live, spec: dict[str, Any]) -> None:
+    body = {"apiVersion": "gpuops.io/v1alpha1", "kind": "GPUWorkloadBudget",
+            "metadata": {"name": f"any-{next(NAMES)}"}, "spec": spec}
+    admitted = live.run(handles_admitted(live, BUDGETS, body, NS, Expect()))
+    event("admitted" if admitted else "refused")
+    if not admitted:
+        reject()
