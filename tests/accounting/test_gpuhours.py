@@ -247,7 +247,8 @@ BAD_INPUT = [
     (
         lambda: LedgerBucket(start=100, end=110, gpu_micros=F(30), peak_gpus=F(2)),
         AccountingError,
-        r"LedgerBucket \[100, 110\) holds 30 GPU-microseconds, more than peak_gpus 2 times its width allows; the peak",
+        r"LedgerBucket \[100, 110\) holds 30 GPU-microseconds, more than peak_gpus 2 times its width allows;"
+        r" the peak must bound the concurrent GPUs$",
     ),
     (
         lambda: Ledger(entries=(iv("x", 0, 1),)),  # type: ignore[arg-type]
@@ -280,7 +281,28 @@ BAD_INPUT = [
     (
         lambda: compact_ledger(Ledger(), now=0, window=H, max_entries=1, bucket_width=1),
         IntervalError,
-        r"use bucket_width >= 36000",
+        r"^bucket_width 1 splits the window 3600000000 into more than 100000 buckets; use bucket_width >= 36000$",
+    ),
+    (lambda: compact_ledger(Ledger(), now=0.5, window=H, max_entries=1, bucket_width=S), AccountingError, r"^now must"),  # type: ignore[arg-type]
+    (
+        lambda: compact_ledger(Ledger(), now=0, window=H, max_entries=1, bucket_width=1.5),  # type: ignore[arg-type]
+        AccountingError,
+        r"^bucket_width must be an int",
+    ),
+    (
+        lambda: compact_ledger(Ledger(), now=0, window=H, max_entries=None, bucket_width=S),  # type: ignore[arg-type]
+        AccountingError,
+        r"^max_entries must be an int",
+    ),
+    (
+        lambda: compact_ledger(Ledger(), now=0, window=H, max_entries=-1, bucket_width=S),
+        NegativeValueError,
+        r"^max_entries must be >= 0, got -1$",
+    ),
+    (
+        lambda: compact_ledger((), now=0, window=H, max_entries=1, bucket_width=S),  # type: ignore[arg-type]
+        AccountingError,
+        r"^ledger must be a Ledger, got \(\)$",
     ),
     (
         lambda: format_gpu_hours(0.5),  # type: ignore[arg-type]
@@ -303,6 +325,22 @@ def test_bad_input_is_refused_with_a_message_naming_the_field(
 ) -> None:
     with pytest.raises(error, match=message):
         build()
+
+
+def test_compaction_bounds_the_grid_at_exactly_max_buckets_and_sums_buckets_of_one_cell() -> None:
+    # a window of exactly MAX_BUCKETS cells is allowed (one cell more is not)
+    assert compact_ledger(Ledger(), now=0, window=H, max_entries=1, bucket_width=H // 100_000) == Ledger()
+    with pytest.raises(IntervalError):
+        compact_ledger(Ledger(), now=0, window=H + 1, max_entries=1, bucket_width=H // 100_000)
+    # two buckets of one cell (two ledgers merged by hand, say) become one holding both: usage and peak add up
+    cell = {"start": 0, "end": 100}
+    twice = Ledger(buckets=(LedgerBucket(**cell, gpu_micros=F(30), peak_gpus=F(1)),
+                            LedgerBucket(**cell, gpu_micros=F(50), peak_gpus=F(2))))
+    assert compact_ledger(twice, now=200, window=1000, max_entries=5, bucket_width=100).buckets == (
+        LedgerBucket(**cell, gpu_micros=F(80), peak_gpus=F(3)),)
+    # an entry ending exactly at the window's trailing edge has left it for good: dropped, not kept
+    edge = Ledger(entries=(le("gone", 0, 200), le("in", 0, 201)))
+    assert compact_ledger(edge, now=1200, window=1000, max_entries=5, bucket_width=100).entries == (le("in", 0, 201),)
 
 
 def test_record_keeps_buckets_and_orders_entries_by_start_then_uid() -> None:
