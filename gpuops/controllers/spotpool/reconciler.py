@@ -88,6 +88,18 @@ STOPPED = frozenset({InstanceState.STOPPED, InstanceState.SHUTDOWN})
 """Not capacity and still billed for disks: terminated like LAUNCH_FAILED ones."""
 
 
+_CALL_FAILED = {
+    ErrorKind.TRANSIENT: "CloudUnavailable",
+    ErrorKind.THROTTLED: "CloudThrottled",
+    ErrorKind.INVALID: "CloudRequestInvalid",
+    ErrorKind.QUOTA: "QuotaExceeded",
+    ErrorKind.CAPACITY: "InsufficientCapacity",
+}
+"""Ready=False reasons of a failed cloud call, by its kind."""
+_BLOCKING = ("CredentialsInvalid", "QuotaExceeded", "CapacityError")
+"""Conditions that, while True, say why a pool short of instances is not Ready."""
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     """Knobs of `gpuops run` (`--spotpool-*`)."""
@@ -176,6 +188,7 @@ class SpotPoolReconciler:
         self._awaiting: dict[str, float] = {}  # of those, not replaced yet -> monotonic time first seen
         self._bad_keys: dict[str, tuple[tuple[Any, ...], float]] = {}  # pool -> (refused fingerprint, when)
         self._retry_at: dict[str, int] = {}  # pool -> when its pending launch may be resent (microseconds)
+        self._failures: dict[str, int] = {}  # pool -> cloud calls failed in a row (the retry backs off on it)
         self._rng = random.Random()
 
     # ------------------------------------------------------------------------------------------ event mapping
@@ -236,6 +249,7 @@ class SpotPoolReconciler:
             instances = await provider.describe(owner_tags(pool))
         except ProviderError as e:
             return await self._call_failed(pool, Step(pool.status), e, "DescribeInstances")
+        self._failures.pop(pool.metadata.name, None)
         return await self._converge(pool, provider, instances)
 
     async def _converge(self, pool: SpotPool, provider: Provider, instances: list[CloudInstance]) -> Result | None:
@@ -577,11 +591,25 @@ class SpotPoolReconciler:
         if ready >= max(pool.spec.minimum, 1 if target else 0) and ready >= min(target, len(live)):
             self._condition(step, pool, "Ready", "True", "InstancesReady", f"{ready} of {len(live)} instances Ready")
         else:
-            self._condition(step, pool, "Ready", "False", "InstancesNotReady",
-                            f"{ready} of {target} instances Ready (minimum {pool.spec.minimum})")
+            reason, message = self._blocked(pool, step, short=len(live) < target) or (
+                "InstancesNotReady", f"{ready} of {target} instances Ready (minimum {pool.spec.minimum})")
+            self._condition(step, pool, "Ready", "False", reason, message)
         unfit = list(unfit)
         if unfit:
             log.info("pending pods larger than one instance", pool=pool.metadata.name, pods=unfit[:10])
+
+    @staticmethod
+    def _blocked(pool: SpotPool, step: Step, *, short: bool) -> tuple[str, str] | None:
+        """Why a pool short of Ready instances cannot launch, if something stops it: a condition the cloud's last
+        answer set (its type is the reason, as on its Event), or a launch the cloud rejected (kept until a launch
+        is made again). None while instances are merely on their way."""
+        for c in step.status.conditions or ():
+            if c.type in _BLOCKING and c.status == "True":
+                return c.type, c.message
+        prev = cond.get_condition(pool.status.conditions, "Ready")
+        if short and step.status.pending_launch is None and prev is not None and prev.reason == "LaunchRejected":
+            return prev.reason, prev.message
+        return None
 
     def _condition(self, step: Step, pool: SpotPool, type: str, value: str, reason: str, message: str) -> None:
         items = cond.set_condition(step.status.conditions, type, value, reason, message[:1024],
@@ -628,14 +656,21 @@ class SpotPoolReconciler:
         else:
             msg, reason = f"cannot read the credentials Secret: {e}", "SecretUnreadable"
         kind = e.kind if isinstance(e, ProviderError) else ErrorKind.CREDENTIALS
-        ctype = "CredentialsInvalid" if kind is ErrorKind.CREDENTIALS else "Ready"
-        self._condition(step, pool, ctype, "True" if ctype == "CredentialsInvalid" else "False", reason, msg)
-        step.status = msgspec.structs.replace(step.status, last_error=msg)
-        if pool.status.last_error != msg:
-            step.event("Warning", reason, msg)
+        if kind is ErrorKind.CREDENTIALS:
+            self._condition(step, pool, "CredentialsInvalid", "True", reason, msg)
+        self._not_ready(pool, step, reason, msg)
         await self._finish(pool, step)
         wait = self.settings.secret_recheck if kind is ErrorKind.CREDENTIALS else self.settings.config_retry
         return Result(requeue_after=wait)
+
+    def _not_ready(self, pool: SpotPool, step: Step, reason: str, msg: str) -> None:
+        """A pool the controller cannot act on: Ready=False naming why, and when that is news (the last error
+        changed) a Warning Event and a log line with the pool's name."""
+        self._condition(step, pool, "Ready", "False", reason, msg)
+        step.status = msgspec.structs.replace(step.status, last_error=msg)
+        if pool.status.last_error != msg:
+            step.event("Warning", reason, msg)
+            log.warning("spot pool not ready", pool=pool.metadata.name, reason=reason, error=msg)
 
     def _refused(self, pool: SpotPool) -> None:
         fingerprint = self._uses.get(pool.metadata.name)
@@ -643,17 +678,22 @@ class SpotPoolReconciler:
             self._bad_keys[pool.metadata.name] = (fingerprint, time.monotonic())
 
     async def _call_failed(self, pool: SpotPool, step: Step, e: ProviderError, op: str) -> Result:
+        """The cloud call the pool's state depends on failed: shown (Ready=False with the error kind's reason, an
+        Event, a log line; `gpuops_spotpool_provider_calls_total` counts it by kind) and retried with backoff."""
         msg = f"{op}: {e}"
-        step.status = msgspec.structs.replace(step.status, last_error=msg)
+        name = pool.metadata.name
         if e.kind is ErrorKind.CREDENTIALS:
             self._condition(step, pool, "CredentialsInvalid", "True", e.code or "AuthFailure", msg)
-            if pool.status.last_error != msg:
-                step.event("Warning", "CredentialsInvalid", msg)
+            self._not_ready(pool, step, "CredentialsInvalid", msg)
             self._refused(pool)
             await self._finish(pool, step)
             return Result(requeue_after=self.settings.secret_recheck)
+        self._not_ready(pool, step, _CALL_FAILED.get(e.kind, "CloudCallFailed"), msg)
         await self._finish(pool, step)
-        return Result(requeue_after=e.retry_after or self.settings.retry_base * (1 + self._rng.random()) * 2)
+        failures = self._failures[name] = self._failures.get(name, 0) + 1
+        s = self.settings
+        wait = min(s.retry_max, s.retry_base * 2 ** min(failures - 1, 16)) * (1 + self._rng.random())
+        return Result(requeue_after=e.retry_after or wait)
 
     # ------------------------------------------------------------------------------------------ providers
 
@@ -694,6 +734,7 @@ class SpotPoolReconciler:
 
     async def _forget(self, name: str) -> None:
         self._bad_keys.pop(name, None)
+        self._failures.pop(name, None)
         self._retry_at.pop(name, None)
         fingerprint = self._uses.pop(name, None)
         if fingerprint is not None:

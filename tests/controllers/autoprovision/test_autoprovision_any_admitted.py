@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, event, given, reject, settings
+from hypothesis import HealthCheck, Phase, event, given, reject, settings
 from hypothesis import strategies as st
 from live_controller import Expect, Live, handles_admitted
 from schema_strategies import for_schema
@@ -98,7 +98,8 @@ def cloud_url(live: Live) -> str:
     return str(live.cluster.cloud.url)
 
 
-@settings(max_examples=20, deadline=None,
+# no shrinking: each example runs the controller for a second or more; a failure prints its draw whole
+@settings(max_examples=20, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                  HealthCheck.filter_too_much])
 @given(data=st.data())

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 from budget_harness import NS, SCENARIO, pod
-from hypothesis import HealthCheck, event, given, reject, settings
+from hypothesis import HealthCheck, Phase, event, given, reject, settings
 from live_controller import Expect, Live, handles_admitted
 from schema_strategies import for_schema
 
@@ -46,7 +46,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         yield lv
 
 
-@settings(max_examples=20, deadline=None,
+# no shrinking: each example runs the controller for a second or more; a failure prints its draw whole
+@settings(max_examples=20, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                  HealthCheck.filter_too_much])
 @given(spec=for_schema(SPEC, "spec"))

@@ -34,6 +34,7 @@ import anyio
 import boto3
 import botocore.config
 import botocore.exceptions
+import botocore.parsers
 
 from .base import (
     LAUNCH_ID_TAG,
@@ -233,6 +234,12 @@ class AwsProvider:
                 return fn()
             except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
                 raise _error(e, action) from e
+            except botocore.parsers.ResponseParserError:
+                # the parser's text quotes the raw answer, which may echo our request headers: never shown
+                raise ProviderError(
+                    ErrorKind.TRANSIENT, "MalformedResponse",
+                    f"{action}: the endpoint's answer is not an EC2 API response; check spec.endpoint",
+                    ambiguous=action == "RunInstances") from None
 
         return await self.gate.around(
             action, bucket, lambda: run_blocking(invoke, seconds=self.config.timeout_seconds, limiter=limiter))
