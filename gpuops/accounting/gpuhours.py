@@ -319,7 +319,7 @@ def _exhaustion(
         t = at
         if value >= quota:
             return t
-    return t - (value - quota) // slope if slope > 0 else None
+    return None  # past the last breakpoint every record is wholly in or out of the window: the value stays
 
 
 def compaction_error_bound(ledger: Ledger, *, now: int, window: int) -> Fraction:

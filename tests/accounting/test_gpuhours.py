@@ -6,7 +6,7 @@ from collections.abc import Callable
 from fractions import Fraction
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, event, example, given, settings
 from hypothesis import strategies as st
 
 from gpuops.accounting.errors import AccountingError, IntervalError, NegativeValueError
@@ -600,3 +600,82 @@ def test_burn_rate_and_consistency(scenario: tuple[list[Interval], Ledger, int, 
     assert usage.consumed >= 0 and usage.error_bound >= 0
     assume(not ledger.buckets)
     assert usage.consumed == gpu_hours(records, now=now, window=window)
+
+
+GRID = st.integers(0, 50).map(lambda k: k * 100)  # instants on a coarse grid: records share breakpoints
+
+
+@st.composite
+def edge_scenarios(draw: st.DrawFn) -> tuple[list[Interval], Ledger, int, int, Fraction, list[int]]:
+    """Scenarios at the edges the exhaustion walk must get exactly right: records sharing breakpoints, `now`
+    on a breakpoint (or one microsecond off), a quota equal to the usage at a later breakpoint. Also returns
+    every breakpoint (where the slope or a bucket's contribution changes)."""
+    live = []
+    for i in range(draw(st.integers(0, 4))):
+        start = draw(GRID)
+        end = None if draw(st.booleans()) else start + draw(GRID)
+        live.append(iv(f"l{i}", start, end, draw(GPUS)))
+    entries = [le(f"d{i}", s, s + draw(GRID), draw(GPUS)) for i, s in enumerate(draw(st.lists(GRID, max_size=4)))]
+    window = draw(st.integers(1, 30)) * 100
+    ledger = Ledger(entries=tuple(entries))
+    if entries and draw(st.booleans()):
+        cut = max(e.end for e in entries)
+        ledger = compact_ledger(ledger, now=cut, window=window, max_entries=draw(st.integers(0, 1)),
+                                bucket_width=draw(st.sampled_from([100, 300, 1000])))
+    points = {t for r in counted_intervals(live, ledger) for t in (r.start, r.start + window,
+                                                                  *(() if r.end is None else (r.end, r.end + window)))}
+    points |= {t for b in ledger.buckets for t in (b.start + 1, b.end + window)}
+    floor = max((b.end for b in ledger.buckets), default=0)  # compaction assumed time moves on from its instant
+    now = max(floor, draw(st.sampled_from(sorted(points))) if points else 0) + draw(st.sampled_from([0, 0, 1, -1]))
+    now = max(now, floor)
+    def value(t: int) -> Fraction:
+        return window_usage(live, ledger, now=t, window=window, quota=0).consumed
+
+    current = value(now)
+    higher = [v for t in points if t > now and (v := value(t)) > current]  # reached later, not yet
+    if higher and draw(st.integers(0, 3)):
+        quota = draw(st.sampled_from(higher))
+    else:
+        quota = max(F(0), current + F(draw(st.integers(-100, 3_000)), H))
+    return live, ledger, now, window, quota, sorted(points)
+
+
+_LEAVING = Ledger(buckets=(LedgerBucket(start=0, end=100, gpu_micros=F(100), peak_gpus=F(1)),))
+
+
+@settings(max_examples=300, deadline=None)
+@given(scenario=edge_scenarios())
+# a bucket leaves the window (t = 1100) before an open pod brings the usage to the quota (t = 1200)
+@example(scenario=([iv("o", 500, None)], _LEAVING, 600, 1000, F(700, H), [1, 500, 1100, 1500]))
+# the same with the quota reached exactly as the bucket leaves, and a second pod starting there too
+@example(scenario=([iv("o", 500, None), iv("p", 1100, None)], _LEAVING, 600, 1000, F(600, H),
+                   [1, 500, 1100, 1500, 2100]))
+# two buckets of different grids leave together (t = 1300): both leave
+@example(scenario=([iv("o", 500, None, 2)], Ledger(buckets=(
+    LedgerBucket(start=200, end=300, gpu_micros=F(100), peak_gpus=F(1)),
+    LedgerBucket(start=0, end=300, gpu_micros=F(300), peak_gpus=F(1)))), 600, 1000, F(1999, H),
+    [201, 500, 1300, 1500]))
+def test_exhaustion_instant_is_exact_at_shared_breakpoints_and_quota_equalities(
+    scenario: tuple[list[Interval], Ledger, int, int, Fraction, list[int]],
+) -> None:
+    """Between breakpoints the usage is affine, so it first reaches the quota at a breakpoint or at the one
+    instant inside a rising piece `exhausted_at` computes: checking every breakpoint before it (and the instant
+    before it) checks it is the first; None means no later instant is over quota."""
+    live, ledger, now, window, quota, points = scenario
+    usage = window_usage(live, ledger, now=now, window=window, quota=quota)
+
+    def over(t: int) -> bool:
+        return window_usage(live, ledger, now=t, window=window, quota=quota).over_quota
+
+    event(f"buckets={bool(ledger.buckets)} over={usage.over_quota} hit={usage.exhausted_at is not None}")
+    assert usage.over_quota == over(now)
+    if usage.over_quota:
+        assert usage.exhausted_at is None
+        return
+    hit = usage.exhausted_at
+    if hit is None:
+        assert not any(over(t) for t in points if t > now)
+        assert not over(max([now, *points]) + 1)
+        return
+    assert hit > now and over(hit) and not over(hit - 1)
+    assert not any(over(t) for t in points if now < t < hit)
