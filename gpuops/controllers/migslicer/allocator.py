@@ -233,6 +233,9 @@ class Allocator:
         if not live:
             return await self._plan(pod, profiles)
         if any(c.status.phase == "Pending" for c in live):
+            pending = [c for c in live if c.status.phase == "Pending"]
+            await self._waiting(pod, "CreatingSlices", f"waiting for the node agent on {live[0].spec.node_name} to"
+                                f" create {len(pending)} slice(s) ({', '.join(c.spec.profile for c in pending)})")
             created = min(parse_time_or_none(c.metadata.creation_timestamp) or now for c in live)
             return Result(requeue_after=max(0.1, (created + self.settings.pending_timeout * _SECOND - now) / _SECOND))
         # every slice exists: advertise them (one pod per node and profile at a time), then ungate
@@ -249,6 +252,8 @@ class Allocator:
             self._advertising[(node, pod.metadata.uid)] = (profiles_here, stamp)
             return None
         if not all(c.status.advertised for c in live):
+            await self._waiting(pod, "Advertising", f"waiting for the node agent on {node} to offer the slice(s)"
+                                " to the kubelet")
             return None  # the agent's status write wakes us
         mine = min((c.metadata.annotations or {}).get(ADVERTISE, "") for c in live)
         busy = self._blocker(node, profiles_here, pod.metadata.uid, (mine, pod.metadata.uid))  # a pod may have ended
@@ -256,6 +261,8 @@ class Allocator:
             await self._waiting(pod, "WaitingForNode", busy)
             return Result(requeue_after=self.settings.retry)
         if not self._kubelet_has(node, live, pod):
+            await self._waiting(pod, "WaitingForKubelet", f"the slice(s) exist on {node}; waiting for the kubelet"
+                                " to list them in the Node's allocatable")
             return Result(requeue_after=self.settings.retry)  # the Node's next status (allocatable) wakes us
         await self._ungate(pod, node, f"{len(live)} slice(s) on {node}: "
                            + ", ".join(f"{c.spec.profile}@{c.spec.gpu_uuid[:12]}/{c.spec.start}" for c in live))
@@ -377,6 +384,8 @@ class Allocator:
         await self._create_claims(pod, plan, range(len(plan.slices)))
         log.info("slices planned", pod=_key(pod), node=plan.node,
                  slices=[f"{s.placement.profile}@{s.gpu}/{s.placement.start}" for s in plan.slices])
+        await self._waiting(pod, "Planned", f"{len(plan.slices)} slice(s) planned on {plan.node}: "
+                            + ", ".join(f"{s.placement.profile}@{s.gpu[:12]}/{s.placement.start}" for s in plan.slices))
         return None
 
     async def _complete(self, pod: Pod, live: list[AllocationClaim], missing: list[str]) -> bool:
