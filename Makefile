@@ -64,17 +64,21 @@ chaos: install
 # target only, so `make test` never pays for it; a run takes hours (every mutant runs the budget tests against the
 # emulated cluster), so it is not part of CI. Results stay in mutants/ (git-ignored); tests/mutation_report.py
 # prints the score per file and the surviving mutants. MUTATION_JOBS: mutants in parallel; MUTANTS: mutant-name
-# globs (default: the accounting and enforcement code whole, reconciler.py's ledger and stop bookkeeping).
+# globs (default: the accounting code whole; the budget controller's ledger, finalizer release and eviction code).
 MUTMUT        := mutmut==3.8.1
 MUTMUT_STAMP  := $(VENV)/.mutmut-installed
 MUTATION_JOBS ?= 2
 RECON         := gpuops.controllers.budget.reconciler
-MUTANTS       ?= 'gpuops.accounting.gpuhours.*' 'gpuops.accounting.reporting.*' 'gpuops.controllers.budget.enforcement.*' \
+ENFORCER      := gpuops.controllers.budget.enforcement.xǁEnforcerǁ
+MUTANTS       ?= 'gpuops.accounting.gpuhours.*' 'gpuops.accounting.reporting.*' \
                  '$(RECON).x__counted_end__mutmut_*' '$(RECON).x__departed_entry__mutmut_*' \
-                 '$(RECON).x__recorded__mutmut_*' '$(RECON).x_compact__mutmut_*' \
+                 '$(RECON).x__recorded__mutmut_*' '$(RECON).x_compact__mutmut_*' '$(RECON).xǁBookǁcovers__mutmut_*' \
                  '$(RECON).x_ledger_from_status__mutmut_*' '$(RECON).x_ledger_to_status__mutmut_*' \
                  '$(RECON).xǁBudgetReconcilerǁ_stop_counting__mutmut_*' '$(RECON).xǁBudgetReconcilerǁmap_deleted_pod__mutmut_*' \
-                 '$(RECON).xǁBudgetReconcilerǁprune_departed__mutmut_*' '$(RECON).xǁBudgetReconcilerǁ_reconcile__mutmut_*'
+                 '$(RECON).xǁBudgetReconcilerǁprune_departed__mutmut_*' '$(RECON).xǁBudgetReconcilerǁ_needers__mutmut_*' \
+                 '$(RECON).xǁBudgetReconcilerǁ_release__mutmut_*' \
+                 '$(ENFORCER)_evict__mutmut_*' '$(ENFORCER)_evict_one__mutmut_*' '$(ENFORCER)vanished_end__mutmut_*' \
+                 '$(ENFORCER)forget_stop__mutmut_*'
 
 $(MUTMUT_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -c constraints.txt '$(MUTMUT)'
