@@ -672,6 +672,25 @@ class SpotPoolReconciler:
             step.event("Warning", reason, msg)
             log.warning("spot pool not ready", pool=pool.metadata.name, reason=reason, error=msg)
 
+    async def _deletion_blocked(self, pool: SpotPool, step: Step, why: str) -> Result:
+        """A deleted pool whose instances cannot be terminated keeps its finalizer: say what blocks it and how to
+        let it go, and try again with backoff."""
+        name = pool.metadata.name
+        msg = (f"{why}; the pool stays (with its finalizer) until its instances are terminated. To let it go and"
+               f" leave its instances running: kubectl patch spotpool {name} --type merge"
+               """ -p '{"spec":{"deletionPolicy":"Retain"}}'""")
+        self._condition(step, pool, "DeletionBlocked", "True", "TerminationFailed", msg)
+        self._not_ready(pool, step, "DeletionBlocked", msg)
+        await self._finish(pool, step)
+        return Result(requeue_after=self._backoff(name))
+
+    def _backoff(self, name: str) -> float:
+        """Seconds before the next try after another failure in a row: doubling from retry_base to retry_max,
+        with up to as much again of jitter (pools failing together do not retry together)."""
+        failures = self._failures[name] = self._failures.get(name, 0) + 1
+        s = self.settings
+        return float(min(s.retry_max, s.retry_base * 2 ** min(failures - 1, 16)) * (1 + self._rng.random()))
+
     def _refused(self, pool: SpotPool) -> None:
         fingerprint = self._uses.get(pool.metadata.name)
         if fingerprint is not None:
@@ -690,9 +709,7 @@ class SpotPoolReconciler:
             return Result(requeue_after=self.settings.secret_recheck)
         self._not_ready(pool, step, _CALL_FAILED.get(e.kind, "CloudCallFailed"), msg)
         await self._finish(pool, step)
-        failures = self._failures[name] = self._failures.get(name, 0) + 1
-        s = self.settings
-        wait = min(s.retry_max, s.retry_base * 2 ** min(failures - 1, 16)) * (1 + self._rng.random())
+        wait = self._backoff(name)
         return Result(requeue_after=e.retry_after or wait)
 
     # ------------------------------------------------------------------------------------------ providers
@@ -779,9 +796,7 @@ class SpotPoolReconciler:
             _, provider = await self._provider(pool)
             instances = await provider.describe(owner_tags(pool))
         except (ProviderError, ApiError) as e:
-            return await self._config_error(pool, e) if not isinstance(e, ProviderError) or \
-                e.kind in (ErrorKind.CREDENTIALS, ErrorKind.INVALID) else \
-                await self._call_failed(pool, Step(pool.status), e, "DescribeInstances")
+            return await self._deletion_blocked(pool, Step(pool.status), f"cannot list the pool's instances: {e}")
         now = self.clock()
         pl = pool.status.pending_launch
         young = pl is not None and now - (_t(pl.since) or now) < 60 * _SECOND and \
@@ -790,9 +805,10 @@ class SpotPoolReconciler:
         if left:
             step = Step(pool.status)
             ok = await self._terminate(pool, provider, step, left, "deletion")
-            if ok:
-                self.recorder.record(pool, "Normal", "Terminating", f"pool deleted: terminating {len(left)} "
-                                     f"instances ({', '.join(left[:20])})", kind=KIND, api_version=API_VERSION)
+            if not ok:
+                return await self._deletion_blocked(pool, step, step.status.last_error or "terminate failed")
+            self.recorder.record(pool, "Normal", "Terminating", f"pool deleted: terminating {len(left)} "
+                                 f"instances ({', '.join(left[:20])})", kind=KIND, api_version=API_VERSION)
             return Result(requeue_after=self.settings.drain_recheck)
         if young:  # a launch whose answer was lost may still surface: look again before letting go
             return Result(requeue_after=self.settings.drain_recheck)

@@ -299,3 +299,42 @@ async def test_reclaimed_event_survives_a_failed_status_write(tmp_path: Path) ->
         await until("a replacement launch", lambda: _true(cluster.cloud.spot.launched == 2), 5)
         assert cluster.server.faults.injected == 1
         await until("the Reclaimed Event", reclaimed_event, 5)
+
+
+async def test_a_deletion_the_cloud_blocks_says_so_and_how_to_let_the_pool_go(tmp_path: Path) -> None:
+    """The cloud refuses the keys once the pool runs: deleting it cannot terminate its instance, so the pool
+    stays; it says so (DeletionBlocked, Ready=False, a Warning Event naming the way out), and setting
+    deletionPolicy Retain, as that message says, lets it go with its instance left running."""
+    async with running(tmp_path) as (cluster, client):
+        await client.create(POOLS, pool_body(cluster, minimum=1, maximum=1))
+        await until("1 Ready instance", lambda: ready_pool(client, "gpus", 1))
+        cluster.cloud.options.token = "now-required"
+        await client.delete(POOLS, "gpus")
+
+        async def blocked() -> SpotPool | None:
+            p: SpotPool = await client.get(POOLS, "gpus")
+            c = cond.get_condition(p.status.conditions, "DeletionBlocked")
+            return p if c is not None and c.status == "True" else None
+
+        pool = await until("DeletionBlocked", blocked)
+        c = cond.get_condition(pool.status.conditions, "DeletionBlocked")
+        assert c is not None and "deletionPolicy" in c.message and "kubectl patch spotpool gpus" in c.message
+        ready = cond.get_condition(pool.status.conditions, "Ready")
+        assert ready is not None and (ready.status, ready.reason) == ("False", "DeletionBlocked")
+
+        async def warned() -> bool:
+            _, events = await client.list(EVENTS, namespace="default")
+            return any(e.reason == "DeletionBlocked" and "deletionPolicy" in e.message for e in events)
+
+        await until("a DeletionBlocked Event", warned)
+        await client.patch(POOLS, "gpus", {"spec": {"deletionPolicy": "Retain"}})
+
+        async def gone() -> bool:
+            try:
+                await client.get(POOLS, "gpus")
+            except NotFound:
+                return True
+            return False
+
+        await until("the pool released", gone)
+        assert len(live(cluster)) == 1  # its instance left running, as Retain says
