@@ -8,6 +8,7 @@ signal, counted as killed, as mutmut does) and asks `mutmut show` for each survi
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -28,12 +29,23 @@ def outcome(code: int | None) -> str:
     return "killed" if code in KILLED else f"exit {code}"
 
 
+def _functions(codes: dict[str, int | None]) -> dict[str, Counter[str]]:
+    """Outcomes per mutated function, for the functions of which at least one mutant ran."""
+    out: dict[str, Counter[str]] = {}
+    for key, code in codes.items():
+        if code is not None:
+            function = re.sub(r"__mutmut_\d+$", "", key).replace("ǁ", ".").replace(".x_", ".").replace(".x.", ".")
+            out.setdefault(function, Counter())[outcome(code)] += 1
+    return out
+
+
 def main() -> int:
     metas = sorted(MUTANTS.glob("**/*.py.meta"))
     if not metas:
         print("no mutmut results in mutants/: run `make mutation` first", file=sys.stderr)
         return 1
     survivors: list[str] = []
+    by_function: dict[str, Counter[str]] = {}
     print("| file | killed | survived | no tests | not run | score (killed / run) |\n|---|---|---|---|---|---|")
     for meta in metas:
         codes: dict[str, int | None] = json.loads(meta.read_text()).get("exit_code_by_key", {})
@@ -44,6 +56,12 @@ def main() -> int:
         print(f"| `{name}` | {tally['killed']} | {tally['survived']} | {tally['no tests']} | {tally['not run']} "
               f"| {score} |")
         survivors += [k for k, c in codes.items() if outcome(c) in ("survived", "no tests")]
+        by_function.update(_functions(codes))
+    print("\n| function | killed | survived | score |\n|---|---|---|---|")
+    for function, tally in sorted(by_function.items()):
+        run = tally["killed"] + tally["survived"] + tally["no tests"]
+        print(f"| `{function}` | {tally['killed']} | {tally['survived'] + tally['no tests']} "
+              f"| {tally['killed'] / run:.1%} |")
     mutmut = ROOT / ".venv" / "bin" / "mutmut"
     for name in survivors:
         print(f"\n### {name}\n")

@@ -278,6 +278,10 @@ BAD_INPUT = [
         IntervalError,
         r"bucket_width must be > 0",
     ),
+    (lambda: window_usage([], now=None, window=H, quota=1), AccountingError, r"^now must be an int"),  # type: ignore[arg-type]
+    (lambda: window_usage([], now=0, window=H, quota=0.5), AccountingError, r"^quota must be an exact GPU amount"),  # type: ignore[arg-type]
+    (lambda: window_usage([], (), now=0, window=H, quota=1), AccountingError, r"^ledger must be a Ledger, got \(\)$"),  # type: ignore[arg-type]
+    (lambda: compaction_error_bound(Ledger(), now="0", window=H), AccountingError, r"^now must be an int"),  # type: ignore[arg-type]
     (
         lambda: compact_ledger(Ledger(), now=0, window=H, max_entries=1, bucket_width=1),
         IntervalError,
@@ -341,6 +345,20 @@ def test_compaction_bounds_the_grid_at_exactly_max_buckets_and_sums_buckets_of_o
     # an entry ending exactly at the window's trailing edge has left it for good: dropped, not kept
     edge = Ledger(entries=(le("gone", 0, 200), le("in", 0, 201)))
     assert compact_ledger(edge, now=1200, window=1000, max_entries=5, bucket_width=100).entries == (le("in", 0, 201),)
+
+
+def test_the_error_bound_counts_each_bucket_the_trailing_edge_is_inside_and_only_before_the_edge() -> None:
+    fine = LedgerBucket(start=100, end=200, gpu_micros=F(150), peak_gpus=F(3))  # 3 GPUs at most, 150 in all
+    coarse = LedgerBucket(start=0, end=300, gpu_micros=F(40), peak_gpus=F(1))
+    ledger = Ledger(buckets=(fine, coarse))
+    # edge 120 (now 1120, window 1000): fine held at most 3 x 20 before it, coarse at most 1 x 120 of its 40
+    assert compaction_error_bound(ledger, now=1120, window=1000) == F(60 + 40, H)
+    # edge 150: fine's bound is its whole 150 (3 x 50 = 150), coarse still 40
+    assert compaction_error_bound(ledger, now=1150, window=1000) == F(150 + 40, H)
+    # edge at fine's end: fine no longer counts at all, so it over-counts nothing
+    assert compaction_error_bound(ledger, now=1200, window=1000) == F(40, H)
+    # edge at fine's start: it counts whole and all of it is inside the window: exact
+    assert compaction_error_bound(Ledger(buckets=(fine,)), now=1100, window=1000) == 0
 
 
 def test_record_keeps_buckets_and_orders_entries_by_start_then_uid() -> None:
@@ -650,6 +668,8 @@ _LEAVING = Ledger(buckets=(LedgerBucket(start=0, end=100, gpu_micros=F(100), pea
 # the same with the quota reached exactly as the bucket leaves, and a second pod starting there too
 @example(scenario=([iv("o", 500, None), iv("p", 1100, None)], _LEAVING, 600, 1000, F(600, H),
                    [1, 500, 1100, 1500, 2100]))
+# a pod ending exactly now: its end is no change to come
+@example(scenario=([iv("a", 0, 100)], Ledger(), 100, 1000, F(1, H), [0, 100, 1000, 1100]))
 # two buckets of different grids leave together (t = 1300): both leave
 @example(scenario=([iv("o", 500, None, 2)], Ledger(buckets=(
     LedgerBucket(start=200, end=300, gpu_micros=F(100), peak_gpus=F(1)),
@@ -669,6 +689,14 @@ def test_exhaustion_instant_is_exact_at_shared_breakpoints_and_quota_equalities(
 
     event(f"buckets={bool(ledger.buckets)} over={usage.over_quota} hit={usage.exhausted_at is not None}")
     assert usage.over_quota == over(now)
+    # next_change: after now, and no breakpoint of a record that counts lies before it
+    counting = [r for r in counted_intervals(live, ledger) if r.gpus and r.end != r.start]
+    changes = {t for r in counting
+               for t in (r.start, r.start + window, *(() if r.end is None else (r.end, r.end + window)))}
+    changes |= {t for b in ledger.buckets if b.gpu_micros for t in (b.start + 1, b.end + window)}
+    if usage.next_change is not None:
+        assert usage.next_change > now
+        assert not any(now < t < usage.next_change for t in changes), (usage.next_change, sorted(changes))
     if usage.over_quota:
         assert usage.exhausted_at is None
         return
