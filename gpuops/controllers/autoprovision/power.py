@@ -67,6 +67,7 @@ __all__ = [
     "Outcome",
     "PowerClient",
     "Transition",
+    "display_url",
     "idempotency_key",
     "sign",
     "verify_signature",
@@ -97,8 +98,8 @@ _REDACTED = "[REDACTED]"
 
 WEBHOOK_REQUESTS = Counter(
     "gpuops_autoprovision_webhook_requests",
-    "Power webhook HTTP requests by direction (up, down) and code: the HTTP status, or error (no answer:"
-    " connection failed) or timeout.",
+    "Power webhook requests by direction (up, down) and code: the HTTP status, error (no answer: DNS or"
+    " connection failed), timeout, or unsent (the URL, a header or the Secret it needs is wrong or missing).",
     ["direction", "code"],
 )
 WEBHOOK_DURATION = Histogram(
@@ -132,9 +133,9 @@ class Endpoint:
         except (ValueError, TypeError) as e:
             raise ValueError(f"endpoint url {self.url!r} is not a URL: {e}") from None
         if u.scheme not in ("http", "https") or not u.host:
-            raise ValueError(f"endpoint url {_display_url(self.url)!r} must be http:// or https:// with a host")
+            raise ValueError(f"endpoint url {display_url(self.url)!r} must be http:// or https:// with a host")
         if u.user is not None or u.password is not None:
-            raise ValueError(f"endpoint url {_display_url(self.url)!r}: credentials in URLs leak into logs;"
+            raise ValueError(f"endpoint url {display_url(self.url)!r}: credentials in URLs leak into logs;"
                              " use the endpoint's bearer token")
         frozen = MappingProxyType(dict(self.headers))
         for name, value in frozen.items():
@@ -160,7 +161,7 @@ class Endpoint:
     @property
     def display_url(self) -> str:
         """The URL as logs and errors show it: query values redacted (webhook URLs often carry tokens)."""
-        return _display_url(self.url)
+        return display_url(self.url)
 
     def _secrets(self) -> list[str]:
         out: list[str] = []
@@ -440,7 +441,7 @@ class PowerClient:
 # ------------------------------------------------------------------------------------ helpers
 
 
-def _display_url(url: str) -> str:
+def display_url(url: str) -> str:
     try:
         u = URL(url)
     except (ValueError, TypeError):

@@ -64,7 +64,7 @@ from .api import (
 )
 from .demand import NodeView, demand, gpu_request, is_unschedulable, uses_gpus
 from .metrics import BOOT_TIMEOUTS, DECISION_SECONDS, IDLE_GPU_SECONDS, PLAN_SECONDS
-from .power import Endpoint, Outcome, PowerClient, Transition, idempotency_key
+from .power import WEBHOOK_REQUESTS, Endpoint, Outcome, PowerClient, Transition, display_url, idempotency_key
 
 __all__ = ["DRAIN_TAINT", "PLAN", "Autoprovisioner", "Observed", "Settings", "wall_clock"]
 
@@ -151,6 +151,7 @@ class Autoprovisioner:
         """Set by `install`: decisions enqueue the group they concern at once."""
         self._idle_mark: dict[str, int] = {}
         self._holds: dict[str, _Hold] = {}  # group uid -> the wait after its last failed webhook call
+        self._conflicts: set[str] = set()  # groups whose status write lost to a newer version in this reconcile
         self._pending_since: dict[str, float] = {}
         """When this process first saw each pending pod Unschedulable (monotonic), for DECISION_SECONDS."""
         groups.add_index(INDEX_GROUP_NODE, lambda g: (g.spec.node_name,) if g.spec.node_name else ())
@@ -256,7 +257,14 @@ class Autoprovisioner:
                                f" {owner.metadata.name}, created earlier; give this group another spec.nodeName"
                                " or delete one of the two")
             return None
-        return await self.drive(group)
+        self._conflicts.discard(group.metadata.name)
+        result = await self.drive(group)
+        if group.metadata.name in self._conflicts:
+            # our cached copy was behind (the planner wrote a decision meanwhile): status-only updates do not
+            # wake a group, so look again once the cache has the newer version instead of waiting for an event
+            self._conflicts.discard(group.metadata.name)
+            return Result(requeue=True)
+        return result
 
     async def _refuse(self, group: GPUNodeGroup, reason: str, message: str) -> None:
         """A group we cannot act on: Ready=False naming why, and (when that is news) a Warning Event and a log."""
@@ -521,12 +529,16 @@ class Autoprovisioner:
             endpoint = await self._endpoint(hook)
         except (ValueError, ApiError) as e:  # a bad URL, header or Secret: nothing is sent, the user must fix it
             where = "spec.scaleUp" if tr.direction == "up" else "spec.scaleDown"
-            return Outcome(ok=False, status=None, attempts=0, retryable=isinstance(e, ApiError),
-                           error=f"{where}: cannot call the webhook: {e}", finished_at=time.time())
-        outcome = await self.power.send(endpoint, Transition(group.spec.node_name, tr.direction, tr.key,
-                                                             first_attempt=tr.attempts + 1))
+            WEBHOOK_REQUESTS.labels(tr.direction, "unsent").inc()  # counted, so that its alert fires for this too
+            outcome = Outcome(ok=False, status=None, attempts=0, retryable=isinstance(e, ApiError),
+                              error=f"{where}: cannot call the webhook: {e}", finished_at=time.time())
+            url = display_url(hook.url)
+        else:
+            outcome = await self.power.send(endpoint, Transition(group.spec.node_name, tr.direction, tr.key,
+                                                                 first_attempt=tr.attempts + 1))
+            url = endpoint.display_url
         done = msgspec.structs.replace(tr, attempts=tr.attempts + outcome.attempts, sent=outcome.ok)
-        last = LastWebhook(direction=tr.direction, url=endpoint.display_url, code=outcome.status,
+        last = LastWebhook(direction=tr.direction, url=url, code=outcome.status,
                            time=format_time(round(outcome.finished_at * _SECOND)), attempt=done.attempts,
                            error=outcome.error)
         status = msgspec.structs.replace(group.status, transition=done, last_webhook=last)
@@ -645,6 +657,8 @@ class Autoprovisioner:
             await self.client.replace(GROUPS, msgspec.structs.replace(group, status=status), subresource="status")
         except (Conflict, NotFound) as e:
             log.debug("group status write skipped", group=group.metadata.name, error=str(e))
+            if isinstance(e, Conflict):
+                self._conflicts.add(group.metadata.name)
             return False
         return True
 

@@ -375,3 +375,32 @@ async def test_two_groups_naming_one_node_the_first_manages_it_and_hands_over_wh
 
 async def _state_in(client: Client, name: str, states: tuple[str, ...]) -> bool:
     return await state_of(client, name) in states
+
+
+async def test_a_missing_secret_is_shown_and_counted_for_the_power_on_alert(tmp_path: Path) -> None:
+    """A power-on whose Secret does not exist sends nothing, yet it is a failing power-on: WebhookFailing names
+    the Secret, a Warning Event says it, and gpuops_autoprovision_webhook_requests_total{code="unsent"} counts it,
+    which GPUNodePowerOnFailing alerts on (the rule's promtool tests cover that series)."""
+    async with running(tmp_path) as (cluster, client):
+        def unsent() -> float:
+            return REGISTRY.get_sample_value("gpuops_autoprovision_webhook_requests_total",
+                                             {"direction": "up", "code": "unsent"}) or 0.0
+
+        before = unsent()
+        body = group(cluster, "small-0", 2)
+        body["spec"]["scaleUp"]["secretRef"] = {"name": "no-such-secret", "namespace": NS}
+        await client.create(GROUPS, body)
+        await client.create(PODS, gpu_pod("job", 1, 30.0), NS)
+
+        async def failing() -> GPUNodeGroup | None:
+            g: GPUNodeGroup = await client.get(GROUPS, "small-0")
+            c = cond.get_condition(g.status.conditions, "WebhookFailing")
+            return g if c is not None and c.status == "True" else None
+
+        g = await until("WebhookFailing for the missing Secret", failing)
+        c = cond.get_condition(g.status.conditions, "WebhookFailing")
+        assert c is not None and "no-such-secret" in c.message and "spec.scaleUp" in c.message
+        assert unsent() > before
+        events = json.loads(await client.request("GET", "/api/v1/events"))["items"]
+        assert any(e.get("reason") == "WebhookFailed" and "no-such-secret" in e.get("message", "") for e in events)
+        assert cluster.fleet.machines["small-0"].power_cycles == 0
