@@ -20,7 +20,8 @@ from budget_harness import NS, Clock, Env, Reconciles, budget, environment, pod,
 from prometheus_client import REGISTRY
 
 from gpuops.controllers.budget import BudgetController
-from gpuops.controllers.budget.api import FINALIZER
+from gpuops.controllers.budget.api import BUDGETS, FINALIZER
+from gpuops.controllers.budget.reconciler import pod_span
 from gpuops.kube.controller import Request, Result
 from gpuops.kube.resources import PDBS, PODS
 
@@ -185,3 +186,58 @@ async def test_a_finished_pod_keeps_its_finalizer_until_every_retaining_budget_r
 
 async def _holds(finalizers: Awaitable[tuple[str, ...]]) -> bool:
     return FINALIZER in await finalizers
+
+
+async def test_the_budgets_a_finished_pod_waits_for_are_every_retaining_one_that_has_not_recorded_it(
+    tmp_path: Path,
+) -> None:
+    """Of the budgets selecting a finished pod, it keeps its finalizer for exactly the retaining ones, other
+    than the one releasing it, that are not being deleted, count its GPUs, still have it in their window and have
+    not recorded it, in whatever order the index lists them (each one asked to look again by name)."""
+    async with environment(tmp_path) as env:
+        handle = await env.start()
+        rec = handle.reconciler
+        held = asyncio.Event()  # no budget reconciles here: none records p, the cache is all this test reads
+
+        async def never(req: Request) -> Result | None:
+            await held.wait()
+            return None
+
+        handle.controller.reconcile = never
+        try:
+            retain = {"retainFinishedPods": True}
+            await env.create_pod(pod("p", 1, 0.3))
+            await env.until("p finished", lambda: env.all_finished(["p"]))
+            names = ["a-first", "b-plain", "c-going", "d-other-resource", "b2-short", "e-wait", "f-wait"]
+            for name in names:
+                body = budget(name, "100", accounting=retain, window=1 if name == "b2-short" else 2)
+                if name == "b-plain":
+                    body = budget(name, "100", window=2)
+                if name == "d-other-resource":
+                    body["spec"]["gpuResourceName"] = "example.com/gpu"
+                if name == "c-going":
+                    body["metadata"]["finalizers"] = ["test.gpuops.io/hold"]
+                await env.create_budget(body)
+            await env.client.delete(BUDGETS, "c-going", NS)
+
+            async def cached() -> bool:
+                going = rec.budgets.store.get(f"{NS}/c-going")
+                return all(rec.budgets.store.get(f"{NS}/{n}") is not None for n in names) and going is not None \
+                    and going.metadata.deletion_timestamp is not None and rec.pods.store.get(f"{NS}/p") is not None
+
+            await env.until("every budget and p cached", cached)
+            p = rec.pods.store.get(f"{NS}/p")
+            assert p is not None
+            span = pod_span(p)
+            assert span.final and span.end is not None
+            hour = 3600 * S
+            waiting = [Request(NS, "e-wait"), Request(NS, "f-wait")]
+            assert sorted(rec._needers(p, span, span.end + S, exclude=f"{NS}/a-first")) == sorted(
+                [*waiting, Request(NS, "b2-short")])
+            for now in (span.end + hour, span.end + 2 * hour - 1):  # out of b2-short's one-hour window only
+                got = rec._needers(p, span, now, exclude=f"{NS}/a-first")
+                assert sorted(got) == waiting, (now, got)
+            assert rec._needers(p, span, span.end + 2 * hour, exclude=f"{NS}/a-first") == []  # left every window
+            await env.client.patch(BUDGETS, "c-going", {"metadata": {"finalizers": []}}, namespace=NS)
+        finally:
+            held.set()
