@@ -797,6 +797,7 @@ class SpotPoolReconciler:
             instances = await provider.describe(owner_tags(pool))
         except (ProviderError, ApiError) as e:
             return await self._deletion_blocked(pool, Step(pool.status), f"cannot list the pool's instances: {e}")
+        self._failures.pop(name, None)
         now = self.clock()
         pl = pool.status.pending_launch
         young = pl is not None and now - (_t(pl.since) or now) < 60 * _SECOND and \
