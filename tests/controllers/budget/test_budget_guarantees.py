@@ -13,15 +13,19 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
 from budget_harness import NS, Clock, Env, Reconciles, budget, environment, pod, seconds
 from prometheus_client import REGISTRY
 
+from gpuops.accounting.gpuhours import format_gpu_hours
 from gpuops.controllers.budget import BudgetController
 from gpuops.controllers.budget.api import BUDGETS, FINALIZER
-from gpuops.controllers.budget.reconciler import pod_span
+from gpuops.controllers.budget.enforcement import EnforcementOptions
+from gpuops.controllers.budget.reconciler import Options, pod_span
 from gpuops.kube.controller import Request, Result
 from gpuops.kube.resources import PDBS, PODS
 
@@ -69,7 +73,9 @@ class ScrapeAfterEach:
 async def _start_clocked(env: Env, wall: int) -> tuple[BudgetController, Clock, Reconciles, ScrapeAfterEach]:
     clock = Clock()
     clock.set(wall)
-    handle = await env.start(clock=clock)
+    # one eviction per ten minutes: the evicting reconcile stops the largest pod only, the others run on
+    handle = await env.start(clock=clock, options=Options(enforcement=EnforcementOptions(
+        evictions_per_batch=1, eviction_interval=600.0)))
     scrapes = ScrapeAfterEach(handle, clock, "ev")  # inside: Reconciles' numbering is the order reconciles start
     return handle, clock, Reconciles(handle), scrapes
 
@@ -83,38 +89,67 @@ async def _running_since(env: Env, name: str) -> int | None:
     return None
 
 
-async def _evict_at_second_two(env: Env, setup: Callable[[], Awaitable[None]] | None = None) -> float | None:
-    """`hog` (4 GPUs) runs under `ev` (Evict at once, no grace, 7.2 GPU-seconds): 4 GPU-seconds at its first
-    second, 8 at its second, where the reconcile evicts it. Returns the scrape right after that reconcile."""
+@dataclass
+class Evicted:
+    scraped: float | None
+    """The scrape right after the evicting reconcile, LATER seconds on."""
+    expected_small: float
+    """What `small` (half a GPU, running throughout) adds to that scrape."""
+    handle: BudgetController
+    hog_uid: str
+
+
+async def _evict_at_second_two(env: Env, setup: Callable[[], Awaitable[None]] | None = None) -> Evicted:
+    """`hog` (4 GPUs) and `small` (half a GPU, started first) run under `ev` (Evict at once, no grace, 7.2
+    GPU-seconds): under quota at hog's first second, over at its second, where the reconcile evicts hog (the
+    largest). Returns the scrape right after that reconcile, and what `small` adds to it."""
     handle, clock, seen, scrapes = await _start_clocked(env, int(time.time()))
     await env.create_budget(budget("ev", "0.002", enforcement={
         "action": "Evict", "delaySeconds": 0, "evictionGracePeriodSeconds": 0}))
     if setup is not None:
         await setup()
-    await env.create_pod(pod("hog", 4, 600.0))
+    await env.create_pod(pod("small", "500m", 600.0))
+    hog = await env.create_pod(pod("hog", 4, 600.0, labels={"team": "a", "app": "hog"}))
     s0 = await env.until("hog running", lambda: _running_since(env, "hog"))
+    s1 = await env.until("small running", lambda: _running_since(env, "small"))
+    assert s1 <= s0
 
     async def cached_running() -> bool:  # the reconciles below must see what the API says
-        cached = handle.reconciler.pods.store.get(f"{NS}/hog")
-        return cached is not None and cached.status.phase == "Running"
+        store = handle.reconciler.pods.store
+        return all((p := store.get(f"{NS}/{n}")) is not None and p.status.phase == "Running" for n in ("hog", "small"))
 
-    await env.until("the controller's cache shows hog running", cached_running)
+    await env.until("the controller's cache shows both running", cached_running)
     req = Request(NS, "ev")
     under = await seen.after(env, req, lambda: clock.set(s0 + 1))
-    assert scrapes.values[under.seq] == 4 * (1 + LATER)  # under quota: it runs on, and counts on in the gap
+    # under quota: both run on, and count on in the gap
+    assert scrapes.values[under.seq] == 4 * (1 + LATER) + 0.5 * (s0 + 1 + LATER - s1)
     evicting = await seen.after(env, req, lambda: clock.set(s0 + 2))
     status = (await env.budget("ev")).status
-    assert status.consumed_gpu_hours == "0.002222"  # 8 GPU-seconds: over quota, evicted in this reconcile
-    return scrapes.values[evicting.seq]
+    assert status.consumed_gpu_hours == format_gpu_hours(Fraction(8 + Fraction(s0 + 2 - s1, 2), 3600))
+    return Evicted(scrapes.values[evicting.seq], 0.5 * (s0 + 2 + LATER - s1), handle, hog.metadata.uid)
 
 
 async def test_a_scrape_after_an_eviction_without_grace_counts_the_pod_up_to_the_eviction_only(
     tmp_path: Path,
 ) -> None:
+    """...and only that pod: `small` counts on. Once the evicted pod's final usage is in the ledger, the
+    evictor forgets its stop (memory stays bounded)."""
     async with environment(tmp_path) as env:
-        scraped = await _evict_at_second_two(env)
+        got = await _evict_at_second_two(env)
         assert any("evicted pod hog " in e["message"] for e in await env.events("Evicted"))
-        assert scraped == 8.0, f"a scrape {LATER} s after the eviction counted {scraped} GPU-seconds, not 8"
+        assert got.scraped == 8.0 + got.expected_small, f"a scrape {LATER} s on counted {got.scraped} GPU-seconds"
+
+        async def recorded() -> bool:
+            ledger = (await env.budget("ev")).status.ledger
+            return ledger is not None and any(e.name == "hog" for e in ledger.entries or ())
+
+        await env.until("hog in the ledger", recorded)
+        enforcer = got.handle.reconciler.enforcer
+
+        async def forgotten() -> bool:
+            return got.hog_uid not in enforcer.stopped_at and got.hog_uid not in enforcer.answered_at
+
+        await env.until("the stop of hog forgotten once its usage is recorded", forgotten)
 
 
 async def test_a_scrape_after_a_refused_eviction_keeps_counting_the_pod(tmp_path: Path) -> None:
@@ -123,11 +158,31 @@ async def test_a_scrape_after_a_refused_eviction_keeps_counting_the_pod(tmp_path
         async def guard() -> None:
             await env.client.create(PDBS, {
                 "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "guard"},
-                "spec": {"minAvailable": 1, "selector": {"matchLabels": {"team": "a"}}}}, NS)
+                "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "hog"}}}}, NS)
 
-        scraped = await _evict_at_second_two(env, guard)
+        got = await _evict_at_second_two(env, guard)
         assert await env.phase("hog") == "Running"
-        assert scraped == 4 * (2 + LATER), f"a scrape after the refused eviction counted {scraped} GPU-seconds"
+        assert got.scraped == 4 * (2 + LATER) + got.expected_small, f"the scrape counted {got.scraped} GPU-seconds"
+
+
+async def test_a_deleted_pod_that_never_started_is_not_recorded(tmp_path: Path) -> None:
+    """A GPU pod that never ran (unschedulable) and is deleted used nothing: the reconcile after its deletion
+    records nothing for it (and does not fail on its missing start)."""
+    async with environment(tmp_path) as env:
+        handle = await env.start()
+        seen = Reconciles(handle)
+        await env.create_budget(budget("b", "100"))
+        await env.create_pod(pod("huge", 64, 600.0))  # no node has 64 GPUs
+        await env.until("b reconciled", lambda: _has_status(env, "b"))
+        await env.client.delete(PODS, "huge", NS)
+        await env.until("huge gone", lambda: env.pod_gone("huge"))
+        await seen.after(env, Request(NS, "b"))  # raises if that reconcile failed
+        ledger = (await env.budget("b")).status.ledger
+        assert ledger is None or not any(e.name == "huge" for e in ledger.entries or ())
+
+
+async def _has_status(env: Env, name: str) -> bool:
+    return (await env.budget(name)).status.observed_generation > 0
 
 
 async def test_a_finished_pod_keeps_its_finalizer_until_every_retaining_budget_recorded_it(tmp_path: Path) -> None:
