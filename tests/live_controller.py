@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from hypothesis import HealthCheck, Phase, settings
 from waiting import install_crds, until
 
 from gpuops.kube import conditions as cond
@@ -28,6 +29,12 @@ from gpuops.sim.cluster.cluster import SimCluster
 from gpuops.sim.scenario import parse
 
 T = TypeVar("T")
+
+ANY_ADMITTED = settings(max_examples=20, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],
+                        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                               HealthCheck.filter_too_much])
+"""Hypothesis settings of the any-admitted-object tests: 20 admitted examples; no shrinking (each example runs
+the controller for a second or more; a failure prints its draw whole)."""
 
 
 class Handle(Protocol):

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, Phase, event, given, reject, settings
+from hypothesis import event, given, reject
 from hypothesis import strategies as st
-from live_controller import Expect, Live, handles_admitted
+from live_controller import ANY_ADMITTED, Expect, Live, handles_admitted
 from schema_strategies import for_schema
 
 from gpuops.controllers.autoprovision import install
@@ -98,10 +98,7 @@ def cloud_url(live: Live) -> str:
     return str(live.cluster.cloud.url)
 
 
-# no shrinking: each example runs the controller for a second or more; a failure prints its draw whole
-@settings(max_examples=20, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                 HealthCheck.filter_too_much])
+@ANY_ADMITTED
 @given(data=st.data())
 def test_any_admitted_group_is_reconciled_without_raising_or_looping(
     live: Live, cloud_url: str, data: st.DataObject,

@@ -104,6 +104,16 @@ def truth_gpu_hours(pods: list[dict[str, Any]], resource: str = "nvidia.com/gpu"
     return total
 
 
+async def running_since(env: Env, name: str) -> int | None:
+    """When the pod's container started running (whole seconds), once it has."""
+    for p in await env.raw_pods([name]):
+        for cs in p["status"].get("containerStatuses") or ():
+            started = (cs.get("state") or {}).get("running", {}).get("startedAt")
+            if started:
+                return seconds(started)
+    return None
+
+
 def at(second: int) -> str:
     """An instant as the controller writes it in status (RFC 3339, whole seconds here)."""
     return format_time(second * S)

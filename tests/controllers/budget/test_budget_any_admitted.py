@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 from budget_harness import NS, SCENARIO, pod
-from hypothesis import HealthCheck, Phase, event, given, reject, settings
-from live_controller import Expect, Live, handles_admitted
+from hypothesis import event, given, reject
+from live_controller import ANY_ADMITTED, Expect, Live, handles_admitted
 from schema_strategies import for_schema
 
 from gpuops.controllers.budget import install
@@ -46,10 +46,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         yield lv
 
 
-# no shrinking: each example runs the controller for a second or more; a failure prints its draw whole
-@settings(max_examples=20, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                 HealthCheck.filter_too_much])
+@ANY_ADMITTED
 @given(spec=for_schema(SPEC, "spec"))
 def test_any_admitted_budget_is_reconciled_without_raising_or_looping(live: Live, spec: dict[str, Any]) -> None:
     body = {"apiVersion": "gpuops.io/v1alpha1", "kind": "GPUWorkloadBudget",

@@ -18,7 +18,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
-from budget_harness import NS, Clock, Env, Reconciles, budget, environment, pod, seconds
+from budget_harness import NS, Clock, Env, Reconciles, budget, environment, pod, running_since
 from prometheus_client import REGISTRY
 
 from gpuops.accounting.gpuhours import format_gpu_hours
@@ -80,14 +80,6 @@ async def _start_clocked(env: Env, wall: int) -> tuple[BudgetController, Clock, 
     return handle, clock, Reconciles(handle), scrapes
 
 
-async def _running_since(env: Env, name: str) -> int | None:
-    for p in await env.raw_pods([name]):
-        for cs in p["status"].get("containerStatuses") or ():
-            started = (cs.get("state") or {}).get("running", {}).get("startedAt")
-            if started:
-                return seconds(started)
-    return None
-
 
 @dataclass
 class Evicted:
@@ -110,8 +102,8 @@ async def _evict_at_second_two(env: Env, setup: Callable[[], Awaitable[None]] | 
         await setup()
     await env.create_pod(pod("small", "500m", 600.0))
     hog = await env.create_pod(pod("hog", 4, 600.0, labels={"team": "a", "app": "hog"}))
-    s0 = await env.until("hog running", lambda: _running_since(env, "hog"))
-    s1 = await env.until("small running", lambda: _running_since(env, "small"))
+    s0 = await env.until("hog running", lambda: running_since(env, "hog"))
+    s1 = await env.until("small running", lambda: running_since(env, "small"))
     assert s1 <= s0
 
     async def cached_running() -> bool:  # the reconciles below must see what the API says

@@ -21,6 +21,7 @@ from budget_harness import (
     environment,
     pod,
     pod_spec,
+    running_since,
     seconds,
 )
 
@@ -45,15 +46,6 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-async def _started_at(env: Env, name: str) -> int | None:
-    """When the pod's container started running (whole seconds), once it has."""
-    for p in await env.raw_pods([name]):
-        for cs in p["status"].get("containerStatuses") or ():
-            started = (cs.get("state") or {}).get("running", {}).get("startedAt")
-            if started:
-                return seconds(started)
-    return None
-
 
 async def _quota_events(env: Env, recorder: EventRecorder) -> list[dict[str, Any]]:
     """The QuotaExceeded Events in the API once everything the controller recorded has been written."""
@@ -68,7 +60,7 @@ async def test_requeue_lands_on_the_crossing_the_delay_and_the_reminder(tmp_path
     async with environment(tmp_path) as env:
         await env.create_budget(budget("b", "1", window=24, delay=60))
         await env.create_pod(pod("p", 2))  # runs until deleted
-        t0 = await env.until("p running", lambda: _started_at(env, "p"))
+        t0 = await env.until("p running", lambda: running_since(env, "p"))
         clock = Clock()
         clock.set(t0 + 600)
         handle = await env.start(clock=clock)

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, Phase, event, given, reject, settings
+from hypothesis import event, given, reject
 from hypothesis import strategies as st
-from live_controller import Live
+from live_controller import ANY_ADMITTED, Live
 from schema_strategies import for_schema
 
 from gpuops.controllers.migslicer.allocator import CONDITION, Settings
@@ -119,10 +119,7 @@ async def _handled(live: Live, node: str, status: dict[str, Any], profile: str) 
     return True
 
 
-# no shrinking: each example runs the allocator for a second or more; a failure prints its draw whole
-@settings(max_examples=20, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                 HealthCheck.filter_too_much])
+@ANY_ADMITTED
 @given(node=st.sampled_from([NODE, "no-such-node"]), status=_status(), profile=st.sampled_from(PROFILES))
 def test_any_admitted_mig_node_leaves_the_allocator_working(
     live: Live, node: str, status: dict[str, Any], profile: str,
