@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -181,6 +182,7 @@ async def retained_sample(run: RetainedRun) -> dict[str, Any]:
         "accuracy_status_bound_adjusted": ratio(reported - bound, t_status),
         "delta_gpu_seconds_status": round(float((reported - t_status) * 3600), 3),
         "status_ok": reported >= TARGET * t_status and reported - bound <= UPPER * t_status,
+        **late_marks(ledger, pods),
         "metric_gpu_hours": None, "scrape_start_us": s0, "scrape_end_us": s1,
     }
     if value is not None:
@@ -196,6 +198,31 @@ async def retained_sample(run: RetainedRun) -> dict[str, Any]:
             "metric_ok": metric >= TARGET * lo and metric - bound <= UPPER * hi,
         })
     return out
+
+
+def finished_at(pod: dict[str, Any]) -> int | None:
+    """The pod's recorded finish (its containers' latest finishedAt, µs), None while any container runs."""
+    terms = [((s.get("state") or {}).get("terminated") or {}).get("finishedAt")
+             for s in (pod.get("status") or {}).get("containerStatuses") or ()]
+    return max(micros(t) for t in terms) if terms and all(terms) else None
+
+
+def late_marks(ledger: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, int]:
+    """Checks the ledger's late marks against the pods' records: an entry counted past its pod's finishedAt
+    must say so (recordedEnd == finishedAt, at most a second before its end), one without the mark must end at
+    the finishedAt. The error bound the status is judged with includes the marked parts; this is what keeps
+    that bound honest."""
+    finished = {p["metadata"]["uid"]: finished_at(p) for p in pods}
+    marked = wrong = 0
+    for e in ledger.get("entries") or ():
+        record, end = finished.get(e["uid"]), micros(e["end"])
+        if e.get("recordedEnd") is not None:
+            marked += 1
+            wrong += int(record is None or micros(e["recordedEnd"]) != record or not 0 < end - record <= MICROS)
+        else:
+            wrong += int(record is None or end != record)
+    late = sum(Fraction(b.get("lateGpuSeconds") or "0") for b in ledger.get("buckets") or ())
+    return {"late_entries": marked, "late_marks_wrong": wrong, "late_bucket_gpu_seconds": round(float(late), 3)}
 
 
 def window_accuracy(metric: Fraction, lo: Fraction, hi: Fraction) -> float:
@@ -241,14 +268,42 @@ async def restart(run: RetainedRun) -> None:
 def judge_retained(r: dict[str, Any]) -> tuple[dict[str, float | int], bool]:
     """The scenario's figures and its verdict (the criteria are listed in the module docstring)."""
     f = {**_retained_setup_figures(r), **_retained_accuracy_figures(r)}
-    ok = bool(r["samples"]) and bool(r["ready_us"]) and f["pods_deleted"] == 0 \
-        and f["compacted_before_restart"] == 1 and f["compacted_through_kept"] == 1 \
-        and f["samples_after_compaction"] > 0 and f["samples_after_restart"] > 0 \
-        and f["status_samples_ok"] == f["samples_judged"] and f["metric_samples_ok"] == f["metric_samples_judged"] \
-        and f["metric_absent_outside_restart"] == 0 and f["usage_decreases_status"] == 0 \
-        and f["usage_decreases_metric"] == 0 and f["run_seconds"] < 3600
+    ok = not retained_failures(r, f)
     f["passed"] = int(ok)
     return f, ok
+
+
+def retained_failures(r: dict[str, Any], f: dict[str, float | int]) -> list[str]:
+    """Each pass criterion the run missed, named with its figures, and each judged sample that failed: what a
+    reader of a CI log needs to tell a regression from a starved machine."""
+    criteria = {
+        "samples taken": bool(r["samples"]), "restarted operator reported": bool(r["ready_us"]),
+        "pods_deleted == 0": f["pods_deleted"] == 0,
+        "compacted_before_restart == 1": f["compacted_before_restart"] == 1,
+        "compacted_through_kept == 1": f["compacted_through_kept"] == 1,
+        "samples_after_compaction > 0": f["samples_after_compaction"] > 0,
+        "samples_after_restart > 0": f["samples_after_restart"] > 0,
+        "status_samples_ok == samples_judged": f["status_samples_ok"] == f["samples_judged"],
+        "metric_samples_ok == metric_samples_judged": f["metric_samples_ok"] == f["metric_samples_judged"],
+        "metric_absent_outside_restart == 0": f["metric_absent_outside_restart"] == 0,
+        "usage_decreases_status == 0": f["usage_decreases_status"] == 0,
+        "late_marks_wrong == 0": f["late_marks_wrong"] == 0,
+        "usage_decreases_metric == 0": f["usage_decreases_metric"] == 0,
+        "run_seconds < 3600": f["run_seconds"] < 3600,
+    }
+    missed = [f"criterion missed: {name} ({_named_figures(name, f)})" for name, held in criteria.items() if not held]
+    judged = [s for s in r["samples"] if s["t_seconds"] >= r["plan"]["judge_from"]]
+    missed += [f"sample failed at t = {s['t_seconds']} s: status {s['status_gpu_hours']} vs truth "
+               f"{s['truth_status_gpu_hours']} (ok: {s['status_ok']}), metric {s['metric_gpu_hours']} vs truth "
+               f"{s.get('truth_metric_gpu_hours')} (ok: {s.get('metric_ok')}), scrape "
+               f"{s.get('scrape_window_ms')} ms, staleness {s['staleness_seconds']} s"
+               for s in judged if not (s["status_ok"] and s.get("metric_ok", True))]
+    return missed
+
+
+def _named_figures(criterion: str, f: dict[str, float | int]) -> str:
+    names = [w for w in re.findall(r"[a-z_]+", criterion) if w in f]
+    return ", ".join(f"{n} = {f[n]}" for n in names) or "see the figures"
 
 
 def _retained_setup_figures(r: dict[str, Any]) -> dict[str, float | int]:
@@ -330,6 +385,9 @@ def _retained_accuracy_figures(r: dict[str, Any]) -> dict[str, float | int]:
         "usage_min_step_gpu_seconds_status": round(float(min(status_steps, default=Fraction(0)) * 3600), 3),
         "usage_min_step_gpu_seconds_metric": round(float(min(metric_steps, default=Fraction(0)) * 3600), 3),
         "staleness_max_seconds": hi("staleness_seconds", samples),
+        "late_entries_max": max((s["late_entries"] for s in samples), default=0),
+        "late_bucket_gpu_seconds_max": max((s["late_bucket_gpu_seconds"] for s in samples), default=0.0),
+        "late_marks_wrong": sum(s["late_marks_wrong"] for s in samples),
     }
 
 
@@ -357,6 +415,9 @@ RETAINED_NOTES = {
     "warmup_truth_gpu_seconds_max": "the budget's usage at the last warm-up sample",
     "usage_decreases_status": "consecutive samples where status.consumedGpuHours went down (must be 0)",
     "usage_decreases_metric": "the same for the metric (must be 0)",
+    "late_entries_max": "most ledger entries marked as counted past their pod's finishedAt (recordedEnd) in a sample",
+    "late_bucket_gpu_seconds_max": "most GPU-seconds the buckets marked as counted past recorded finishes",
+    "late_marks_wrong": "entries whose mark disagrees with the pod's finishedAt, summed over samples (must be 0)",
 }
 
 
@@ -393,9 +454,12 @@ entries and {f['ledger_buckets_end']} buckets at the end; `compactedThrough` rec
 Sampled every {plan['every']:g} s: the status against the truth at its computedAt, the metric against the truth over
 its scrape request (the midpoint ratio is shown as well). Judged at every sample from t = {plan['judge_from']:g} s:
 `0.999 <= reported / truth` and `(reported - errorBoundGpuHours) / truth <= 1.001`, i.e. the raw ratio within
-0.999..1.001 unless the ledger's stated over-count bound (status.ledger.errorBoundGpuHours, the most its buckets
-can over-count; it is non-zero only while a bucket straddles the window's trailing edge, which a 1 h window never
-reaches here) admits more; and, at every sample, neither figure lower than at the previous one. Scrapes without
+0.999..1.001 unless the ledger's stated over-count bound (status.ledger.errorBoundGpuHours) admits more. That
+bound is non-zero only while a bucket straddles the window's trailing edge (a 1 h window never reaches that here)
+or while the ledger holds time counted past a pod's recorded finish: a figure that counted a pod running before
+its finish reached the operator is not taken back, and the entry says so (recordedEnd). Every such mark is checked
+against the pod's own finishedAt at every sample (`late_marks_wrong` must be 0): the bound admits only what the
+records show was counted past them. And, at every sample, neither figure lower than at the previous one. Scrapes without
 the series are allowed only between the kill and the restarted operator's first reconcile. Earlier samples are
 warm-up (reported, not judged): container timestamps are whole seconds, so each pod that starts or ends near the
 instant makes a reading uncertain by up to 1 GPU-second (deltas of 0.3-1.5 GPU-s seen), more than 0.1 % until

@@ -72,7 +72,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _budget_common import BUDGETS_PATH, CRD, METRIC, NS, TARGET, ratio
-from _budget_retained import RETAINED_FULL, RETAINED_QUICK, judge_retained, retained, retained_markdown
+from _budget_retained import (
+    RETAINED_FULL,
+    RETAINED_QUICK,
+    judge_retained,
+    retained,
+    retained_failures,
+    retained_markdown,
+)
 from _common import write_results
 
 from gpuops import logs
@@ -459,6 +466,8 @@ Command: `python {" ".join(["bench/budget_accuracy.py", *sys.argv[1:]])}` ({os.c
                                                          "scale": scales})
     print(md)
     print(f"wrote {path}")
+    if kept is not None and not kept_ok:  # last, so that a CI log's tail names what failed
+        print("\n".join(["Retained-finished-pods scenario FAILED:", *retained_failures(kept, kept_figures)]))
     return 0 if kept_ok else 1
 
 

@@ -28,9 +28,16 @@ before e, so for every t at or after the compaction instant
     0 <= consumed_compacted(t) - consumed_exact(t) <= sum over buckets with start < e < end of
                                                         min(G, P * (e - start))  <=  P * w
 
-(per grid, at most one bucket straddles e). `Usage.error_bound` reports that sum in GPU-hours. Buckets are
+(per grid, at most one bucket straddles e). `Usage.error_bound` reports that sum in GPU-hours, plus the late
+parts below. Buckets are
 at most ceil(W / w) + 1 per grid, since only cells overlapping [now - W, now) survive. Merged entries lose
 their UID, so the caller passes `live_uids` (the UIDs still in the API) and entries of those are never merged.
+
+Late parts. A caller that reported a figure counting a pod further than the pod's recorded end later shows
+(its finish arrived late) keeps counting it that far, so the figure is not taken back, and says so: the
+record's `late` microseconds before its end (a bucket's `late_gpu_micros`) are counted but lie past the record.
+`error_bound` adds them (their part inside the window; a bucket's whole while it overlaps the window), so
+`consumed - error_bound` never exceeds the usage the records' own ends give.
 
 Next change. Between breakpoints the consumption is affine in t: with "the known future" (open intervals
 keep running, nothing new starts, the ledger does not change) it changes slope only when the window's leading
@@ -68,6 +75,7 @@ __all__ = [
     "counted_intervals",
     "format_gpu_hours",
     "gpu_hours",
+    "late_error_bound",
     "record",
     "window_usage",
 ]
@@ -103,11 +111,14 @@ def _window(value: object) -> int:
     return window
 
 
-def _check_span(kind: str, uid: object, start: object, end: object, *, open_ok: bool) -> None:
+def _check_span(kind: str, uid: object, start: object, end: object, late: object, *, open_ok: bool) -> None:
     if not isinstance(uid, str) or not uid:
         raise AccountingError(f"{kind}.uid must be a non-empty string (the pod UID), got {uid!r}")
     _instant(start, f"{kind} {uid!r} start")
+    late = _instant(late, f"{kind} {uid!r} late")
     if end is None and open_ok:
+        if late:
+            raise IntervalError(f"{kind} {uid!r} is still running: late must be 0 (nothing ended late), got {late}")
         return
     _instant(end, f"{kind} {uid!r} end")
     assert isinstance(start, int) and isinstance(end, int)
@@ -115,41 +126,52 @@ def _check_span(kind: str, uid: object, start: object, end: object, *, open_ok: 
         raise IntervalError(
             f"{kind} {uid!r} ends ({end}) before it starts ({start}); clamp skewed timestamps before accounting"
         )
+    if not 0 <= late <= end - start:
+        raise IntervalError(f"{kind} {uid!r} late must be within [0, end - start] = [0, {end - start}], got {late}")
 
 
 class Interval(msgspec.Struct, frozen=True, kw_only=True):
-    """A live pod's GPU allocation: from `start` to `end` (None while it still runs), holding `gpus`."""
+    """A live pod's GPU allocation: from `start` to `end` (None while it still runs), holding `gpus`.
+
+    `late`: the last `late` microseconds of `[start, end)` lie past the pod's recorded end. A reported figure
+    counted the pod that far before its finish arrived, and a figure is never taken back, so they count; but
+    `Usage.error_bound` names them, so `consumed - error_bound` never exceeds usage by the record."""
 
     uid: str
     start: int
     end: int | None = None
     gpus: Fraction
+    late: int = 0
 
     def __post_init__(self) -> None:
-        _check_span("Interval", self.uid, self.start, self.end, open_ok=True)
+        _check_span("Interval", self.uid, self.start, self.end, self.late, open_ok=True)
         msgspec.structs.force_setattr(self, "gpus", _gpus(self.gpus, f"Interval {self.uid!r} gpus"))
 
 
 class LedgerEntry(msgspec.Struct, frozen=True, kw_only=True):
-    """A finished or deleted pod, recorded so its usage keeps counting after it leaves the API."""
+    """A finished or deleted pod, recorded so its usage keeps counting after it leaves the API (`late`: as
+    for `Interval`)."""
 
     uid: str
     start: int
     end: int
     gpus: Fraction
+    late: int = 0
 
     def __post_init__(self) -> None:
-        _check_span("LedgerEntry", self.uid, self.start, self.end, open_ok=False)
+        _check_span("LedgerEntry", self.uid, self.start, self.end, self.late, open_ok=False)
         msgspec.structs.force_setattr(self, "gpus", _gpus(self.gpus, f"LedgerEntry {self.uid!r} gpus"))
 
 
 class LedgerBucket(msgspec.Struct, frozen=True, kw_only=True):
-    """Merged ledger entries in `[start, end)`: `gpu_micros` used in total, at most `peak_gpus` at once."""
+    """Merged ledger entries in `[start, end)`: `gpu_micros` used in total, at most `peak_gpus` at once;
+    `late_gpu_micros` of `gpu_micros` lie past the merged pods' recorded ends (see `Interval.late`)."""
 
     start: int
     end: int
     gpu_micros: Fraction
     peak_gpus: Fraction
+    late_gpu_micros: Fraction = Fraction(0)
 
     def __post_init__(self) -> None:
         start = _instant(self.start, "LedgerBucket.start")
@@ -163,8 +185,15 @@ class LedgerBucket(msgspec.Struct, frozen=True, kw_only=True):
                 f"LedgerBucket [{start}, {end}) holds {used} GPU-microseconds, more than peak_gpus {peak} times"
                 " its width allows; the peak must bound the concurrent GPUs"
             )
+        late = _gpus(self.late_gpu_micros, "LedgerBucket.late_gpu_micros")
+        if late > used:
+            raise AccountingError(
+                f"LedgerBucket [{start}, {end}) has late_gpu_micros {late} above its gpu_micros {used}; the late"
+                " part is a part of what the bucket used"
+            )
         msgspec.structs.force_setattr(self, "gpu_micros", used)
         msgspec.structs.force_setattr(self, "peak_gpus", peak)
+        msgspec.structs.force_setattr(self, "late_gpu_micros", late)
 
 
 class Ledger(msgspec.Struct, frozen=True, kw_only=True):
@@ -186,7 +215,8 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
     """The budget's answer at `now`.
 
     consumed/remaining/error_bound are GPU-hours; burn_rate is GPUs held at `now`; exhausted_at and
-    next_change are instants (microseconds) or None. `consumed - error_bound <= exact usage <= consumed`.
+    next_change are instants (microseconds) or None. `consumed - error_bound <= usage by the record <= consumed`,
+    where the record is the inputs with each `late` part removed and each bucket exact (`usage_error_bound`).
     `pods_in_window` counts the UIDs whose GPU usage overlaps the window (compacted ones are not counted).
     """
 
@@ -236,7 +266,8 @@ def counted_intervals(live: Iterable[Interval], ledger: Ledger | Iterable[Ledger
     """The records that count, one per UID, by the rule in the module docstring (sorted by UID)."""
     best = _winners(live, ledger)
     return tuple(
-        item if isinstance(item, Interval) else Interval(uid=item.uid, start=item.start, end=item.end, gpus=item.gpus)
+        item if isinstance(item, Interval)
+        else Interval(uid=item.uid, start=item.start, end=item.end, gpus=item.gpus, late=item.late)
         for _, item in sorted(best.items())
     )
 
@@ -323,14 +354,30 @@ def _exhaustion(
 
 
 def compaction_error_bound(ledger: Ledger, *, now: int, window: int) -> Fraction:
-    """Most GPU-hours the ledger's buckets can over-count at `now` (0 when no bucket straddles the edge)."""
+    """Most GPU-hours the ledger's buckets can over-count at `now`: the bucket the trailing edge is inside
+    counts whole what it held before the edge, and every bucket in the window its late part (0 when no bucket
+    straddles the edge and none holds late usage)."""
     now = _instant(now, "now")
     edge = now - _window(window)
     total = Fraction(0)
     for b in ledger.buckets:
         if b.start < edge < b.end:
-            total += min(b.gpu_micros, b.peak_gpus * (edge - b.start))
+            total += min(b.gpu_micros, b.late_gpu_micros + b.peak_gpus * (edge - b.start))
+        elif b.start < now and edge < b.end:
+            total += b.late_gpu_micros
     return total / MICROS_PER_HOUR
+
+
+def late_error_bound(records: Iterable[Interval | LedgerEntry], *, now: int, window: int) -> Fraction:
+    """GPU-hours of the records' late parts (counted past their recorded ends) inside `[now - window, now)`,
+    summed as given (no UID dedup)."""
+    late: list[Interval] = []
+    for r in records:
+        if not isinstance(r, Interval | LedgerEntry):
+            raise AccountingError(f"records must hold Interval or LedgerEntry values, got {r!r}")
+        if r.late and r.end is not None:
+            late.append(Interval(uid=r.uid, start=r.end - r.late, end=r.end, gpus=r.gpus))
+    return gpu_hours(late, now=now, window=window)
 
 
 def window_usage(
@@ -414,7 +461,8 @@ def window_usage(
         burn_rate=Fraction(burn, scale),
         exhausted_at=None if over else _exhaustion(spans, steps, now, window, used, slope, quota_scaled),
         next_change=min(candidates) if candidates else None,
-        error_bound=compaction_error_bound(ledger, now=now, window=window),
+        error_bound=compaction_error_bound(ledger, now=now, window=window)
+        + late_error_bound(records, now=now, window=window),
         pods_in_window=members,
     )
 
@@ -464,12 +512,13 @@ def compact_ledger(
 
     best = _dedupe(ledger.entries)
     keep = [e for e in best.values() if isinstance(e, LedgerEntry) and e.end > horizon]
-    grid: dict[tuple[int, int], list[Fraction]] = {}
+    grid: dict[tuple[int, int], list[Fraction]] = {}  # cell -> [GPU-microseconds, peak GPUs, late part]
     for b in ledger.buckets:
         if b.end > horizon:
-            slot = grid.setdefault((b.start, b.end), [Fraction(0), Fraction(0)])
+            slot = grid.setdefault((b.start, b.end), [Fraction(0), Fraction(0), Fraction(0)])
             slot[0] += b.gpu_micros
             slot[1] += b.peak_gpus
+            slot[2] += b.late_gpu_micros
 
     if len(keep) > limit:
         eligible = sorted(
@@ -479,22 +528,28 @@ def compact_ledger(
         merged_uids = {e.uid for e in merged}
         keep = [e for e in keep if e.uid not in merged_uids]
         cells: dict[int, list[tuple[int, int, Fraction]]] = {}
+        late_cells: dict[int, Fraction] = {}
         for e in merged:
             lo = max(e.start, horizon)  # the part before the horizon can never be in a later window
             if e.gpus == 0 or lo >= e.end:
                 continue
             for k in range(lo // width, (e.end - 1) // width + 1):
-                cells.setdefault(k, []).append((max(lo, k * width), min(e.end, (k + 1) * width), e.gpus))
+                piece_lo, piece_hi = max(lo, k * width), min(e.end, (k + 1) * width)
+                cells.setdefault(k, []).append((piece_lo, piece_hi, e.gpus))
+                late = piece_hi - max(piece_lo, e.end - e.late)
+                if late > 0:
+                    late_cells[k] = late_cells.get(k, Fraction(0)) + e.gpus * late
         for k, pieces in cells.items():
-            slot = grid.setdefault((k * width, (k + 1) * width), [Fraction(0), Fraction(0)])
+            slot = grid.setdefault((k * width, (k + 1) * width), [Fraction(0), Fraction(0), Fraction(0)])
             slot[0] += sum((g * (hi - lo) for lo, hi, g in pieces), Fraction(0))
             slot[1] += _peak(pieces)
+            slot[2] += late_cells.get(k, Fraction(0))
 
     return Ledger(
         entries=tuple(sorted(keep, key=lambda e: (e.start, e.uid))),
         buckets=tuple(
-            LedgerBucket(start=start, end=end, gpu_micros=used, peak_gpus=peak)
-            for (start, end), (used, peak) in sorted(grid.items())
+            LedgerBucket(start=start, end=end, gpu_micros=used, peak_gpus=peak, late_gpu_micros=late)
+            for (start, end), (used, peak, late) in sorted(grid.items())
         ),
     )
 

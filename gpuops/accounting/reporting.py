@@ -18,6 +18,8 @@ enforcement decision, metrics) one consistent series:
    view that still shows a finished pod running (the kubelet's report, or the watch carrying it, lagged) has
    counted it past its finishedAt. A container that finished "at second 10" stopped somewhere in [10, 11):
    counting it through 11 is within what Kubernetes recorded, counting it further is provably too much.
+   What is counted past the recorded end is the record's `late` part: the figures keep it, and their error
+   bound (`Usage.error_bound`) names it, so a reader knows how much of a figure the records do not show.
 
 Together, while nothing leaves the window and the view lags by less than a second, usage reported at t1 <= usage
 reported at t2 for t1 <= t2; with any lag, a finished pod counts at most one second more than its record says,
@@ -115,7 +117,8 @@ def settle_end(start: int, end: int, counted: int | None = None) -> int:
 
 
 def settle(intervals: Iterable[Interval], counted: Mapping[str, int]) -> tuple[Interval, ...]:
-    """The intervals with each finished one's end raised by `settle_end` towards what `counted` holds for its UID.
+    """The intervals with each finished one's end raised by `settle_end` towards what `counted` holds for its UID,
+    the part raised past the given end added to its `late` part.
 
     Open intervals are kept as they are (they count up to every later instant anyway).
     """
@@ -126,6 +129,6 @@ def settle(intervals: Iterable[Interval], counted: Mapping[str, int]) -> tuple[I
         if item.end is not None:
             end = settle_end(item.start, item.end, counted.get(item.uid))
             if end != item.end:
-                item = msgspec.structs.replace(item, end=end)
+                item = msgspec.structs.replace(item, end=end, late=item.late + end - item.end)
         out.append(item)
     return tuple(out)

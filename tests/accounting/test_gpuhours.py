@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from fractions import Fraction
+from typing import TypeVar
 
+import msgspec
 import pytest
 from hypothesis import assume, event, example, given, settings
 from hypothesis import strategies as st
@@ -21,6 +23,7 @@ from gpuops.accounting.gpuhours import (
     counted_intervals,
     format_gpu_hours,
     gpu_hours,
+    late_error_bound,
     record,
     window_usage,
 )
@@ -29,6 +32,7 @@ from gpuops.accounting.quantity import parse_quantity
 F = Fraction
 H = MICROS_PER_HOUR
 S = 1_000_000  # one second in microseconds
+_R = TypeVar("_R", Interval, LedgerEntry)
 
 
 def iv(uid: str, start: int, end: int | None, gpus: int | Fraction = 1) -> Interval:
@@ -517,6 +521,69 @@ def test_compaction_error_bound_holds(
     # compacting again is stable under the same parameters
     again = compact_ledger(small, now=now, window=window, max_entries=keep, bucket_width=width, live_uids=live_uids)
     assert again == small
+
+
+def _with_late(record: _R, late: int) -> _R:
+    return record if record.end is None else msgspec.structs.replace(record, late=min(late, record.end - record.start))
+
+
+def by_record(live: list[Interval], ledger: Ledger, *, now: int, window: int) -> Fraction:
+    """The usage the records' own ends give: every winner of the dedup rule without its late part."""
+    return gpu_hours([i if i.end is None else iv(i.uid, i.start, i.end - i.late, i.gpus)
+                      for i in counted_intervals(live, ledger)], now=now, window=window)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    entries=ledgers(max_size=12),
+    live=live_lists("d", max_size=4),
+    lates=st.lists(st.integers(0, 400), min_size=16, max_size=16),
+    window=WINDOWS,
+    width=st.integers(1, 800),
+    keep=st.integers(0, 4),
+    later=st.lists(st.integers(0, 6_000), min_size=1, max_size=4),
+)
+def test_consumed_less_the_error_bound_never_exceeds_the_usage_by_the_records(
+    entries: list[LedgerEntry], live: list[Interval], lates: list[int], window: int, width: int, keep: int,
+    later: list[int],
+) -> None:
+    """Late parts (counted past a recorded end so a reported figure is not taken back) and compaction both
+    over-count; the error bound names all of it, before and after compaction, at every later instant."""
+    entries = [_with_late(e, n) for e, n in zip(entries, lates, strict=False)]
+    live = [_with_late(i, n) for i, n in zip(live, lates[::-1], strict=False)]
+    now = max((e.end for e in entries), default=0) + 10
+    ledger = Ledger(entries=tuple(entries))
+    small = compact_ledger(ledger, now=now, window=window, max_entries=keep, bucket_width=width,
+                           live_uids={i.uid for i in live})
+    late_total = sum((b.late_gpu_micros for b in small.buckets), F(0))
+    merged_uids = {e.uid for e in entries} - {e.uid for e in small.entries}
+    assert late_total <= sum((e.gpus * e.late for e in entries if e.uid in merged_uids), F(0))
+    for t in (now + dt for dt in [0, *later]):
+        truth = by_record(live, ledger, now=t, window=window)
+        for book in (ledger, small):
+            usage = window_usage(live, book, now=t, window=window, quota=1)
+            assert usage.consumed - usage.error_bound <= truth <= usage.consumed
+        exact = window_usage(live, ledger, now=t, window=window, quota=1)
+        assert exact.error_bound == late_error_bound(counted_intervals(live, ledger), now=t, window=window)
+
+
+def test_a_late_part_is_named_by_the_error_bound_while_in_the_window_and_carried_into_its_bucket() -> None:
+    late = LedgerEntry(uid="p", start=0, end=300, gpus=F(2), late=100)  # recorded end 200, counted through 300
+    usage = window_usage([], Ledger(entries=(late,)), now=1000, window=1000, quota=1)
+    assert (usage.consumed, usage.error_bound) == (F(600, H), F(200, H))
+    assert window_usage([], Ledger(entries=(late,)), now=1250, window=1000, quota=1).error_bound == F(100, H)
+    assert window_usage([], Ledger(entries=(late,)), now=1300, window=1000, quota=1).error_bound == 0
+    small = compact_ledger(Ledger(entries=(late,)), now=1000, window=1000, max_entries=0, bucket_width=250)
+    assert [(b.start, b.gpu_micros, b.late_gpu_micros) for b in small.buckets] == [(0, 500, 100), (250, 100, 100)]
+    # while the trailing edge is inside the first bucket, it over-counts what it held before the edge and its
+    # late part; the second bucket counts its late part whole
+    assert compaction_error_bound(small, now=1100, window=1000) == F(min(500, 100 + 2 * 100) + 100, H)
+    with pytest.raises(IntervalError, match="late must be 0"):
+        Interval(uid="r", start=0, end=None, gpus=F(1), late=1)
+    with pytest.raises(IntervalError, match=r"late must be within \[0, end - start\]"):
+        LedgerEntry(uid="r", start=0, end=10, gpus=F(1), late=11)
+    with pytest.raises(AccountingError, match="late_gpu_micros 11 above its gpu_micros 10"):
+        LedgerBucket(start=0, end=10, gpu_micros=F(10), peak_gpus=F(1), late_gpu_micros=F(11))
 
 
 def phases(records: tuple[Interval, ...], buckets: tuple[LedgerBucket, ...], t: int, w: int) -> tuple[bool, ...]:

@@ -139,6 +139,7 @@ def test_settle_only_raises_finished_ends_to_what_was_counted(live: list[Interva
             continue
         assert after.end is not None and after.end >= before.end
         assert after.end == max(before.end, min(counted.get(before.uid, before.end), before.end + S))
+        assert after.late == before.late + after.end - before.end  # what settling added is marked late
     if len({i.uid for i in live}) == len(live):  # settling the record again against its settled ends is stable
         assert settle(live, {a.uid: a.end for a in settled if a.end is not None}) == settled
 
@@ -262,6 +263,10 @@ def test_a_lagging_view_over_counts_a_finished_pod_by_at_most_a_second(
     for got, want in zip(final, exact, strict=True):
         if want.end is not None:
             assert got.end is not None and want.end <= got.end <= want.end + S
+    # what was counted past the records is exactly what the figure's error bound names
+    figure = reported_usage(final, now=end_of_all, window=WINDOW, quota=QUOTA)
+    assert figure.consumed - figure.error_bound == reported_usage(exact, now=end_of_all, window=WINDOW,
+                                                                  quota=QUOTA).consumed
 
 
 @settings(max_examples=300)

@@ -154,9 +154,13 @@ class LedgerEntryStatus(_Api):
     start: Annotated[str, crd(format="date-time")] = ""
     """Earliest container start."""
     end: Annotated[str, crd(format="date-time")] = ""
-    """Latest container finish (or when the pod was seen gone)."""
+    """Latest container finish (or when the pod was seen gone), as counted."""
     gpus: str = "0"
     """GPUs held (a quantity)."""
+    recorded_end: Annotated[str | None, crd(format="date-time")] = None
+    """Present when `end` lies past the pod's recorded finish: an earlier figure counted the pod that far before
+    its finish reached the operator, and a reported figure is not taken back. The time between the two is
+    counted and included in errorBoundGpuHours."""
 
 
 class LedgerBucketStatus(_Api):
@@ -170,6 +174,8 @@ class LedgerBucketStatus(_Api):
     """GPU-seconds used inside the cell (a quantity)."""
     peak_gpus: str = "0"
     """Upper bound on the GPUs in use at once inside the cell (a quantity)."""
+    late_gpu_seconds: str = "0"
+    """Of gpuSeconds, what was counted past the merged pods' recorded finishes (see the entries' recordedEnd)."""
 
 
 class LedgerStatus(_Api):
@@ -180,7 +186,9 @@ class LedgerStatus(_Api):
     bucket_seconds: int = 0
     """Width of the buckets entries are merged into."""
     error_bound_gpu_hours: str = ""
-    """Most GPU-hours the buckets can over-count right now (0 without buckets)."""
+    """Most GPU-hours consumedGpuHours can exceed the usage the pods' own records give right now: buckets
+    straddling the window's trailing edge count whole, and time counted past recorded finishes (recordedEnd,
+    lateGpuSeconds) counts. consumedGpuHours minus this never exceeds the usage by the records."""
     compacted_through: Annotated[str | None, crd(format="date-time")] = None
     """Finished pods ending at or before this are in the buckets (or out of the window): they are never counted
     again."""
@@ -230,8 +238,8 @@ class BudgetStatus(_Api):
     accounted for); absent if never or already over quota."""
     ledger: LedgerStatus | None = None
     """Usage of finished and deleted pods still inside the window, so it keeps counting after the pods are gone.
-    Bounded: beyond maxEntries the oldest entries merge into buckets of bucketSeconds, which may over-count by
-    at most errorBoundGpuHours."""
+    Bounded: beyond maxEntries the oldest entries merge into buckets of bucketSeconds. consumedGpuHours exceeds
+    the usage the pods' records give by at most errorBoundGpuHours."""
     last_enforcement: LastEnforcement | None = None
     """The latest enforcement step."""
     conditions: Annotated[tuple[Condition, ...] | None, crd(list_type="map", list_map_keys=("type",))] = None
@@ -249,7 +257,8 @@ class GPUWorkloadBudget(_Api):
     second (the status's computedAt), so an Event never names a figure the status contradicts. A reported figure
     is not taken back when a pod's finish arrives late: the pod counts through the second an earlier figure
     counted it, up to one second past its recorded finishedAt (that record's precision: a container that
-    finished "at second 10" stopped within [10, 11)). Only a finish that reached the API server more than a
+    finished "at second 10" stopped within [10, 11)); the ledger marks those seconds (recordedEnd) and
+    status.ledger.errorBoundGpuHours includes them. Only a finish that reached the API server more than a
     second late lowers an earlier figure, to the exact one. The operator remembers reported seconds while it
     runs; after a restart a pod's recorded finish counts. A pod that starts and stops within the same second
     counts zero. A pod that vanishes while still running has no recorded finish: it counts until the operator

@@ -36,8 +36,11 @@ Ledger
     for the ledger to stay bounded. Entries: at most max_ledger_entries plus those that ended within
     `compaction_margin` (60 s: the cache may lag a pod's final status, and an entry is merged only once no
     late pod can still end before the watermark). Buckets: at most bucket_divisions + 1 per bucket width.
-    Error: buckets never under-count; they over-count by at most status.ledger.errorBoundGpuHours (<= peak
-    GPUs in one bucket x the bucket width), and only while a bucket straddles the window's trailing edge.
+    Error: buckets never under-count; they over-count by at most peak GPUs in one bucket x the bucket width,
+    and only while a bucket straddles the window's trailing edge. Time counted past a pod's recorded finish (a
+    figure had counted it running before the finish arrived: `settle_end`) is an entry's `late` part, kept in
+    status as recordedEnd and in buckets as lateGpuSeconds. status.ledger.errorBoundGpuHours is the sum of
+    both, so consumedGpuHours minus it never exceeds the usage the pods' own records give.
     With accounting.retainFinishedPods, matched pods carry the `gpuops.io/budget-accounting` finalizer (added
     before any enforcement), removed right after a successful status write holds their final usage (in every
     retaining budget that selects them), so deletions while the operator is down lose nothing either. Without
@@ -260,8 +263,8 @@ class Book:
         return self.compacted_through is not None and end <= self.compacted_through
 
 
-EntryText = tuple[str, str, str, str]
-"""A ledger entry as status holds it: (uid, start, end, gpus)."""
+EntryText = tuple[str, str, str, str, str | None]
+"""A ledger entry as status holds it: (uid, start, end, gpus, recordedEnd)."""
 
 
 @dataclass(slots=True)
@@ -273,7 +276,7 @@ class LedgerMemo:
     the ledger (bounded by it), and a forgotten budget drops its memo."""
 
     parsed: dict[EntryText, LedgerEntry] = field(default_factory=dict)
-    texts: dict[LedgerEntry, tuple[str, str, str]] = field(default_factory=dict)
+    texts: dict[LedgerEntry, tuple[str, str, str, str | None]] = field(default_factory=dict)
 
 
 def ledger_from_status(status: LedgerStatus | None, resource: str, memo: LedgerMemo | None = None) -> Book:
@@ -289,12 +292,11 @@ def ledger_from_status(status: LedgerStatus | None, resource: str, memo: LedgerM
     known = memo.parsed if memo is not None else {}
     kept: dict[EntryText, LedgerEntry] = {}
     for e in status.entries or ():
-        text = (e.uid, e.start, e.end, e.gpus)
+        text = (e.uid, e.start, e.end, e.gpus, e.recorded_end)
         entry = known.get(text)
         if entry is None:
             try:
-                entry = LedgerEntry(uid=e.uid, start=parse_time(e.start), end=parse_time(e.end),
-                                    gpus=parse_quantity(e.gpus))
+                entry = _entry_from_status(e)
             except (ValueError, AccountingError) as err:
                 log.warning("ledger entry unreadable; skipped", uid=e.uid, error=str(err))
                 continue
@@ -308,10 +310,26 @@ def ledger_from_status(status: LedgerStatus | None, resource: str, memo: LedgerM
         try:
             buckets.append(LedgerBucket(start=parse_time(b.start), end=parse_time(b.end),
                                         gpu_micros=parse_quantity(b.gpu_seconds) * _SECOND,
-                                        peak_gpus=parse_quantity(b.peak_gpus)))
+                                        peak_gpus=parse_quantity(b.peak_gpus),
+                                        late_gpu_micros=min(parse_quantity(b.late_gpu_seconds),
+                                                            parse_quantity(b.gpu_seconds)) * _SECOND))
         except (ValueError, AccountingError) as err:
             log.warning("ledger bucket unreadable; skipped", start=b.start, error=str(err))
     return Book(Ledger(entries=tuple(entries), buckets=tuple(buckets)), names, _t(status.compacted_through))
+
+
+def _entry_from_status(e: LedgerEntryStatus) -> LedgerEntry:
+    """Raises ValueError or AccountingError on an unreadable uid, start, end or gpus. An unreadable recordedEnd
+    only loses the late part's mark (logged): the usage itself still counts."""
+    start, end = parse_time(e.start), parse_time(e.end)
+    late = 0
+    if e.recorded_end is not None:
+        try:
+            late = end - min(end, max(start, parse_time(e.recorded_end)))
+        except ValueError as err:
+            log.warning("ledger entry's recordedEnd unreadable; its late part is not marked", uid=e.uid,
+                        error=str(err))
+    return LedgerEntry(uid=e.uid, start=start, end=end, gpus=parse_quantity(e.gpus), late=late)
 
 
 def ledger_to_status(
@@ -321,15 +339,16 @@ def ledger_to_status(
     """`memo`: entries formatted at the previous call for the same budget are reused (only the current kept)."""
     ledger, names = book.ledger, book.names
     known = memo.texts if memo is not None else {}
-    kept: dict[LedgerEntry, tuple[str, str, str]] = {}
+    kept: dict[LedgerEntry, tuple[str, str, str, str | None]] = {}
     entries = []
     for e in ledger.entries:
         text = known.get(e)
         if text is None:
-            text = (format_time(e.start), format_time(e.end), _quantity(e.gpus))
+            text = (format_time(e.start), format_time(e.end), _quantity(e.gpus),
+                    format_time(e.end - e.late) if e.late else None)
         kept[e] = text
         entries.append(LedgerEntryStatus(uid=e.uid, name=names.get(e.uid, ""), start=text[0], end=text[1],
-                                         gpus=text[2]))
+                                         gpus=text[2], recorded_end=text[3]))
     if memo is not None:
         memo.texts = kept
     return LedgerStatus(
@@ -341,7 +360,8 @@ def ledger_to_status(
         entries=tuple(entries) or None,
         buckets=tuple(
             LedgerBucketStatus(start=format_time(b.start), end=format_time(b.end),
-                               gpu_seconds=_quantity(b.gpu_micros / _SECOND), peak_gpus=_quantity(b.peak_gpus))
+                               gpu_seconds=_quantity(b.gpu_micros / _SECOND), peak_gpus=_quantity(b.peak_gpus),
+                               late_gpu_seconds=_quantity(b.late_gpu_micros / _SECOND))
             for b in ledger.buckets
         ) or None,
     )
@@ -511,12 +531,12 @@ class BudgetReconciler:
             gpus = facts.gpus[resource] = pod_gpus(pod, resource)
         return gpus
 
-    def _interval(self, pod: Pod, start: int, end: int | None, gpus: Fraction) -> Interval:
+    def _interval(self, pod: Pod, start: int, end: int | None, gpus: Fraction, late: int) -> Interval:
         """The pod's accounting interval, reused while it is the same (building one validates its fields)."""
         facts = self._facts[pod.metadata.uid]  # _gpus/_span made it
         hit = facts.interval
-        if hit is None or hit.start != start or hit.end != end or hit.gpus is not gpus:
-            hit = facts.interval = Interval(uid=pod.metadata.uid, start=start, end=end, gpus=gpus)
+        if hit is None or hit.start != start or hit.end != end or hit.gpus is not gpus or hit.late != late:
+            hit = facts.interval = Interval(uid=pod.metadata.uid, start=start, end=end, gpus=gpus, late=late)
         return hit
 
     def _publish(self, ns: str, name: str, live: tuple[Interval, ...], ledger: Ledger, spec: ParsedSpec,
@@ -697,13 +717,13 @@ class BudgetReconciler:
                 open_uids.add(uid)
             interval = None
             halt = stopped.get(uid)
-            end = _counted_end(span, None if halt is None else counting_instant(halt), counted.get(uid))
+            end, late = _counted_end(span, None if halt is None else counting_instant(halt), counted.get(uid))
             if span.start is not None and gpus > 0 and not (
                 span.end is not None and end is not None and prev_book.covers(end)
             ):
-                interval = self._interval(pod, span.start, end, gpus)
+                interval = self._interval(pod, span.start, end, gpus, late)
                 if span.end is not None and end is not None:
-                    fresh.append(LedgerEntry(uid=uid, start=span.start, end=end, gpus=gpus))
+                    fresh.append(LedgerEntry(uid=uid, start=span.start, end=end, gpus=gpus, late=late))
                     names[uid] = pod.metadata.name
             members.append(_Member(pod, span, gpus, interval))
         departed = dict(self._departed.get(key, {}))
@@ -958,8 +978,9 @@ def _recorded(ledger: LedgerStatus | None, uid: str, end: int) -> bool:
     return (through is not None and end <= through) or any(e.uid == uid for e in ledger.entries or ())
 
 
-def _counted_end(span: PodSpan, halted: int | None, counted: int | None) -> int | None:
-    """The end to count for a pod still in the cache (None: it still runs).
+def _counted_end(span: PodSpan, halted: int | None, counted: int | None) -> tuple[int | None, int]:
+    """The end to count for a pod still in the cache (None: it still runs), and how much of it lies past the
+    recorded end (the interval's `late` part).
 
     A pod we evicted with no grace period (`halted`: the counting instant we sent the eviction) ends then while
     the cache still shows it running; once its final state is in, at its finishedAt (the server stopped it
@@ -967,9 +988,15 @@ def _counted_end(span: PodSpan, halted: int | None, counted: int | None) -> int 
     (`halted` itself, once a figure was reported after it), so its reported usage never shrinks (`settle_end`).
     """
     if span.start is None:
-        return span.end
+        return span.end, 0
     end = span.end if span.end is not None else halted
-    return None if end is None else settle_end(span.start, end, counted)
+    return (None, 0) if end is None else _settled(span.start, end, counted)
+
+
+def _settled(start: int, end: int, counted: int | None) -> tuple[int, int]:
+    """`settle_end`, and the part of the settled end past the given one (the record's late part)."""
+    settled = settle_end(start, end, counted)
+    return settled, settled - max(start, end)
 
 
 def _departed_entry(
@@ -990,4 +1017,5 @@ def _departed_entry(
         deleted = _t(pod.metadata.deletion_timestamp)
         if halted is None and deleted is not None:
             end = min(end, deleted)
-    return LedgerEntry(uid=pod.metadata.uid, start=span.start, end=settle_end(span.start, end, counted), gpus=gpus)
+    settled, late = _settled(span.start, end, counted)
+    return LedgerEntry(uid=pod.metadata.uid, start=span.start, end=settled, gpus=gpus, late=late)

@@ -276,3 +276,23 @@ async def test_a_controller_clock_ahead_of_the_cluster_takes_nothing_back(
             assert_never_decreases(versions)
             assert series == sorted(series), (name, series)
         assert await env.events("Evicted")
+        await assert_late_parts_are_named(env, "own", ["own-1", "own-2"])
+
+
+async def assert_late_parts_are_named(env: Env, name: str, pods: list[str]) -> None:
+    """What the budget counted past the pods' recorded finishes is marked (entry recordedEnd: the pod's
+    finishedAt, at most a second before the counted end) and is exactly its error bound: consumed less the
+    bound is the usage the pods' own timestamps give (to the status's six decimals)."""
+    raw = {p["metadata"]["name"]: p for p in await env.raw_pods(pods)}
+    ledger = (await env.budget(name)).status.ledger
+    assert ledger is not None and len(ledger.entries or ()) == len(pods)
+    for e in ledger.entries or ():
+        finished = max(seconds(t["finishedAt"]) for c in raw[e.name]["status"]["containerStatuses"]
+                       if (t := (c.get("state") or {}).get("terminated")))
+        if e.recorded_end is not None:
+            assert seconds(e.recorded_end) == finished and 0 < parse_time(e.end) - finished * S <= S, e
+        else:
+            assert parse_time(e.end) == finished * S, e
+    st = (await env.budget(name)).status
+    by_record = Fraction(st.consumed_gpu_hours) - Fraction(ledger.error_bound_gpu_hours)
+    assert abs(by_record - truth_gpu_hours(list(raw.values()))) <= Fraction(2, 10**6), st

@@ -159,6 +159,28 @@ def test_ledger_status_round_trip_is_exact() -> None:
     assert ledger_from_status(st, "nvidia.com/gpu") == Book()  # another resource: not comparable
 
 
+def test_late_parts_survive_the_status_round_trip_and_a_damaged_mark_keeps_the_usage() -> None:
+    """What was counted past a pod's recorded finish is kept in status (entry recordedEnd, bucket
+    lateGpuSeconds), so a restarted operator still names it in the error bound."""
+    ledger = Ledger(
+        entries=(LedgerEntry(uid="a", start=S, end=3 * S + 5, gpus=Fraction(2), late=S // 2),),
+        buckets=(LedgerBucket(start=0, end=15 * S, gpu_micros=Fraction(15, 2) * S, peak_gpus=Fraction(3, 2),
+                              late_gpu_micros=Fraction(1, 4) * S),),
+    )
+    book = Book(ledger, {"a": "pod-a"})
+    st = ledger_to_status(book, resource="cpu", max_entries=500, bucket_width=15 * S, error=Fraction(0))
+    assert st.entries is not None and st.entries[0].recorded_end == format_time(5 * S // 2 + 5)
+    assert st.buckets is not None and st.buckets[0].late_gpu_seconds == "250m"
+    assert ledger_from_status(msgspec.convert(msgspec.to_builtins(st), LedgerStatus), "cpu") == book
+    plain = ledger_to_status(Book(Ledger(entries=(LedgerEntry(uid="b", start=0, end=S, gpus=Fraction(1)),))),
+                             resource="cpu", max_entries=500, bucket_width=15 * S, error=Fraction(0))
+    assert "recordedEnd" not in msgspec.json.encode(plain).decode()  # no late part: no mark
+    for mark, late in (("not a time", 0), (format_time(0), 3 * S + 5 - S), (format_time(9 * S), 0)):
+        damaged = msgspec.structs.replace(st.entries[0], recorded_end=mark)  # unreadable, before start, after end
+        got = ledger_from_status(msgspec.structs.replace(st, entries=(damaged,)), "cpu")
+        assert got.ledger.entries == (msgspec.structs.replace(ledger.entries[0], late=late),), mark
+
+
 def test_ledger_memo_parses_and_formats_each_entry_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every reconcile reads and rewrites the whole ledger (up to 500 entries); with the budget's memo an entry
     is parsed and formatted once (two thirds of a reconcile's time went there, measured with bench/scale.py), the
