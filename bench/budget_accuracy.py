@@ -37,8 +37,10 @@ over its scrape request (the operator evaluates it at some instant inside the re
 range, else the ratio to the nearer end; the ratio at the request's midpoint is reported too), truth being
 `truth` over the pods in the emulator's store. Pass: (1) from t = 30 s on, at every sample, for the status and
 the metric, 0.999 <= reported / truth and (reported - status.ledger.errorBoundGpuHours) / truth <= 1.001: the raw
-ratio within 0.999..1.001 unless the ledger's stated bound on its buckets' over-count admits more (that bound is
-0 unless a bucket straddles the window's trailing edge, which a 1 h window never reaches here); (2) at every
+ratio within 0.999..1.001 unless the ledger's stated over-count bound admits more (that bound is 0 unless a
+bucket straddles the window's trailing edge, which a 1 h window never reaches here, or a pod was counted past its
+recorded finish because its finish reached the operator after a figure counted it running; each such ledger entry
+is marked with recordedEnd, checked against the pod's finishedAt at every sample); (2) at every
 sample neither figure lower than at the previous one; (3) a scrape without the budget's series only between the
 kill and the restarted operator's first reconcile; (4) the ledger had buckets before the kill, every sample with
 buckets also has compactedThrough, and no pod was deleted. Samples before t = 30 s are reported, not judged:
