@@ -36,7 +36,7 @@ import shutil
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -284,6 +284,9 @@ class AllRig:
     farm: MigAgentFarm
     faults: CountingFaults
     reclaimed: list[str] = field(default_factory=list)
+    ignored: Callable[[dict[str, Any]], bool] = lambda _obj: False
+    """Objects that are not the scenario's (chaos/bad_objects.py's poison): left out of `objects`, so of the
+    convergence checks and the compared final state."""
 
     @property
     def cluster(self) -> SimCluster:
@@ -294,7 +297,7 @@ class AllRig:
         return [f"gpu-{i}" for i in range(self.plan.machines)]
 
     def objects(self, gr: tuple[str, str]) -> list[dict[str, Any]]:
-        return list(self.cluster.access.iter(gr))
+        return [o for o in self.cluster.access.iter(gr) if not self.ignored(o)]
 
     def pool(self) -> dict[str, Any]:
         return self.cluster.access.get(POOLS, "", POOL) or {}

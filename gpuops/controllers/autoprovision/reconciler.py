@@ -373,6 +373,7 @@ class Autoprovisioner:
         else:
             status = msgspec.structs.replace(group.status, state="Draining", since=stamp, transition=transition)
             reason, message = "PowerOffDecided", f"powering off {spec.node_name}: {why}"
+        status = _condition(status, group, "Ready", "False", reason, message)  # no longer what it said before
         if not await self._write(group, status):
             return False
         if self.controller is not None:  # do not wait for the status event alone to bring the group's turn
@@ -542,13 +543,21 @@ class Autoprovisioner:
                            time=format_time(round(outcome.finished_at * _SECOND)), attempt=done.attempts,
                            error=outcome.error)
         status = msgspec.structs.replace(group.status, transition=done, last_webhook=last)
+        node, up = group.spec.node_name, tr.direction == "up"
+        doing = "powering on" if up else "powering off"
         if outcome.ok:
             self._holds.pop(group.metadata.uid, None)
             status = _condition(status, group, "WebhookFailing", "False", "Accepted",
                                 f"{tr.direction} request accepted (HTTP {outcome.status})")
+            status = _condition(status, group, "Ready", "False", "PowerOnDecided" if up else "PowerOffDecided",
+                                f"{doing} {node}: the webhook accepted the request; waiting for the machine")
         else:
+            again = "retried" if outcome.retryable else "retried ever more rarely until the spec changes"
             status = _condition(status, group, "WebhookFailing", "True",
                                 "Retrying" if outcome.retryable else "Refused", outcome.error)
+            status = _condition(status, group, "Ready", "False", "WebhookFailed",
+                                f"{doing} {node} is failing: the webhook call did not succeed ({outcome.error});"
+                                f" {again}")
         await self._write(group, status)  # one write: what was sent, and how it went
         return outcome
 

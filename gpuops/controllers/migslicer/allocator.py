@@ -375,6 +375,10 @@ class Allocator:
             await self._no_fit(pod, "InvalidRequest", f"cannot place {', '.join(profiles)}: {e}")
             return None
         if plan is None:
+            never = never_fits(candidates, profiles)
+            if never is not None:  # retried all the same: a node with other GPUs may join
+                await self._no_fit(pod, "Unsatisfiable", never)
+                return Result(requeue_after=self.settings.retry)
             if candidates:
                 why["not enough free slices in a placement that fits"] += len(candidates)
             reasons = "; ".join(f"{n} {w}" for w, n in why.most_common()) or "no MIG node reports"
@@ -608,3 +612,35 @@ def _key(pod: Pod) -> str:
 def waiting(pods: Iterable[Pod]) -> int:
     return sum(1 for p in pods if gated(p))
 
+
+def never_fits(candidates: list[mig.Node], profiles: list[str]) -> str | None:
+    """Why the pod's slices fit on none of the nodes that could take it even with every GPU empty (None: they
+    would fit once slices are freed). A profile no GPU there offers, or more slices than one node holds, is not
+    a wait for capacity: the message says what to ask for instead."""
+    if not candidates:
+        return None
+    models = {g.model for n in candidates for g in n.gpus}
+    offered: set[str] = set()
+    unknown: list[str] = []
+    for model in models:
+        offered.update(p.name for p in mig.geometry(model).profiles)
+    for name in dict.fromkeys(profiles):
+        if not any(_offers(model, name) for model in models):
+            unknown.append(name)
+    if unknown:
+        return (f"no MIG node that may run this pod has a GPU offering {', '.join(unknown)} "
+                f"({', '.join(sorted(models))} offer {', '.join(sorted(offered))}): ask for one of those profiles")
+    emptied = [mig.Node(n.name, tuple(mig.GPU(g.name, g.model) for g in n.gpus)) for n in candidates]
+    if mig.place_in_cluster(emptied, profiles) is None:
+        return (f"{len(profiles)} slices ({', '.join(profiles)}) fit on no single node even with all its GPUs empty, "
+                "and a pod's slices must all be on its node: ask for fewer or smaller slices, or split the work "
+                "over several pods")
+    return None
+
+
+def _offers(model: str, profile: str) -> bool:
+    try:
+        mig.parse_profile(mig.geometry(model), profile)
+    except AccountingError:
+        return False
+    return True

@@ -26,7 +26,8 @@ ALLOCATION_SECONDS = Histogram(
 )
 PLAN_FAILURES = PromCounter(
     "gpuops_migslicer_plan_failures_total",
-    "Plans that found no place for a pod's slices, by reason (NoCapacity, InvalidRequest, UngateRefused).",
+    "Plans that found no place for a pod's slices, by reason (NoCapacity, Unsatisfiable, InvalidRequest, "
+    "UngateRefused).",
     ["reason"],
 )
 

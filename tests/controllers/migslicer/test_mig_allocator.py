@@ -18,7 +18,7 @@ from prometheus_client import REGISTRY
 from waiting import install_crds, until
 
 from gpuops.accounting import mig
-from gpuops.controllers.migslicer.allocator import CONDITION, Settings
+from gpuops.controllers.migslicer.allocator import CONDITION, Settings, never_fits
 from gpuops.controllers.migslicer.api import (
     ADVERTISE,
     CLAIMS,
@@ -227,6 +227,22 @@ async def test_no_fit_waits_with_a_reason_then_runs_when_capacity_frees(tmp_path
         await until("all three ran (the third after a slice was released)", all_done, 30)
         released = [c for c in (await client.list(CLAIMS, namespace=NS))[1] if c.status.phase == "Released"]
         assert len(released) == 3
+
+
+def test_an_ask_no_node_could_ever_hold_is_told_apart_from_a_wait_for_capacity() -> None:
+    """A profile no GPU offers, or more slices than one node holds even empty, never fits: the pod is told what
+    to ask for (reason Unsatisfiable), not told to wait for capacity that cannot come."""
+    a100 = mig.geometry("A100-80GB")
+    node = mig.Node("n", (mig.GPU("g0", "A100-80GB"), mig.GPU("g1", "A100-80GB")))
+    full = mig.Node("n", (mig.GPU("g0", "A100-80GB", (mig.slice_at(a100, "7g.80gb", 0),)),))
+    assert never_fits([node], ["3g.40gb"] * 4) is None  # fits when empty
+    assert never_fits([full], ["1g.10gb"]) is None  # a wait for capacity, not impossible
+    assert never_fits([], ["9g.99gb"]) is None  # no node reports: nothing known yet
+    unknown = never_fits([node], ["9g.99gb", "1g.10gb"])
+    assert unknown is not None and "offering 9g.99gb" in unknown and "1g.10gb" not in unknown.split("(")[0]
+    assert "3g.40gb" in unknown  # the profiles there are named
+    too_many = never_fits([node], ["3g.40gb"] * 5)
+    assert too_many is not None and "fit on no single node even with all its GPUs empty" in too_many
 
 
 async def test_a_gpu_of_unknown_model_does_not_block_the_others(tmp_path: Path) -> None:
