@@ -175,6 +175,9 @@ async def test_a_refused_webhook_is_shown_and_the_fixed_spec_sends_the_same_tran
         g = await until("the 401 shown as WebhookFailing=Refused", refused)
         assert g.status.last_webhook is not None and g.status.last_webhook.code == 401
         assert "s3cret" not in (g.status.last_webhook.error or "")
+        ready = cond.get_condition(g.status.conditions, "Ready")  # not the first sight's "powered on when needed"
+        assert ready is not None and (ready.status, ready.reason) == ("False", "WebhookFailed"), ready
+        assert "powering on small-0 is failing" in ready.message and "401" in ready.message
         assert g.status.transition is not None and not g.status.transition.sent
         key = g.status.transition.key
         events = json.loads(await client.request("GET", "/api/v1/events"))["items"]
@@ -400,6 +403,9 @@ async def test_a_missing_secret_is_shown_and_counted_for_the_power_on_alert(tmp_
         g = await until("WebhookFailing for the missing Secret", failing)
         c = cond.get_condition(g.status.conditions, "WebhookFailing")
         assert c is not None and "no-such-secret" in c.message and "spec.scaleUp" in c.message
+        ready = cond.get_condition(g.status.conditions, "Ready")
+        assert ready is not None and (ready.status, ready.reason) == ("False", "WebhookFailed"), ready
+        assert "no-such-secret" in ready.message
         assert unsent() > before
         events = json.loads(await client.request("GET", "/api/v1/events"))["items"]
         assert any(e.get("reason") == "WebhookFailed" and "no-such-secret" in e.get("message", "") for e in events)
