@@ -154,11 +154,11 @@ class Env:
         self.credentials: dict[str, str] = {}  # process name -> its token's credential ID
 
     async def kubectl(self, *args: str, stdin: str | None = None, kubeconfig: Path | None = None,
-                      check: bool = True) -> tuple[int, str, str]:
+                      check: bool = True, cwd: Path | None = None) -> tuple[int, str, str]:
         proc = await asyncio.create_subprocess_exec(
             KUBECTL, "--kubeconfig", str(kubeconfig or self.admin), "--cache-dir", str(self.workdir / "cache"),
             *args, stdin=asyncio.subprocess.PIPE if stdin is not None else None,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=cwd)
         out, err = await asyncio.wait_for(proc.communicate(stdin.encode() if stdin is not None else None), 90)
         code = proc.returncode if proc.returncode is not None else -1
         if check and code != 0:
