@@ -43,6 +43,15 @@ def readme_uninstall() -> list[list[str]]:
     return commands
 
 
+async def row(env: Any, name: str, *args: str) -> dict[str, str]:
+    """One object's line of a `kubectl get` table, by column header (columns are single words here)."""
+    _, out, _ = await env.kubectl(*args)
+    lines = out.splitlines()
+    header = lines[0].split()
+    cells = next(line.split() for line in lines[1:] if line.split()[0] == name)
+    return dict(zip(header, cells, strict=False))
+
+
 def with_finalizers(items: list[dict[str, Any]]) -> list[str]:
     return [f"{o.get('kind')}/{o['metadata'].get('namespace', '')}/{o['metadata']['name']}: "
             f"{o['metadata']['finalizers']}" for o in items
@@ -67,6 +76,14 @@ async def test_the_readme_uninstall_commands_run_clean_and_leave_nothing_behind(
              "spec": {"selector": {"matchLabels": {"team": "a"}}, "quota": {"gpuHours": "100", "windowHours": 1},
                       "enforcement": {"action": "AlertOnly"}, "accounting": {"retainFinishedPods": True}}},
             pod("long", "team-a", labels={"team": "a"}, limits={"nvidia.com/gpu": "1"}, node_group="a100"),
+            {"apiVersion": "gpuops.io/v1alpha1", "kind": "SpotPool", "metadata": {"name": "idle"},
+             "spec": {"provider": "sim", "endpoint": f"{cloud}/spot/v1", "minimum": 0, "maximum": 0,
+                      "credentialsSecretRef": {"name": "spot-keys", "namespace": "gpuops-system"},
+                      "template": {"instanceTypes": ["sim.l4"], "gpusPerInstance": 1}}},
+            {"apiVersion": "gpuops.io/v1alpha1", "kind": "GPUWorkloadBudget",
+             "metadata": {"name": "empty", "namespace": "team-a"},
+             "spec": {"selector": {"matchLabels": {"team": "nobody"}}, "quota": {"gpuHours": "1", "windowHours": 1},
+                      "enforcement": {"action": "AlertOnly"}}},
             {"apiVersion": "gpuops.io/v1alpha1", "kind": "GPUNodeGroup", "metadata": {"name": "gng-0"},
              "spec": {"nodeName": "gng-0", "gpuCount": 1,
                       "scaleUp": {"url": f"{cloud}/power/v1/machines/gng-0/start"},
@@ -92,6 +109,17 @@ async def test_the_readme_uninstall_commands_run_clean_and_leave_nothing_behind(
             return ready and held and (long or {}).get("status", {}).get("phase") == "Running"
 
         await until("the pool's instance joined, the running pod holds the budget finalizer", in_use, 90)
+
+        async def shown() -> bool:
+            docs = [await env.get("spotpool", "idle"), await env.get("gpuworkloadbudget", "empty", "-n", "team-a")]
+            return all(((d or {}).get("status") or {}).get("observedGeneration") for d in docs)
+
+        await until("the idle pool and the empty budget written a status", shown, 30)
+        # zeros are values: a pool at 0 and a budget tracking no pod show 0, not <none>
+        idle = await row(env, "idle", "get", "spotpools")
+        empty = await row(env, "empty", "get", "gpuworkloadbudgets", "-n", "team-a")
+        assert "<none>" not in idle.values() and (idle["SIZE"], idle["READY"]) == ("0", "0"), idle
+        assert "<none>" not in empty.values() and empty["PODS"] == "0", empty
 
         # ------------------------------------------------------------------------------------------ uninstall
         for i, cmd in enumerate(commands):

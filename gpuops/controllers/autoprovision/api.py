@@ -173,6 +173,9 @@ class LastWebhook(_Api):
     """The transition's attempt count when the call ended (its transition.attempts)."""
     error: str = ""
     """Why the call failed, with secrets redacted; empty on success."""
+    result: str = ""
+    """The HTTP code, "unsent" (nothing was sent: a bad URL, header or Secret) or "no answer" (the connection
+    failed or timed out): what the WEBHOOK column shows."""
 
 
 class GroupStatus(_Api):
@@ -227,7 +230,8 @@ CRD: Final = CustomResource(
         Column("GPUs", "integer", ".spec.gpuCount"),
         Column("State", "string", ".status.state", "Off, PoweringOn, Ready, Draining, PoweringOff or Failed."),
         Column("Since", "date", ".status.since"),
-        Column("Webhook", "integer", ".status.lastWebhook.code", "HTTP code of the last power webhook call."),
+        Column("Webhook", "string", ".status.lastWebhook.result",
+               "The last power webhook call: its HTTP code, unsent or no answer."),
         Column("Priority", "integer", ".spec.priority", priority=1),
         Column("Age", "date", ".metadata.creationTimestamp"),
     ),

@@ -539,9 +539,11 @@ class Autoprovisioner:
                                                                  first_attempt=tr.attempts + 1))
             url = endpoint.display_url
         done = msgspec.structs.replace(tr, attempts=tr.attempts + outcome.attempts, sent=outcome.ok)
+        result = (str(outcome.status) if outcome.status is not None
+                  else "unsent" if not outcome.attempts else "no answer")
         last = LastWebhook(direction=tr.direction, url=url, code=outcome.status,
                            time=format_time(round(outcome.finished_at * _SECOND)), attempt=done.attempts,
-                           error=outcome.error)
+                           error=outcome.error, result=result)
         status = msgspec.structs.replace(group.status, transition=done, last_webhook=last)
         node, up = group.spec.node_name, tr.direction == "up"
         doing = "powering on" if up else "powering off"

@@ -225,9 +225,9 @@ class BudgetStatus(_Api):
     """The quota in GPU-hours, 6 decimals."""
     burn_rate_gpus: str = ""
     """GPUs held by matched running pods at computedAt (consumption grows at this rate)."""
-    tracked_pods: Annotated[int, crd(format="int32")] = 0
+    tracked_pods: Annotated[int | None, crd(format="int32")] = None  # None until computed: 0 is written
     """Pods (live or in the ledger) whose GPU usage overlaps the window."""
-    running_pods: Annotated[int, crd(format="int32")] = 0
+    running_pods: Annotated[int | None, crd(format="int32")] = None
     """Matched pods holding GPUs now."""
     computed_at: Annotated[str | None, crd(format="date-time")] = None
     """The whole second these numbers were computed at (written only when one of them changed)."""

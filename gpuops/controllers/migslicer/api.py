@@ -120,7 +120,8 @@ class MigSlice(_Api, kw_only=True):
     made, or split into smaller compute instances)."""
 
 
-class MigGPU(_Api, kw_only=True):
+# written whole, defaults included: a GPU with MIG disabled says migMode: Disabled
+class MigGPU(_Api, kw_only=True, omit_defaults=False):
     """One physical GPU."""
 
     index: Annotated[int, crd(minimum=0, maximum=63)]

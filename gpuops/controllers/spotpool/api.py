@@ -251,7 +251,8 @@ class CapacityBackoff(_Api):
     """When the combination may be tried again."""
 
 
-class PoolStatus(_Api):
+# written whole, zeros included: a pool at size 0 shows SIZE 0, not an empty column
+class PoolStatus(_Api, omit_defaults=False):
     observed_generation: int = 0
     """The spec generation this status was written for (set on every status write)."""
     desired: int = 0

@@ -79,7 +79,7 @@ async def test_zero_pods_sums_accuracy_and_scrape_time_metrics(tmp_path: Path) -
 
         async def running() -> GPUWorkloadBudget | None:
             b = await env.budget("team-a")
-            return b if b.status.running_pods >= 1 else None
+            return b if (b.status.running_pods or 0) >= 1 else None
 
         b = await env.until("a pod seen running", running)
         # projected: running pods that kept running would reach 0.5 GPU-hours within the hour

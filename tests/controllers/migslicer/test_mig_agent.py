@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from waiting import install_crds, until
 
@@ -22,6 +23,7 @@ from gpuops.controllers.migslicer.api import (
     MIG_NODES,
     NODE_LABEL,
     AllocationClaim,
+    MigGPU,
     MigNode,
     resource_of_profile,
 )
@@ -187,3 +189,11 @@ async def test_slices_made_for_the_next_pod_are_preferred_over_a_freed_bound_one
 async def advertised(client: Client, name: str) -> AllocationClaim | None:
     c: AllocationClaim = await client.get(CLAIMS, name, NS)
     return c if c.status.phase == "Created" and c.status.advertised else None
+
+
+def test_a_gpu_report_names_every_field_also_at_its_default() -> None:
+    """A GPU with MIG disabled (as GPUs ship) says so: `migMode: Disabled` and its zero counts are on the wire,
+    not left out as equal to their defaults (kubectl and the allocator's readers would see nothing)."""
+    gpu = MigGPU(index=0, uuid="GPU-00000000-0000-0000-0000-000000000000", model="H200-141GB")
+    wire = msgspec.to_builtins(gpu)
+    assert wire["migMode"] == "Disabled" and wire["index"] == 0 and wire["slices"] == () and wire["memoryMiB"] == 0
