@@ -3,6 +3,7 @@ fragmentation of each GPU, computed at scrape time from the informers; allocatio
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from collections.abc import Callable, Iterable
 
@@ -14,6 +15,7 @@ from prometheus_client.registry import Collector
 from gpuops.accounting import mig
 from gpuops.accounting.errors import AccountingError
 from gpuops.kube.sources import Sources
+from gpuops.kube.times import parse_time, wall_clock
 
 from .api import GATE, AllocationClaim, MigNode, MigSlice
 
@@ -58,6 +60,15 @@ class SliceCollector(Collector):
                 "gpuops_migslicer_gpu_fragmentation",
                 "1 - (largest profile size that still fits / free memory slices), per GPU; 0 when empty or full.",
                 labels=["node", "gpu"]),
+            "gpus": GaugeMetricFamily(
+                "gpuops_migslicer_gpus", "GPUs the node agents report, by state: Enabled (slices can be made), "
+                "Disabled (MIG mode off), Pending (a mode change waits for a GPU reset), UnknownModel (no MIG "
+                "geometry known for the GPU). Every reporting node has every state, 0 included.",
+                labels=["node", "state"]),
+            "heartbeat_age": GaugeMetricFamily(
+                "gpuops_migslicer_agent_heartbeat_age_seconds",
+                "Seconds since the node agent last wrote its MigNode (it does at least every --heartbeat seconds).",
+                labels=["node"]),
         }
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
@@ -70,6 +81,7 @@ class SliceCollector(Collector):
             waiting += gated()
             for mn in nodes():
                 node = mn.spec.node_name or mn.metadata.name
+                self._agent(fams, node, mn)
                 states: Counter[tuple[str, str]] = Counter()
                 for g in mn.status.gpus:
                     for s in g.slices:
@@ -81,6 +93,20 @@ class SliceCollector(Collector):
             fams["claims"].add_metric([phase], phases.get(phase, 0))
         fams["waiting"].add_metric([], waiting)
         return list(fams.values())
+
+    @staticmethod
+    def _agent(fams: dict[str, GaugeMetricFamily], node: str, mn: MigNode) -> None:
+        """The node's GPUs by state, and how long ago its agent last reported."""
+        gpu_states = Counter("UnknownModel" if not g.model else g.mig_mode for g in mn.status.gpus)
+        for state in GPU_STATES:
+            fams["gpus"].add_metric([node, state], gpu_states.get(state, 0))
+        if mn.status.heartbeat:
+            with contextlib.suppress(ValueError):
+                age = (wall_clock() - parse_time(mn.status.heartbeat)) / 1_000_000
+                fams["heartbeat_age"].add_metric([node], max(0.0, age))
+
+
+GPU_STATES = ("Enabled", "Disabled", "Pending", "UnknownModel")
 
 
 def _fragmentation(model: str, slices: Iterable[MigSlice]) -> float:

@@ -74,6 +74,9 @@ class PoolCollector(Collector):
             "maximum": GaugeMetricFamily("gpuops_spotpool_maximum", "spec.maximum", labels=["pool"]),
             "capacity_error": GaugeMetricFamily("gpuops_spotpool_capacity_error", "1 while the pool's CapacityError "
                                                 "condition is True.", labels=["pool"]),
+            "not_ready": GaugeMetricFamily("gpuops_spotpool_not_ready", "1 while the pool's Ready condition is "
+                                           "False, labelled with its reason (SecretNotFound, CloudUnavailable, "
+                                           "InvalidSpec, ...); 0 otherwise.", labels=["pool", "reason"]),
         }
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
@@ -93,6 +96,9 @@ class PoolCollector(Collector):
                 fams["minimum"].add_metric([name], pool.spec.minimum)
                 fams["maximum"].add_metric([name], pool.spec.maximum)
                 fams["capacity_error"].add_metric([name], 1 if cond.is_true(st.conditions, "CapacityError") else 0)
+                ready = cond.get_condition(st.conditions, "Ready")
+                down = ready is not None and ready.status == "False"
+                fams["not_ready"].add_metric([name, ready.reason if down and ready is not None else ""], int(down))
         return list(fams.values())
 
 

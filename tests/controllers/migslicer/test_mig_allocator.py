@@ -197,6 +197,12 @@ async def test_gated_pod_is_planned_pinned_and_runs(tmp_path: Path) -> None:
         gpu = claims[0].spec.gpu_uuid
         assert REGISTRY.get_sample_value("gpuops_migslicer_gpu_fragmentation", {"node": NODE, "gpu": gpu}) == 0
         assert (REGISTRY.get_sample_value("gpuops_migslicer_allocation_seconds_count") or 0) >= 1
+        # the agent's report: both GPUs MIG-enabled (every state present, 0 included), written moments ago
+        gpus = {st: REGISTRY.get_sample_value("gpuops_migslicer_gpus", {"node": NODE, "state": st})
+                for st in ("Enabled", "Disabled", "Pending", "UnknownModel")}
+        assert gpus == {"Enabled": 2, "Disabled": 0, "Pending": 0, "UnknownModel": 0}, gpus
+        age = REGISTRY.get_sample_value("gpuops_migslicer_agent_heartbeat_age_seconds", {"node": NODE})
+        assert age is not None and 0 <= age < 60, age
 
 
 async def test_no_fit_waits_with_a_reason_then_runs_when_capacity_frees(tmp_path: Path) -> None:

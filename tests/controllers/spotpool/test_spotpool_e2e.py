@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 from waiting import install_crds, until
 
 from gpuops.controllers.spotpool.api import POOLS, SpotPool
@@ -178,6 +179,10 @@ async def test_capacity_error_falls_back_along_types_then_on_demand(tmp_path: Pa
         assert cond.is_true(od.status.conditions, "CapacityError") is False or od.status.capacity_errors >= 1
 
 
+async def not_ready(reason: str, value: float) -> bool:
+    return REGISTRY.get_sample_value("gpuops_spotpool_not_ready", {"pool": "gpus", "reason": reason}) == value
+
+
 async def test_credentials_secret_missing_then_fixed(tmp_path: Path) -> None:
     async with running(tmp_path) as (cluster, client):
         cluster.cloud.options.token = "s3cret"
@@ -191,6 +196,8 @@ async def test_credentials_secret_missing_then_fixed(tmp_path: Path) -> None:
             return p if c is not None and c.status == "True" and c.reason == reason else None
 
         await until("CredentialsInvalid: no Secret", lambda: invalid("SecretNotFound"))
+        # the SpotPoolNotReady alert's series (from the controller's cache): the pool is down, and says why
+        await until("gpuops_spotpool_not_ready{reason=SecretNotFound} 1", lambda: not_ready("SecretNotFound", 1))
         secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "cloud", "namespace": "gpuops-system"},
                   "data": {"token": base64.b64encode(b"wrong").decode()}}
         await client.create(SECRETS, secret, "gpuops-system")
@@ -203,6 +210,7 @@ async def test_credentials_secret_missing_then_fixed(tmp_path: Path) -> None:
                            namespace="gpuops-system")
         p = await until("1 Ready instance", lambda: ready_pool(client, "gpus", 1))
         assert not cond.is_true(p.status.conditions, "CredentialsInvalid")
+        await until("gpuops_spotpool_not_ready 0 once Ready", lambda: not_ready("", 0))
 
 
 async def test_scale_on_demand_for_pending_gpu_pods(tmp_path: Path) -> None:
