@@ -273,8 +273,21 @@ def flags_table(command: str) -> str:
     return "\n".join(rows)
 
 
+def failures_table() -> str:
+    """tests/failure_matrix.py's rows: what each failure class shows, as its matrix test saw it."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from failure_matrix import MATRICES
+
+    rows = ["| controller | when | condition | Warning Event | metric | log line (JSON, with the object's key) |",
+            "|---|---|---|---|---|---|"]
+    for controller, seen in MATRICES.items():
+        rows += [f"| {controller} | {s.failure} | {s.condition} | `{s.event}` | `{s.metric}` | `{s.log}` |"
+                 for s in seen.values()]
+    return "\n".join(rows)
+
+
 SECTIONS: dict[str, Callable[[], str]] = {
-    "bench": bench_table, "chaos": chaos_table, "crds": crd_reference,
+    "bench": bench_table, "chaos": chaos_table, "crds": crd_reference, "failures": failures_table,
     "run": lambda: flags_table("run"), "agent": lambda: flags_table("agent"),
 }
 _BLOCK = re.compile(r"(<!-- generated:(?P<name>[a-z]+) -->\n)(?P<body>.*?)(<!-- /generated:(?P=name) -->)", re.S)

@@ -575,8 +575,9 @@ async def test_install_with_rbac_runs_every_controller_and_every_rule_is_needed(
             async def mig() -> None:
                 """MIG switched off on the node's GPU (every slice gone) while the agent is stopped, after the
                 allocator planned a slice for `replan` there: serve's Bound claim fails (the pod is deleted), replan's
-                Pending one fails (the claim is deleted, the pod planned again). `huge` (two whole GPUs: fits
-                nowhere) waits for a reason that changes and, with MIG back, is the first one again."""
+                Pending one fails (the claim is deleted, the pod planned again). `huge` (two whole GPUs on a
+                one-GPU node: can never fit) waits for a reason that changes and, with MIG back, is the first one
+                again."""
                 await done("the MIG pod gets a slice and runs", sliced)
                 await done("serve runs on its Bound slice", lambda: phase("ml", "serve") == "Running" and any(
                     (c.get("status") or {}).get("phase") == "Bound" for c in claims_of(env, "ml", "serve")))
@@ -595,7 +596,7 @@ async def test_install_with_rbac_runs_every_controller_and_every_rule_is_needed(
                 await done("huge waiting for a MIG GPU", lambda: no_mig("huge"))
                 await asyncio.wait_for(asyncio.to_thread(set_mig_mode, env, True), 30)
                 await done("huge's first reason again (Event patched)", lambda: repeated(
-                    env, "Pod", "huge", "FailedMigAllocation", "not enough free slices"))
+                    env, "Pod", "huge", "FailedMigAllocation", "fit on no single node"))
 
             await asyncio.gather(
                 done("the budget controller evicts over quota", budget_evicted),

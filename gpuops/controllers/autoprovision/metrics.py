@@ -42,14 +42,22 @@ failed is in the BootTimeout Event and in gpuops_autoprovision_node_groups{state
 
 
 class StateCollector(Collector):
-    """gpuops_autoprovision_node_groups{state}: every state reported, 0 included, so alerts can use absent()."""
+    """gpuops_autoprovision_node_groups{state}: every state reported, 0 included, so alerts can use absent();
+    gpuops_autoprovision_group_refused{group,reason}: 1 for each group the controller does not manage (its Ready
+    reason says why: NodeClaimed, InvalidSpec)."""
 
     def __init__(self) -> None:
         self.sources: Sources[Callable[[], Iterable[GPUNodeGroup]]] = Sources()
         self.register = self.sources.register
 
     def describe(self) -> Iterable[GaugeMetricFamily]:
-        return [self._family()]
+        return [self._family(), self._refused()]
+
+    @staticmethod
+    def _refused() -> GaugeMetricFamily:
+        return GaugeMetricFamily("gpuops_autoprovision_group_refused", "1 for each GPUNodeGroup the controller does "
+                                 "not manage, labelled with why (its Ready reason: NodeClaimed, InvalidSpec).",
+                                 labels=["group", "reason"])
 
     @staticmethod
     def _family() -> GaugeMetricFamily:
@@ -59,12 +67,21 @@ class StateCollector(Collector):
     def collect(self) -> Iterable[GaugeMetricFamily]:
         sources = self.sources.current()
         counts: Counter[str] = Counter()
+        refused = self._refused()
         for source in sources:
-            counts.update((g.status.state or "Off") for g in source())
+            for g in source():
+                counts[g.status.state or "Off"] += 1
+                ready = next((c for c in g.status.conditions or () if c.type == "Ready"), None)
+                if ready is not None and ready.status == "False" and ready.reason in REFUSALS:
+                    refused.add_metric([g.metadata.name, ready.reason], 1)
         family = self._family()
         for state in STATES:
             family.add_metric([state], counts.get(state, 0))
-        return [family]
+        return [family, refused]
+
+
+REFUSALS = ("InvalidSpec", "NodeClaimed")
+"""Ready reasons of a group the controller does not manage."""
 
 
 STATE_COLLECTOR = StateCollector()

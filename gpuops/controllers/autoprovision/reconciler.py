@@ -63,7 +63,7 @@ from .api import (
     check_spec,
 )
 from .demand import NodeView, demand, gpu_request, is_unschedulable, uses_gpus
-from .metrics import BOOT_TIMEOUTS, DECISION_SECONDS, IDLE_GPU_SECONDS, PLAN_SECONDS
+from .metrics import BOOT_TIMEOUTS, DECISION_SECONDS, IDLE_GPU_SECONDS, PLAN_SECONDS, REFUSALS
 from .power import WEBHOOK_REQUESTS, Endpoint, Outcome, PowerClient, Transition, display_url, idempotency_key
 
 __all__ = ["DRAIN_TAINT", "PLAN", "Autoprovisioner", "Observed", "Settings", "wall_clock"]
@@ -534,6 +534,8 @@ class Autoprovisioner:
             outcome = Outcome(ok=False, status=None, attempts=0, retryable=isinstance(e, ApiError),
                               error=f"{where}: cannot call the webhook: {e}", finished_at=time.time())
             url = display_url(hook.url)
+            log.warning("power webhook not sent", group=group.metadata.name, direction=tr.direction, url=url,
+                        error=outcome.error)
         else:
             outcome = await self.power.send(endpoint, Transition(group.spec.node_name, tr.direction, tr.key,
                                                                  first_attempt=tr.attempts + 1))
@@ -674,7 +676,7 @@ class Autoprovisioner:
         return True
 
 
-_REFUSALS = ("InvalidSpec", "NodeClaimed")
+_REFUSALS = REFUSALS
 """Ready reasons of a group we do not manage (see `Autoprovisioner._refuse`)."""
 
 

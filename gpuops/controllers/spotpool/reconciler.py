@@ -231,9 +231,7 @@ class SpotPoolReconciler:
             check_spec(pool.spec)
         except SpecError as e:
             step = Step(pool.status)
-            self._condition(step, pool, "Ready", "False", "InvalidSpec", str(e))
-            step.status = msgspec.structs.replace(step.status, last_error=str(e))
-            step.event("Warning", "InvalidSpec", str(e))
+            self._not_ready(pool, step, "InvalidSpec", str(e))  # condition; Event and log line when news
             await self._finish(pool, step)
             return None
         try:
@@ -481,7 +479,7 @@ class SpotPoolReconciler:
         LAUNCHES.labels(name, e.kind.value).inc(pl.count)
         msg = f"launch {pl.client_token} ({pl.count} {pl.capacity_type} {pl.instance_type}): {e}"
         step.status = msgspec.structs.replace(step.status, last_error=msg)
-        log.info("launch failed", pool=name, token=pl.client_token, kind=e.kind.value, code=e.code)
+        log.warning("launch failed", pool=name, token=pl.client_token, kind=e.kind.value, code=e.code, error=str(e))
         if e.kind in (ErrorKind.THROTTLED, ErrorKind.TRANSIENT):  # same token, same parameters, later
             attempts = pl.attempts + 1
             step.status = msgspec.structs.replace(step.status,
@@ -665,10 +663,11 @@ class SpotPoolReconciler:
 
     def _not_ready(self, pool: SpotPool, step: Step, reason: str, msg: str) -> None:
         """A pool the controller cannot act on: Ready=False naming why, and when that is news (the last error
-        changed) a Warning Event and a log line with the pool's name."""
+        changed, or the spec did and still fails the same way) a Warning Event and a log line with the pool's
+        name."""
         self._condition(step, pool, "Ready", "False", reason, msg)
         step.status = msgspec.structs.replace(step.status, last_error=msg)
-        if pool.status.last_error != msg:
+        if pool.status.last_error != msg or pool.status.observed_generation != pool.metadata.generation:
             step.event("Warning", reason, msg)
             log.warning("spot pool not ready", pool=pool.metadata.name, reason=reason, error=msg)
 

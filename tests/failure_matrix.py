@@ -1,0 +1,126 @@
+"""What an on-call engineer sees for each failure class: the condition, the Event, the metric and the log line.
+
+One row per failure class a controller meets. The failure-matrix tests (tests/controllers/*/test_*_failure_matrix.py)
+drive every row against the emulated cluster with a real `gpuops run` process and check all four places; the
+README's "What you see when ..." table is generated from these rows (tests/readme_sections.py), so the table says
+only what a test has seen.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any, NamedTuple
+
+
+class Seen(NamedTuple):
+    failure: str
+    """What went wrong, as the user would put it."""
+    condition: str
+    """The condition(s) on the object: Type=Status (Reason)."""
+    event: str
+    """The Warning Event's reason, on the object."""
+    metric: str
+    """The series that shows it (and that an alert uses)."""
+    log: str
+    """The log line's event text; it carries the object's key (pool=, group=)."""
+
+
+def _pool(failure: str, reason: str, calls: str = "", condition: str = "", log: str = "spot pool not ready",
+          event: str = "") -> Seen:
+    metric = f'gpuops_spotpool_not_ready{{reason="{reason}"}} 1'
+    if calls:
+        metric += f', gpuops_spotpool_provider_calls_total{{result="{calls}"}}'
+    return Seen(failure, condition or f"Ready=False ({reason})", event or reason, metric, log)
+
+
+SPOTPOOL: dict[str, Seen] = {
+    "secret-missing": _pool("its credentials Secret does not exist", "SecretNotFound",
+                            condition="CredentialsInvalid=True (SecretNotFound), Ready=False (SecretNotFound)"),
+    "wrong-credentials": _pool("the cloud refuses the Secret's keys (HTTP 401)", "CredentialsInvalid", "credentials",
+                               "CredentialsInvalid=True (AuthFailure), Ready=False (CredentialsInvalid)"),
+    "forbidden": _pool("the cloud forbids the call (HTTP 403)", "CredentialsInvalid", "credentials",
+                       "CredentialsInvalid=True (UnauthorizedOperation), Ready=False (CredentialsInvalid)"),
+    "dns": _pool("the endpoint's host name does not resolve", "CloudUnavailable", "transient"),
+    "refused": _pool("nothing listens at the endpoint (connection refused)", "CloudUnavailable", "transient"),
+    "tls": _pool("the TLS handshake with the endpoint fails", "CloudUnavailable", "transient"),
+    "timeout": _pool("the cloud does not answer within the call timeout (15 s)", "CloudUnavailable", "transient"),
+    "not-found": _pool("the cloud answers 404 (wrong endpoint path)", "CloudRequestInvalid", "invalid"),
+    "throttled": _pool("the cloud throttles (HTTP 429)", "CloudThrottled", "throttled"),
+    "server-error": _pool("the cloud fails (HTTP 503)", "CloudUnavailable", "transient"),
+    "capacity": _pool("no spot capacity for any type and zone of the template", "CapacityError", "capacity",
+                      "CapacityError=True (AllBackedOff), Ready=False (CapacityError)", "launch failed"),
+    "quota": _pool("the account's instance quota is used up", "QuotaExceeded", "quota",
+                   "QuotaExceeded=True (InstanceLimitExceeded), Ready=False (QuotaExceeded)", "launch failed"),
+    "invalid-spec": _pool("the spec passes admission but the cloud cannot take it (12 KiB user data limit)",
+                          "InvalidSpec"),
+    "deletion-blocked": _pool("the pool is deleted but its instances cannot be terminated", "DeletionBlocked",
+                              condition="DeletionBlocked=True (TerminationFailed), Ready=False (DeletionBlocked)"),
+}
+"""Spot pool failures by case name (the matrix test's case ids)."""
+
+def _group(failure: str, code: str, *, refused: bool = False, log: str = "power webhook failed") -> Seen:
+    condition = f"WebhookFailing=True ({'Refused' if refused else 'Retrying'}), Ready=False (WebhookFailed)"
+    metric = f'gpuops_autoprovision_webhook_requests_total{{direction="up",code="{code}"}}'
+    return Seen(failure, condition, "WebhookFailed", metric, log)
+
+
+AUTOPROVISION: dict[str, Seen] = {
+    "secret-missing": _group("the power webhook's Secret does not exist", "unsent", log="power webhook not sent"),
+    "secret-key-missing": _group("the Secret has neither the token nor the HMAC key", "unsent", refused=True,
+                                 log="power webhook not sent"),
+    "dns": _group("the webhook's host name does not resolve", "error"),
+    "refused": _group("nothing listens at the webhook URL (connection refused)", "error"),
+    "tls": _group("the TLS handshake with the webhook fails", "error"),
+    "timeout": _group("the webhook does not answer within spec.scaleUp.timeoutSeconds", "timeout"),
+    "unauthorized": _group("the webhook answers 401 (no or wrong token)", "401", refused=True,
+                           log="power webhook refused"),
+    "forbidden": _group("the webhook answers 403", "403", refused=True, log="power webhook refused"),
+    "not-found": _group("the webhook answers 404 (machine unknown to the power API)", "404", refused=True,
+                        log="power webhook refused"),
+    "throttled": _group("the webhook answers 429", "429"),
+    "server-error": _group("the webhook answers 503", "503"),
+    "node-claimed": Seen("another, older GPUNodeGroup manages the same node", "Ready=False (NodeClaimed)",
+                         "NodeClaimed", 'gpuops_autoprovision_group_refused{reason="NodeClaimed"} 1',
+                         "node group not managed"),
+}
+"""GPUNodeGroup failures by case name; every power-on is for a pending pod only that group could serve."""
+
+MATRICES: dict[str, dict[str, Seen]] = {"spot pool": SPOTPOOL, "node autoprovision": AUTOPROVISION}
+
+
+# ---------------------------------------------------------------------------------------------- what the tests share
+
+
+def expected_conditions(seen: Seen) -> dict[str, tuple[str, str]]:
+    """"A=B (R), C=D (S)" -> {A: (B, R), C: (D, S)}."""
+    out = {}
+    for part in seen.condition.split(", "):
+        head, _, reason = part.partition(" (")
+        kind, _, status = head.partition("=")
+        out[kind] = (status, reason.rstrip(")"))
+    return out
+
+
+def conditions(obj: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c.get("reason", "")) for c in (obj.get("status") or {}).get("conditions") or ()}
+
+
+def log_lines(path: Path) -> list[dict[str, Any]]:
+    """The operator's JSON log records (other lines skipped)."""
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on: connections to it are refused."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
