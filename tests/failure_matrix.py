@@ -87,7 +87,27 @@ AUTOPROVISION: dict[str, Seen] = {
 }
 """GPUNodeGroup failures by case name; every power-on is for a pending pod only that group could serve."""
 
-MATRICES: dict[str, dict[str, Seen]] = {"spot pool": SPOTPOOL, "node autoprovision": AUTOPROVISION}
+def _mig(failure: str, reason: str, metric: str) -> Seen:
+    return Seen(failure, f"gpuops.io/MigSlices=False ({reason}) on the pod", "FailedMigAllocation", metric,
+                "pod waits for MIG capacity")
+
+
+MIGSLICER: dict[str, Seen] = {
+    "mig-disabled": _mig("the only node the pod may use has MIG mode off on its GPUs", "MigDisabled",
+                         'gpuops_migslicer_gpus{state="Disabled"} 1'),
+    "reset-pending": _mig("its GPUs' MIG mode change waits for a GPU reset", "MigResetPending",
+                          'gpuops_migslicer_gpus{state="Pending"} 1'),
+    "unknown-model": _mig("its GPUs are of a model gpuops has no MIG tables for", "UnknownGPUModel",
+                          'gpuops_migslicer_gpus{state="UnknownModel"} 1'),
+    "agent-silent": _mig("the node's agent stopped reporting (MigNode heartbeat older than 120 s)",
+                         "AgentNotReporting", "gpuops_migslicer_agent_heartbeat_age_seconds > 120"),
+    "unsatisfiable": _mig("the pod asks for a profile no GPU there offers", "Unsatisfiable",
+                          'gpuops_migslicer_plan_failures_total{reason="Unsatisfiable"} > 0'),
+}
+"""MIG pod failures by case name: the node the pod is pinned to, as its agent reports it."""
+
+MATRICES: dict[str, dict[str, Seen]] = {"spot pool": SPOTPOOL, "node autoprovision": AUTOPROVISION,
+                                        "MIG slicer": MIGSLICER}
 
 
 # ---------------------------------------------------------------------------------------------- what the tests share

@@ -569,7 +569,7 @@ async def test_install_with_rbac_runs_every_controller_and_every_rule_is_needed(
                 return status_of(p).get("phase") == "Succeeded"
 
             def no_mig(name: str) -> bool:
-                return any("no MIG-enabled GPU" in e.get("message", "")
+                return any("MIG disabled on its GPUs" in e.get("message", "")
                            for e in events_about(env, "Pod", name, "FailedMigAllocation"))
 
             async def mig() -> None:

@@ -307,6 +307,9 @@ class Allocator:
             name = mn.spec.node_name or mn.metadata.name
             node = self.nodes.store.get(name)
             beat = parse_time_or_none(mn.status.heartbeat)
+            if node is not None and not node_admits(pod, name, node.metadata.labels or {}, node.spec.taints or ()):
+                why[NOT_FOR_POD] += 1  # not a node this pod may use: its state is no reason for the wait
+                continue
             if node is None or not cond.is_true(node.status.conditions, "Ready"):
                 why["node not Ready"] += 1
                 continue
@@ -314,13 +317,11 @@ class Allocator:
                 why["node cordoned"] += 1
                 continue
             if beat is None or now - beat > self.settings.agent_stale * _SECOND:
-                why["agent not reporting"] += 1
-                continue
-            if not node_admits(pod, name, node.metadata.labels or {}, node.spec.taints or ()):
-                why["node selector, affinity or taints"] += 1
+                why[AGENT_SILENT] += 1
                 continue
             gpus = []
             unusable = 0
+            modes = Counter(g.mig_mode for g in mn.status.gpus)
             for g in mn.status.gpus:
                 if g.mig_mode != "Enabled":
                     continue
@@ -335,8 +336,10 @@ class Allocator:
                 gpus.append(mig.GPU(g.uuid, g.model, placements))
             if gpus:
                 out.append(mig.Node(name, tuple(gpus)))
+            elif unusable:
+                why[UNKNOWN_MODEL] += 1
             else:
-                why["only GPUs of unknown MIG model or layout" if unusable else "no MIG-enabled GPU"] += 1
+                why[RESET_PENDING if modes.get("Pending") else MIG_DISABLED] += 1
         return out, why
 
     def _handing_off(self) -> dict[str, set[str]]:
@@ -382,8 +385,9 @@ class Allocator:
             if candidates:
                 why["not enough free slices in a placement that fits"] += len(candidates)
             reasons = "; ".join(f"{n} {w}" for w, n in why.most_common()) or "no MIG node reports"
-            await self._no_fit(pod, "NoCapacity", f"no node can hold {', '.join(profiles)} now ({reasons}); "
-                               "retried when slices are freed")
+            await self._no_fit(pod, "NoCapacity" if candidates else waiting_reason(why),
+                               f"no node can hold {', '.join(profiles)} now ({reasons}); retried when slices are "
+                               "freed or nodes change")
             return Result(requeue_after=self.settings.retry)
         await self._create_claims(pod, plan, range(len(plan.slices)))
         log.info("slices planned", pod=_key(pod), node=plan.node,
@@ -569,7 +573,9 @@ class Allocator:
         changed = await self._condition(pod, "False", reason, message)
         if changed:
             self.recorder.record(pod, "Warning", "FailedMigAllocation", message)
-            log.info("pod waits for MIG capacity", pod=_key(pod), reason=reason, message=message)
+            # a wait for slices to be freed is routine; a wait no freed slice can end needs someone
+            emit = log.info if reason == "NoCapacity" else log.warning
+            emit("pod waits for MIG capacity", pod=_key(pod), reason=reason, message=message)
 
     async def _condition(self, pod: Pod, value: str, reason: str, message: str) -> bool:
         """Set our pod condition; True when it changed (so an Event is worth sending)."""
@@ -644,3 +650,22 @@ def _offers(model: str, profile: str) -> bool:
     except AccountingError:
         return False
     return True
+
+
+NOT_FOR_POD = "node selector, affinity or taints"
+AGENT_SILENT = "agent not reporting"
+MIG_DISABLED = "MIG disabled on its GPUs"
+RESET_PENDING = "MIG mode change waiting for a GPU reset"
+UNKNOWN_MODEL = "only GPUs of a model without MIG tables (or a layout gpuops cannot read)"
+_SPECIFIC = {AGENT_SILENT: "AgentNotReporting", MIG_DISABLED: "MigDisabled", RESET_PENDING: "MigResetPending",
+             UNKNOWN_MODEL: "UnknownGPUModel"}
+
+
+def waiting_reason(why: Counter[str]) -> str:
+    """The MigSlices reason for a pod no node may take now: when every node it may use is held back by the same
+    configuration cause, that cause (AgentNotReporting, MigDisabled, MigResetPending, UnknownGPUModel), which no
+    freed slice will end; else NoCapacity."""
+    causes = {w for w, n in why.items() if n and w != NOT_FOR_POD}
+    if len(causes) == 1:
+        return _SPECIFIC.get(causes.pop(), "NoCapacity")
+    return "NoCapacity"
