@@ -106,7 +106,18 @@ MIGSLICER: dict[str, Seen] = {
 }
 """MIG pod failures by case name: the node the pod is pinned to, as its agent reports it."""
 
-MATRICES: dict[str, dict[str, Seen]] = {"spot pool": SPOTPOOL, "node autoprovision": AUTOPROVISION,
+BUDGET: dict[str, Seen] = {
+    "pdb-blocked": Seen("an Evict budget over quota, but a PodDisruptionBudget allows no eviction now",
+                        "Degraded=True (EvictionBlocked)", "EvictionBlocked",
+                        'gpuops_budget_enforcement_actions_total{action="Evict",result="Blocked"}', "eviction refused"),
+    "eviction-fails": Seen("an Evict budget over quota, but the API server fails the eviction (HTTP 500)",
+                           "Degraded=True (EnforcementFailed)", "EvictionFailed",
+                           'gpuops_budget_enforcement_actions_total{action="Evict",result="Error"}',
+                           "eviction refused"),
+}
+"""Budget failures by case name (its spec cannot be wrong: admission refuses every spec the controller would)."""
+
+MATRICES: dict[str, dict[str, Seen]] = {"budget": BUDGET, "spot pool": SPOTPOOL, "node autoprovision": AUTOPROVISION,
                                         "MIG slicer": MIGSLICER}
 
 
