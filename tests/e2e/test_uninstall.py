@@ -111,15 +111,18 @@ async def test_the_readme_uninstall_commands_run_clean_and_leave_nothing_behind(
         await until("the pool's instance joined, the running pod holds the budget finalizer", in_use, 90)
 
         async def shown() -> bool:
-            docs = [await env.get("spotpool", "idle"), await env.get("gpuworkloadbudget", "empty", "-n", "team-a")]
+            docs = [await env.get("spotpool", "idle"), await env.get("gpuworkloadbudget", "empty", "-n", "team-a"),
+                    await env.get("gpunodegroup", "gng-0")]
             return all(((d or {}).get("status") or {}).get("observedGeneration") for d in docs)
 
-        await until("the idle pool and the empty budget written a status", shown, 30)
+        await until("the idle pool, the empty budget and the group written a status", shown, 30)
         # zeros are values: a pool at 0 and a budget tracking no pod show 0, not <none>
         idle = await row(env, "idle", "get", "spotpools")
         empty = await row(env, "empty", "get", "gpuworkloadbudgets", "-n", "team-a")
         assert "<none>" not in idle.values() and (idle["SIZE"], idle["READY"]) == ("0", "0"), idle
         assert "<none>" not in empty.values() and empty["PODS"] == "0", empty
+        group = await row(env, "gng-0", "get", "gpunodegroups")  # no power call yet: says so
+        assert (group["STATE"], group["WEBHOOK"]) == ("Off", "none"), group
 
         # ------------------------------------------------------------------------------------------ uninstall
         for i, cmd in enumerate(commands):

@@ -173,9 +173,6 @@ class LastWebhook(_Api):
     """The transition's attempt count when the call ended (its transition.attempts)."""
     error: str = ""
     """Why the call failed, with secrets redacted; empty on success."""
-    result: str = ""
-    """The HTTP code, "unsent" (nothing was sent: a bad URL, header or Secret) or "no answer" (the connection
-    failed or timed out): what the WEBHOOK column shows."""
 
 
 class GroupStatus(_Api):
@@ -197,6 +194,9 @@ class GroupStatus(_Api):
     send the same Idempotency-Key, never a second transition for one decision."""
     last_webhook: LastWebhook | None = None
     """The most recent power webhook call and how it ended."""
+    webhook: str = ""
+    """What the WEBHOOK column shows: the last call's HTTP code, "unsent" (nothing was sent: a bad URL, header or
+    Secret), "no answer" (the connection failed or timed out), or "none" before the first call."""
     failures: int = 0
     """Consecutive boot timeouts (the backoff doubles with each, 5 min to 30 min)."""
     backoff_until: Annotated[str | None, crd(format="date-time")] = None
@@ -230,7 +230,7 @@ CRD: Final = CustomResource(
         Column("GPUs", "integer", ".spec.gpuCount"),
         Column("State", "string", ".status.state", "Off, PoweringOn, Ready, Draining, PoweringOff or Failed."),
         Column("Since", "date", ".status.since"),
-        Column("Webhook", "string", ".status.lastWebhook.result",
+        Column("Webhook", "string", ".status.webhook",
                "The last power webhook call: its HTTP code, unsent or no answer."),
         Column("Priority", "integer", ".spec.priority", priority=1),
         Column("Age", "date", ".metadata.creationTimestamp"),

@@ -545,8 +545,8 @@ class Autoprovisioner:
                   else "unsent" if not outcome.attempts else "no answer")
         last = LastWebhook(direction=tr.direction, url=url, code=outcome.status,
                            time=format_time(round(outcome.finished_at * _SECOND)), attempt=done.attempts,
-                           error=outcome.error, result=result)
-        status = msgspec.structs.replace(group.status, transition=done, last_webhook=last)
+                           error=outcome.error)
+        status = msgspec.structs.replace(group.status, transition=done, last_webhook=last, webhook=result)
         node, up = group.spec.node_name, tr.direction == "up"
         doing = "powering on" if up else "powering off"
         if outcome.ok:
@@ -661,7 +661,7 @@ class Autoprovisioner:
         """Write the whole status, guarded by resourceVersion; False if the group changed or went (its event
         brings us back)."""
         status = msgspec.structs.replace(status, observed_generation=group.metadata.generation,
-                                         state=status.state or "Off")
+                                         state=status.state or "Off", webhook=status.webhook or "none")
         if status == group.status:
             return True
         # PUT, not a merge patch: our types leave defaults out, and a merge patch would keep the old values of

@@ -92,7 +92,7 @@ async def test_every_budget_failure_shows_as_condition_event_metric_and_log(tmp_
                 return not last
 
             try:
-                await until(f"{case} shown in the four places", shown, 30)
+                await until(f"{case} shown in the four places", shown, 60)
             except AssertionError:  # the wait timed out: report the class and go on with the next
                 failed.append(f"{case}: missing {last}")
             print(f"{case}: {time.monotonic() - began:.1f} s")

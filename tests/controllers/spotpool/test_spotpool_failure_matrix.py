@@ -168,7 +168,7 @@ async def test_every_spot_pool_failure_shows_as_condition_event_metric_and_log(t
                 return not last
 
             try:
-                await until(f"{name} shown in the four places", shown, 25)
+                await until(f"{name} shown in the four places", shown, 60)
             except AssertionError:  # the wait timed out: report the class and go on with the next
                 failed.append(f"{name}: missing {last}")
             case.clear()
