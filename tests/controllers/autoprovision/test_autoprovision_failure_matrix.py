@@ -89,8 +89,14 @@ async def induce(rig: OperatorHarness, case: str, group: str) -> list[int]:
     elif case in ("forbidden", "throttled", "server-error"):
         status = {"forbidden": 403, "throttled": 429, "server-error": 503}[case]
         rules.append(cloud.faults.add(api="power", op="start", status=status).id)
-    elif case == "node-claimed":  # an older group manages small-0; this one names it too
+    elif case == "node-claimed":  # an older group manages small-0 (observed by the controller); this one names it too
         await rig.request("POST", GROUPS_PATH, group_body(f"{group}-owner", "small-0", power))
+
+        async def managing() -> bool:
+            owner = await rig.request("GET", f"{GROUPS_PATH}/{group}-owner")
+            return bool((owner.get("status") or {}).get("state"))
+
+        await until("the owner group observed", managing, 30)
         await rig.request("POST", GROUPS_PATH, group_body(group, "small-0", power))
         return rules
     # not-found: the power API knows no machine of this name and answers 404
