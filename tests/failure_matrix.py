@@ -47,6 +47,8 @@ SPOTPOOL: dict[str, Seen] = {
     "tls": _pool("the TLS handshake with the endpoint fails", "CloudUnavailable", "transient"),
     "timeout": _pool("the cloud does not answer within the call timeout (15 s)", "CloudUnavailable", "transient"),
     "not-found": _pool("the cloud answers 404 (wrong endpoint path)", "CloudRequestInvalid", "invalid"),
+    "malformed": _pool("the endpoint answers 200 with a body that is not the API's JSON (e.g. a proxy's HTML page)",
+                       "CloudUnavailable", "transient"),
     "throttled": _pool("the cloud throttles (HTTP 429)", "CloudThrottled", "throttled"),
     "server-error": _pool("the cloud fails (HTTP 503)", "CloudUnavailable", "transient"),
     "capacity": _pool("no spot capacity for any type and zone of the template", "CapacityError", "capacity",

@@ -12,11 +12,12 @@ from __future__ import annotations
 import base64
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from failure_matrix import SPOTPOOL, Seen, closed_port, conditions, expected_conditions, log_lines
 from waiting import until
 
@@ -47,8 +48,9 @@ def anyio_backend() -> str:
 class Case:
     """One failure class: how to induce it around the pool's creation, and how to clear it after."""
 
-    def __init__(self, rig: OperatorHarness, name: str) -> None:
+    def __init__(self, rig: OperatorHarness, name: str, html_url: str) -> None:
         self.rig = rig
+        self.html_url = html_url
         self.name = name
         self.pool = f"mx-{name}"
         self.cloud = rig.cluster.cloud
@@ -90,6 +92,8 @@ async def induce(case: Case) -> dict[str, Any]:
         return case.body(endpoint=f"http://127.0.0.1:{closed_port()}/spot/v1")
     if name == "tls":
         return case.body(endpoint=case.cloud.url.replace("http://", "https://") + "/spot/v1")
+    if name == "malformed":
+        return case.body(endpoint=f"{case.html_url}/spot/v1")
     if name == "timeout":
         case.fault(op="describe", delay=16.0)
     elif name in ("forbidden", "not-found", "throttled", "server-error"):
@@ -102,6 +106,25 @@ async def induce(case: Case) -> dict[str, Any]:
     elif name == "invalid-spec":  # 6145 characters (the schema counts those) but 12290 bytes: over 12 KiB
         return case.body(template={"instanceTypes": ["gpu.l4.1x"], "userData": "\u00e9" * 6145})
     return case.body()
+
+
+@contextlib.asynccontextmanager
+async def html_server() -> AsyncIterator[str]:
+    """A server answering every request 200 with an HTML page: what a captive proxy or a wrong URL gives."""
+    async def page(_: web.Request) -> web.Response:
+        return web.Response(text="<html><body>Welcome</body></html>", content_type="text/html")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", page)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
 
 
 async def deletion_blocked(case: Case) -> None:
@@ -151,10 +174,10 @@ async def four_places(rig: OperatorHarness, case: Case, seen: Seen) -> Callable[
 async def test_every_spot_pool_failure_shows_as_condition_event_metric_and_log(tmp_path: Path) -> None:
     cluster = SimCluster(parse(SCENARIO), workload=False)
     async with OperatorHarness(cluster, tmp_path, crds=[CRD], controllers=["spotpool"], log_level="INFO",
-                               extra_args=["--spotpool-resync", "2"]) as rig:
+                               extra_args=["--spotpool-resync", "2"]) as rig, html_server() as html_url:
         failed = []
         for name, seen in SPOTPOOL.items():
-            case = Case(rig, name)
+            case = Case(rig, name, html_url)
             began = time.monotonic()
             await rig.request("POST", POOLS_PATH, await induce(case))
             if name == "deletion-blocked":
