@@ -324,6 +324,20 @@ BAD_INPUT = [
         AccountingError,
         r"places must be an int >= 0, got '2'",
     ),
+    # late parts (what was counted past a recorded end)
+    (lambda: LedgerEntry(uid="p", start=0, end=10, gpus=F(1), late=1.5),  # type: ignore[arg-type]
+     AccountingError, r"^LedgerEntry 'p' late must be an int"),
+    (lambda: LedgerEntry(uid="p", start=5, end=10, gpus=F(1), late=6), IntervalError,
+     r"^LedgerEntry 'p' late must be within \[0, end - start\] = \[0, 5\], got 6$"),
+    (lambda: LedgerEntry(uid="p", start=5, end=10, gpus=F(1), late=-1), IntervalError, r"late must be within"),
+    (lambda: LedgerBucket(start=0, end=10, gpu_micros=F(5), peak_gpus=F(1), late_gpu_micros=-1),
+     NegativeValueError, r"^LedgerBucket\.late_gpu_micros must be >= 0, got -1$"),
+    (lambda: LedgerBucket(start=0, end=10, gpu_micros=F(5), peak_gpus=F(1), late_gpu_micros=0.5),  # type: ignore[arg-type]
+     AccountingError, r"^LedgerBucket\.late_gpu_micros must be an exact GPU amount"),
+    (lambda: LedgerBucket(start=0, end=10, gpu_micros=F(5), peak_gpus=F(1), late_gpu_micros=F(6)), AccountingError,
+     r"^LedgerBucket \[0, 10\) has late_gpu_micros 6 above its gpu_micros 5; the late part is a part of what"),
+    (lambda: late_error_bound([object()], now=0, window=1),  # type: ignore[list-item]
+     AccountingError, r"^records must hold Interval or LedgerEntry values, got <object"),
 ]
 
 
@@ -565,6 +579,19 @@ def test_consumed_less_the_error_bound_never_exceeds_the_usage_by_the_records(
             assert usage.consumed - usage.error_bound <= truth <= usage.consumed
         exact = window_usage(live, ledger, now=t, window=window, quota=1)
         assert exact.error_bound == late_error_bound(counted_intervals(live, ledger), now=t, window=window)
+
+
+def test_a_bucket_late_part_counts_only_while_the_bucket_overlaps_the_window() -> None:
+    """[now - W, now) is the window: a bucket ending at its trailing edge, or starting at now, is outside it."""
+    def late(start: int, end: int) -> Ledger:
+        return Ledger(buckets=(LedgerBucket(start=start, end=end, gpu_micros=F(20), peak_gpus=F(1),
+                                            late_gpu_micros=F(10)),))
+
+    assert compaction_error_bound(late(0, 100), now=1100, window=1000) == 0  # ends at the edge
+    assert compaction_error_bound(late(1100, 1200), now=1100, window=1000) == 0  # starts at now
+    assert compaction_error_bound(late(0, 50), now=2000, window=1000) == 0  # long gone
+    assert compaction_error_bound(late(1000, 1050), now=1100, window=1000) == F(10, H)  # inside: its late part
+    assert compaction_error_bound(late(1090, 1120), now=1100, window=1000) == F(10, H)  # overlaps now
 
 
 def test_a_late_part_is_named_by_the_error_bound_while_in_the_window_and_carried_into_its_bucket() -> None:
