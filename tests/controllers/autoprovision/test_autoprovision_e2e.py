@@ -314,10 +314,14 @@ async def test_a_machine_that_boots_late_is_taken_and_its_failure_count_starts_o
 
 async def test_every_idle_machine_goes_off_in_time_largest_first(tmp_path: Path) -> None:
     """The seed could only ever power off the single largest idle node: here both go, one at a time (the cap
-    on concurrent power-offs is 1), the 8-GPU machine first."""
+    on concurrent power-offs is 1), the 8-GPU machine first. Both become due for power-off at the same instant
+    (5 s after the latest power-on, the scale-down delay: longer than any skew between their pods' ends), so the
+    order is the planner's choice, not which pod happened to end first."""
     async with running(tmp_path, max_concurrent_power_offs=1) as (cluster, client):
-        await client.create(GROUPS, group(cluster, "small-0", 2))
-        await client.create(GROUPS, group(cluster, "big-0", 8))
+        for name, gpus in (("small-0", 2), ("big-0", 8)):
+            body = group(cluster, name, gpus)
+            body["spec"]["scaleDownDelayAfterScaleUpSeconds"] = 5
+            await client.create(GROUPS, body)
         await client.create(PODS, gpu_pod("small-job", 2, 1.0), NS)
         await client.create(PODS, gpu_pod("big-job", 8, 1.0), NS)
 
