@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from waiting import until
 
 
 class Seen(NamedTuple):
@@ -157,3 +160,20 @@ def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+async def still_missing(what: str, probe: Callable[[], Awaitable[str]], within: float = 60.0) -> str:
+    """Poll `probe` (what is still missing, "" once the failure shows in all four places) until it answers ""
+    or `within` seconds pass; its last answer, so that a matrix test reports every class and goes on."""
+    last = ""
+
+    async def shown() -> bool:
+        nonlocal last
+        last = await probe()
+        return not last
+
+    try:
+        await until(what, shown, within)
+    except AssertionError:  # the wait timed out
+        return last
+    return ""

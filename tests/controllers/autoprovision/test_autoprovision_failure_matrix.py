@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from failure_matrix import AUTOPROVISION, Seen, closed_port, conditions, expected_conditions, log_lines
+from failure_matrix import AUTOPROVISION, Seen, closed_port, conditions, expected_conditions, log_lines, still_missing
 from waiting import until
 
 from gpuops.sim.cluster.cluster import SimCluster
@@ -145,17 +145,9 @@ async def test_every_node_group_failure_shows_as_condition_event_metric_and_log(
             began = time.monotonic()
             rules = await induce(rig, case, group)
             probe = four_places(rig, group, seen)
-            last = ""
-
-            async def shown(probe: Callable[[], Awaitable[str]] = probe) -> bool:
-                nonlocal last
-                last = await probe()
-                return not last
-
-            try:
-                await until(f"{case} shown in the four places", shown, 60)
-            except AssertionError:  # the wait timed out: report the class and go on with the next
-                failed.append(f"{case}: missing {last}")
+            missing = await still_missing(f"{case} shown in the four places", probe)
+            if missing:
+                failed.append(f"{case}: missing {missing}")
             for rule in rules:
                 rig.cluster.cloud.faults.remove(rule)
             rig.cluster.cloud.options.token = None

@@ -18,7 +18,15 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from failure_matrix import SPOTPOOL, Seen, closed_port, conditions, expected_conditions, log_lines
+from failure_matrix import (
+    SPOTPOOL,
+    Seen,
+    closed_port,
+    conditions,
+    expected_conditions,
+    log_lines,
+    still_missing,
+)
 from waiting import until
 
 from gpuops.sim.cluster.access import POOLS
@@ -183,17 +191,9 @@ async def test_every_spot_pool_failure_shows_as_condition_event_metric_and_log(t
             if name == "deletion-blocked":
                 await deletion_blocked(case)
             probe = await four_places(rig, case, seen)
-            last = ""
-
-            async def shown(probe: Callable[[], Awaitable[str]] = probe) -> bool:
-                nonlocal last
-                last = await probe()
-                return not last
-
-            try:
-                await until(f"{name} shown in the four places", shown, 60)
-            except AssertionError:  # the wait timed out: report the class and go on with the next
-                failed.append(f"{name}: missing {last}")
+            missing = await still_missing(f"{name} shown in the four places", probe)
+            if missing:
+                failed.append(f"{name}: missing {missing}")
             case.clear()
             await rig.cluster.access.patch(POOLS, "", case.pool, {"spec": {"deletionPolicy": "Retain"}})
             with contextlib.suppress(RuntimeError):  # already being deleted: Retain lets it go
