@@ -58,6 +58,8 @@ chaos: install
 	@failed=""; for s in chaos/$(SCENARIO).py; do [ -e "$$s" ] || { echo "no chaos scenario $$s"; exit 2; }; \
 	  echo "== $$s"; $(BIN)/python $$s $(QUICK) || failed="$$failed $$s"; done; \
 	  [ -n "$(QUICK)" ] || $(BIN)/python tests/readme_sections.py; \
+	  for s in $$failed; do n=$$(basename $$s .py); echo "== $$s failed:"; \
+	    tail -n 30 chaos/results/$(if $(QUICK),quick/)$$n.md; done; \
 	  [ -z "$$failed" ] || { echo "chaos scenarios FAILED:$$failed (see chaos/results/$(if $(QUICK),quick/)SUMMARY.md)"; exit 1; }
 
 # Mutation testing of the budget guarantees (config: [tool.mutmut] in pyproject.toml). mutmut is installed by this

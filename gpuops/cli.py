@@ -232,6 +232,10 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                    help="the Service's namespace (default: the operator's, else gpuops-system)")
     p.add_argument("--mig-webhook-cert-dir", default=None, metavar="DIR",
                    help="keep the webhook's CA here across restarts (a writable volume; default: memory)")
+    p.add_argument("--mig-advertise-timeout", type=_seconds_arg, default=60.0, metavar="SECONDS",
+                   help="a MIG pod whose slices exist but are not offered to the kubelet this long after the "
+                        "allocator asked (the agent's device plugin not registered, the kubelet not listing them) "
+                        "is marked DeviceNotAdvertised with a Warning Event (default %(default)s)")
     p.add_argument("--spotpool-resync", type=_seconds_arg, default=30.0, metavar="SECONDS",
                    help="describe every SpotPool's instances at least this often, to notice reclaims no node agent "
                         "reported (node events and pool changes describe at once; default %(default)s)")
@@ -280,7 +284,8 @@ async def _run_manager(args: argparse.Namespace) -> int:
                           "mig_webhook_host": args.mig_webhook_host or None,
                           "mig_webhook_service": args.mig_webhook_service,
                           "mig_webhook_namespace": args.mig_webhook_namespace,
-                          "mig_webhook_cert_dir": args.mig_webhook_cert_dir},
+                          "mig_webhook_cert_dir": args.mig_webhook_cert_dir,
+                          "mig_advertise_timeout": args.mig_advertise_timeout},
             )
         except ValueError as e:
             print(f"gpuops run: {e}", file=sys.stderr)

@@ -94,7 +94,7 @@ AUTOPROVISION: dict[str, Seen] = {
 
 def _mig(failure: str, reason: str, metric: str) -> Seen:
     return Seen(failure, f"gpuops.io/MigSlices=False ({reason}) on the pod", "FailedMigAllocation", metric,
-                "pod waits for MIG capacity")
+                "pod waits for MIG slices")
 
 
 MIGSLICER: dict[str, Seen] = {
@@ -108,6 +108,11 @@ MIGSLICER: dict[str, Seen] = {
                          "AgentNotReporting", "gpuops_migslicer_agent_heartbeat_age_seconds > 120"),
     "unsatisfiable": _mig("the pod asks for a profile no GPU there offers", "Unsatisfiable",
                           'gpuops_migslicer_plan_failures_total{reason="Unsatisfiable"} > 0'),
+    "no-agent": _mig("the only node the pod may use runs no gpuops node agent (it has no MigNode)",
+                     "AgentNotRegistered", 'gpuops_migslicer_plan_failures_total{reason="AgentNotRegistered"} > 0'),
+    "not-advertised": _mig("the slice was made, but the agent's device plugin never offered it to the kubelet "
+                           "(not registered)", "DeviceNotAdvertised",
+                           'gpuops_migslicer_plan_failures_total{reason="DeviceNotAdvertised"} > 0'),
 }
 """MIG pod failures by case name: the node the pod is pinned to, as its agent reports it."""
 

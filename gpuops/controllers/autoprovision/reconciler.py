@@ -374,7 +374,13 @@ class Autoprovisioner:
             status = msgspec.structs.replace(group.status, state="Draining", since=stamp, transition=transition)
             reason, message = "PowerOffDecided", f"powering off {spec.node_name}: {why}"
         status = _condition(status, group, "Ready", "False", reason, message)  # no longer what it said before
-        if not await self._write(group, status):
+        try:
+            written = await self._write(group, status)
+        except Exception as e:  # a lost answer: the write may have landed, and its key be sent by a later turn
+            log.warning("power transition decided", group=group.metadata.name, node=spec.node_name,
+                        direction=direction, key=key, why=why, outcome="status write unconfirmed", error=str(e))
+            raise
+        if not written:
             return False
         if self.controller is not None:  # do not wait for the status event alone to bring the group's turn
             self.controller.enqueue(Request("", group.metadata.name), trigger=f"power {direction} decided")

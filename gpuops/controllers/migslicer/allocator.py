@@ -96,6 +96,10 @@ class Settings:
     retry: float = 30.0
     """How often a pod that fits nowhere is looked at again even without a capacity change."""
     failed_backoff: float = 2.0
+    advertise_timeout: float = 60.0
+    """Slices offered this long ago that the agent has not advertised, or the kubelet has not listed in the node's
+    allocatable, make the pod DeviceNotAdvertised (a Warning): the agent's device plugin is not registered with
+    the kubelet, or the kubelet does not take its devices. The pod keeps waiting; either may recover."""
 
 
 def gated(pod: Pod) -> tuple[str, ...]:
@@ -251,22 +255,37 @@ class Allocator:
                 await self._annotate(c, stamp)
             self._advertising[(node, pod.metadata.uid)] = (profiles_here, stamp)
             return None
-        if not all(c.status.advertised for c in live):
-            await self._waiting(pod, "Advertising", f"waiting for the node agent on {node} to offer the slice(s)"
-                                " to the kubelet")
-            return None  # the agent's status write wakes us
         mine = min((c.metadata.annotations or {}).get(ADVERTISE, "") for c in live)
+        if not all(c.status.advertised for c in live):
+            return await self._not_offered(pod, mine, "Advertising", f"the node agent on {node} to offer the "
+                                           "slice(s) to the kubelet", "its device plugin is not registered with the "
+                                           f"kubelet? see the agent's log on {node}")  # its status write wakes us
         busy = self._blocker(node, profiles_here, pod.metadata.uid, (mine, pod.metadata.uid))  # a pod may have ended
         if busy is not None:
             await self._waiting(pod, "WaitingForNode", busy)
             return Result(requeue_after=self.settings.retry)
-        if not self._kubelet_has(node, live, pod):
-            await self._waiting(pod, "WaitingForKubelet", f"the slice(s) exist on {node}; waiting for the kubelet"
-                                " to list them in the Node's allocatable")
-            return Result(requeue_after=self.settings.retry)  # the Node's next status (allocatable) wakes us
+        if not self._kubelet_has(node, live, pod):  # the Node's next status (allocatable) wakes us
+            return await self._not_offered(pod, mine, "WaitingForKubelet", f"the kubelet on {node} to list the "
+                                           "slice(s) in the Node's allocatable", "the kubelet does not take the "
+                                           "agent's devices? see the kubelet's and the agent's logs")
         await self._ungate(pod, node, f"{len(live)} slice(s) on {node}: "
                            + ", ".join(f"{c.spec.profile}@{c.spec.gpu_uuid[:12]}/{c.spec.start}" for c in live))
         return None
+
+    async def _not_offered(self, pod: Pod, stamp: str, reason: str, what: str, hint: str) -> Result:
+        """A wait for the agent or the kubelet after the slices were offered (`stamp`, the advertise annotation):
+        routine at first, DeviceNotAdvertised (Warning Event, metric, warning log) past `advertise_timeout`, so a
+        device plugin that never registered does not leave the pod gated with nothing saying so."""
+        now = self.clock()
+        since = parse_time_or_none(stamp)
+        waited = 0.0 if since is None else max(0.0, (now - since) / _SECOND)
+        limit = self.settings.advertise_timeout
+        if waited < limit:
+            await self._waiting(pod, reason, f"waiting for {what}")
+            return Result(requeue_after=max(0.1, min(self.settings.retry, limit - waited)))
+        await self._no_fit(pod, "DeviceNotAdvertised", f"still waiting for {what}, more than {limit:g} s after "
+                           f"they were offered at {stamp} ({hint}); the pod stays gated until they are")
+        return Result(requeue_after=self.settings.retry)
 
     # ------------------------------------------------------------------------------------------ planning
 
@@ -342,6 +361,13 @@ class Allocator:
                 why[RESET_PENDING if modes.get("Pending") else MIG_DISABLED] += 1
         return out, why
 
+    def _agentless(self, pod: Pod) -> int:
+        """Nodes the pod may use that have no MigNode at all: no gpuops agent ever reported there (not deployed,
+        or not scheduled on them), which no freed slice will change."""
+        reporting = {mn.spec.node_name or mn.metadata.name for mn in self.mig_nodes.store.list()}
+        return sum(1 for n in self.nodes.store.list() if n.metadata.name not in reporting
+                   and node_admits(pod, n.metadata.name, n.metadata.labels or {}, n.spec.taints or ()))
+
     def _handing_off(self) -> dict[str, set[str]]:
         """node -> profiles whose slices are on their way to a pod that has not started yet. The kubelet hands
         a container any free device of a resource, so a node offers one such pod per profile at a time."""
@@ -378,6 +404,8 @@ class Allocator:
             await self._no_fit(pod, "InvalidRequest", f"cannot place {', '.join(profiles)}: {e}")
             return None
         if plan is None:
+            if not candidates:
+                why[NO_AGENT] += self._agentless(pod)
             never = never_fits(candidates, profiles)
             if never is not None:  # retried all the same: a node with other GPUs may join
                 await self._no_fit(pod, "Unsatisfiable", never)
@@ -441,6 +469,21 @@ class Allocator:
                     return
                 continue  # an earlier attempt made it: the cache brings it
             self._reserved[made.metadata.name] = made
+            await self._mark_pending(made)
+
+    async def _mark_pending(self, claim: AllocationClaim) -> None:
+        """Write the new claim's phase, so `kubectl get allocationclaims` shows Pending (not a blank) until its
+        agent reports. Only on the version just created: an agent that already wrote Created wins."""
+        body = {"metadata": {"resourceVersion": claim.metadata.resource_version},
+                "status": {"phase": "Pending", "message": f"waiting for the node agent on {claim.spec.node_name} "
+                           f"to make the slice (placed again if not made within {self.settings.pending_timeout:g} s)"}}
+        try:
+            await self.client.patch(CLAIMS, claim.metadata.name, body, namespace=claim.metadata.namespace,
+                                    subresource="status")
+        except (Conflict, NotFound):
+            return
+        except ApiError as e:
+            log.info("claim phase not written", claim=claim.metadata.name, error=str(e))
 
     def _kubelet_has(self, node: str, live: list[AllocationClaim], pod: Pod) -> bool:
         """The node's kubelet lists exactly the slices offered for each of these profiles: its allocatable equals
@@ -575,7 +618,7 @@ class Allocator:
             self.recorder.record(pod, "Warning", "FailedMigAllocation", message)
             # a wait for slices to be freed is routine; a wait no freed slice can end needs someone
             emit = log.info if reason == "NoCapacity" else log.warning
-            emit("pod waits for MIG capacity", pod=_key(pod), reason=reason, message=message)
+            emit("pod waits for MIG slices", pod=_key(pod), reason=reason, message=message)
 
     async def _condition(self, pod: Pod, value: str, reason: str, message: str) -> bool:
         """Set our pod condition; True when it changed (so an Event is worth sending)."""
@@ -654,17 +697,18 @@ def _offers(model: str, profile: str) -> bool:
 
 NOT_FOR_POD = "node selector, affinity or taints"
 AGENT_SILENT = "agent not reporting"
+NO_AGENT = "node without a gpuops agent (no MigNode: is the agent DaemonSet scheduled there?)"
 MIG_DISABLED = "MIG disabled on its GPUs"
 RESET_PENDING = "MIG mode change waiting for a GPU reset"
 UNKNOWN_MODEL = "only GPUs of a model without MIG tables (or a layout gpuops cannot read)"
-_SPECIFIC = {AGENT_SILENT: "AgentNotReporting", MIG_DISABLED: "MigDisabled", RESET_PENDING: "MigResetPending",
-             UNKNOWN_MODEL: "UnknownGPUModel"}
+_SPECIFIC = {AGENT_SILENT: "AgentNotReporting", NO_AGENT: "AgentNotRegistered", MIG_DISABLED: "MigDisabled",
+             RESET_PENDING: "MigResetPending", UNKNOWN_MODEL: "UnknownGPUModel"}
 
 
 def waiting_reason(why: Counter[str]) -> str:
     """The MigSlices reason for a pod no node may take now: when every node it may use is held back by the same
-    configuration cause, that cause (AgentNotReporting, MigDisabled, MigResetPending, UnknownGPUModel), which no
-    freed slice will end; else NoCapacity."""
+    configuration cause, that cause (AgentNotRegistered, AgentNotReporting, MigDisabled, MigResetPending,
+    UnknownGPUModel), which no freed slice will end; else NoCapacity."""
     causes = {w for w, n in why.items() if n and w != NOT_FOR_POD}
     if len(causes) == 1:
         return _SPECIFIC.get(causes.pop(), "NoCapacity")

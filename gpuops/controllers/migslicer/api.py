@@ -230,18 +230,18 @@ class ClaimSpec(_Api, kw_only=True):
 
 class ClaimStatus(_Api):
     phase: Phase = "Pending"
-    """Pending, or absent until the agent first writes (not made yet; after 60 s the allocator deletes the claim
-    and places the pod again), Created (the slice exists), Bound (the kubelet gave it to a container), Released
-    (the pod finished; the agent destroys the slice) or Failed (the slice could not be made, or was lost after
-    Bound; see message). For a Failed claim, the allocator places a pod that is still gated again, and deletes a
-    running pod that lost its slice."""
+    """Pending (the slice is not made yet; written by the allocator as it creates the claim; after 60 s the
+    allocator deletes the claim and places the pod again), Created (the slice exists), Bound (the kubelet gave it
+    to a container), Released (the pod finished; the agent destroys the slice) or Failed (the slice could not be
+    made, or was lost after Bound; see message). For a Failed claim, the allocator places a pod that is still
+    gated again, and deletes a running pod that lost its slice."""
     device_uuid: str = msgspec.field(default="", name="deviceUUID")
     """The MIG device UUID (MIG-...) of the slice, the value NVIDIA_VISIBLE_DEVICES names. Set together with
     Created."""
     advertised: bool = False
-    """True once the agent's device plugin offers the slice to the kubelet as gpuops.io/mig-<profile>. The agent
-    does this after the allocator annotates the claim gpuops.io/advertise, and the allocator ungates the pod
-    only after that."""
+    """True once the agent's device plugin, registered with the kubelet, offers the slice to it as
+    gpuops.io/mig-<profile>. The agent does this after the allocator annotates the claim gpuops.io/advertise, and
+    the allocator ungates the pod only after that (and once the Node's allocatable lists the slice)."""
     message: str = ""
     """Why the claim is in its phase, for humans (e.g. the NVML error behind a Failed creation)."""
     created_at: Annotated[str | None, crd(format="date-time")] = None

@@ -104,8 +104,8 @@ def install(
 async def setup(manager: Manager) -> None:
     """The ControllerRegistry entry: the allocator (leader-elected) and, unless `mig_webhook_port` is 0, the
     admission webhook with its caBundle patcher (on every replica)."""
-    install(manager)
     s = manager.settings
+    install(manager, settings=Settings(advertise_timeout=float(s.get("mig_advertise_timeout", 60.0))))
     port = int(s.get("mig_webhook_port", 9443))
     if port:
         from . import webhook

@@ -233,6 +233,9 @@ class DevicePluginServer:
         self._lock = asyncio.Lock()
         self.registrations = 0
         """Successful Register calls so far (first one and every re-registration)."""
+        self.registered = False
+        """Registered with the kubelet now: a kubelet restart (new socket) or our socket vanishing makes it False
+        until the next successful Register."""
 
     # ------------------------------------------------------------------------------------------ devices
 
@@ -372,6 +375,7 @@ class DevicePluginServer:
             await pb_grpc.RegistrationStub(channel).Register(request, timeout=self._register_timeout)
         self._kubelet_id = kid
         self.registrations += 1
+        self.registered = True
         log.info("device plugin registered", resource=self.resource, kubelet=str(kubelet_socket))
 
     async def _watch(self) -> None:
@@ -393,6 +397,8 @@ class DevicePluginServer:
                 await self._shutdown()
                 await self._serve()
                 self._kubelet_id = None
+                self.registered = False
             kid = file_id(self._kubelet_socket)
             if kid is not None and kid != self._kubelet_id:
+                self.registered = False
                 await self._register(self._kubelet_socket)

@@ -63,7 +63,10 @@ def free_port() -> int:
 
 
 @asynccontextmanager
-async def running(tmp_path: Path) -> AsyncIterator[tuple[SimCluster, Client, Path]]:
+async def running(tmp_path: Path, *, kubelet_dir_missing: bool = False,
+                  ) -> AsyncIterator[tuple[SimCluster, Client, Path]]:
+    """The cluster, our webhook and allocator, and one agent per node. `kubelet_dir_missing`: the agents are
+    pointed at a directory where no kubelet listens (a DaemonSet whose device-plugins mount is wrong)."""
     plugins = Path(tempfile.mkdtemp(prefix="dp", dir="/tmp"))  # unix socket paths must stay short
     state = tmp_path / "gpus"
     state.mkdir()
@@ -82,14 +85,15 @@ async def running(tmp_path: Path) -> AsyncIterator[tuple[SimCluster, Client, Pat
         await install_crds(client, ["mignodes", "allocationclaims"], [CLAIMS, MIG_NODES])
         managers: list[tuple[Manager, asyncio.Task[None]]] = []
         operator = Manager(client, metrics_bind_address="0", health_probe_bind_address="0")
-        install_allocator(operator, settings=Settings(retry=1.0))
+        install_allocator(operator, settings=Settings(retry=1.0, advertise_timeout=1.0))
         webhook.install(operator, host="127.0.0.1", port=port, ca_check_interval=0.5)
         for node in NODES:  # one agent per node, each with its own client as a DaemonSet pod would have
             agent_client = await Client.from_kubeconfig(str(tmp_path / "k"))
             stack.push_async_callback(agent_client.close)
             m = Manager(agent_client, namespace=None, metrics_bind_address="0", health_probe_bind_address="0")
             backend = MigBackend.emulated("A100-40GB:2", node, state_file=state / f"{node}.json")
-            mig_agent.install(m, node, backend, plugin_dir=plugins / node,
+            plugin_dir = plugins / ("nowhere" if kubelet_dir_missing else "") / node
+            mig_agent.install(m, node, backend, plugin_dir=plugin_dir,
                               settings=mig_agent.AgentSettings(grace=2.0, heartbeat=2.0, backend_name="emulated"))
             managers.append((m, asyncio.create_task(m.run())))
         managers.append((operator, asyncio.create_task(operator.run())))
@@ -158,3 +162,31 @@ async def test_mig_pod_end_to_end(tmp_path: Path) -> None:
             return p.status.phase == "Succeeded" and not any(g.slices for g in mn.status.gpus)
 
         await until("the pod finished and its slice is destroyed", slice_gone)
+
+
+async def test_a_slice_no_kubelet_was_offered_is_not_advertised_and_the_pod_says_so(tmp_path: Path) -> None:
+    """The agents' device plugins cannot register (no kubelet at their path): the slice is made, the claim never
+    says `advertised`, and the pod's condition names the cause instead of waiting in silence."""
+    async with running(tmp_path, kubelet_dir_missing=True) as (_cluster, client, _plugins):
+        async def admitted() -> bool:
+            try:
+                await client.create(PODS, nvidia_pod("stuck", "3g.20gb"), NS)
+            except ApiError:
+                return False
+            return True
+
+        await until("the webhook admits the pod", admitted)
+
+        async def flagged() -> str | None:
+            p = await client.get(PODS, "stuck", NS)
+            mine = [c for c in p.status.conditions or () if c.type == "gpuops.io/MigSlices"]
+            return mine[0].message if mine and mine[0].reason == "DeviceNotAdvertised" else None
+
+        message = await until("the pod is DeviceNotAdvertised", flagged)
+        assert "offer the slice(s) to the kubelet" in message and "device plugin is not registered" in message
+        _, claims = await client.list(CLAIMS, namespace=NS)
+        (claim,) = claims
+        assert claim.status.phase == "Created" and claim.status.device_uuid.startswith("MIG-")
+        assert not claim.status.advertised
+        pod = await client.get(PODS, "stuck", NS)
+        assert any(g.name == GATE for g in pod.spec.scheduling_gates or ())

@@ -18,12 +18,13 @@ from typing import Any
 
 import pytest
 from failure_matrix import MIGSLICER, Seen, log_lines, still_missing
+from waiting import until
 
 from gpuops.controllers.migslicer.api import GATE, OUR_PREFIX
 from gpuops.sim.apiserver.objects import rfc3339
 from gpuops.sim.cluster.cluster import SimCluster
 from gpuops.sim.harness import OperatorHarness, metric_value
-from gpuops.sim.migfarm import MIG_NODES, gpu_uuids
+from gpuops.sim.migfarm import CLAIMS, MIG_NODES, gpu_uuids
 from gpuops.sim.scenario import parse
 
 pytestmark = pytest.mark.anyio
@@ -68,6 +69,19 @@ def mig_pod(name: str, node: str, profile: str) -> dict[str, Any]:
                                      "resources": {"limits": dict(res), "requests": dict(res)}}]}}
 
 
+async def make_slice_never_offer_it(rig: OperatorHarness, access: Any, node: str) -> None:
+    """Play an agent whose device plugin never registered with the kubelet: it makes the slice of the node's claim
+    (Created, with a device UUID) but never sets `advertised`."""
+    async def claim() -> dict[str, Any] | None:
+        items = (await rig.request("GET", f"/apis/gpuops.io/v1alpha1/namespaces/{NS}/allocationclaims"))["items"]
+        return next((c for c in items if c["spec"]["nodeName"] == node), None)
+
+    made = await until(f"a claim on {node}", claim)
+    await access.patch(CLAIMS, NS, made["metadata"]["name"], {"status": {
+        "phase": "Created", "deviceUUID": "MIG-00000000-0000-0000-0000-000000000001",
+        "createdAt": rfc3339(access.now()), "message": "made"}}, "status")
+
+
 def metric_shown(text: str, seen: Seen, node: str) -> bool:
     series, _, rest = seen.metric.partition("{")
     if not rest:  # "name > 120": the node's sample
@@ -83,17 +97,20 @@ def metric_shown(text: str, seen: Seen, node: str) -> bool:
 async def test_every_mig_wait_shows_its_cause_as_condition_event_metric_and_log(tmp_path: Path) -> None:
     cluster = SimCluster(parse(SCENARIO), workload=False)
     async with OperatorHarness(cluster, tmp_path, crds=CRDS, controllers=["migslicer"], log_level="INFO",
-                               extra_args=["--mig-webhook-port", "0"]) as rig:
+                               extra_args=["--mig-webhook-port", "0", "--mig-advertise-timeout", "2"]) as rig:
         access = cluster.access
         failed = []
         for i, (case, seen) in enumerate(MIGSLICER.items()):
             node, pod = f"m-{i}", f"waits-{case}"
             began = time.monotonic()
-            await access.create(MIG_NODES, "", {"apiVersion": "gpuops.io/v1alpha1", "kind": "MigNode",
-                                                "metadata": {"name": node}, "spec": {"nodeName": node}})
-            await access.patch(MIG_NODES, "", node, {"status": report(node, case, access.now())}, "status")
+            if case != "no-agent":
+                await access.create(MIG_NODES, "", {"apiVersion": "gpuops.io/v1alpha1", "kind": "MigNode",
+                                                    "metadata": {"name": node}, "spec": {"nodeName": node}})
+                await access.patch(MIG_NODES, "", node, {"status": report(node, case, access.now())}, "status")
             await rig.request("POST", f"/api/v1/namespaces/{NS}/pods",
                               mig_pod(pod, node, "9g.99gb" if case == "unsatisfiable" else "3g.40gb"))
+            if case == "not-advertised":
+                await make_slice_never_offer_it(rig, access, node)
             reason = seen.condition.split("(")[1].split(")")[0]
             async def probe(pod: str = pod, node: str = node, seen: Seen = seen, reason: str = reason) -> str:
                 missing = []

@@ -217,10 +217,24 @@ class NodeAgent:
             if self._offered.get(resource) != ids:
                 self._offered[resource] = ids
                 await self._plugin(resource)
-        for pairs in offer.values():
+        for resource, pairs in offer.items():
+            if not self._registered(resource):
+                continue  # offered to no kubelet yet: `advertised` would claim what is not so
             for _, c in pairs:
                 if not c.status.advertised:
                     await self._status(c, {"advertised": True})
+
+    def _registered(self, resource: str) -> bool:
+        """The plugin of `resource` is registered with the kubelet (always, with no kubelet to talk to)."""
+        if self.plugin_dir is None:
+            return True
+        plugin = self.plugins.get(resource)
+        if plugin is not None and plugin.registered:
+            return True
+        log.warning("slices not advertised: device plugin not registered with the kubelet", resource=resource,
+                    kubelet=str(self.plugin_dir), fix="is the kubelet's device-plugins directory mounted at this "
+                    "path and the kubelet running? the plugin registers by itself once it is")
+        return False
 
     async def _plugin(self, resource: str) -> None:
         plugin = self.plugins.get(resource)
