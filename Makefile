@@ -76,6 +76,7 @@ MUTANTS       ?= 'gpuops.accounting.gpuhours.*' 'gpuops.accounting.reporting.*' 
                  '$(RECON).x__counted_end__mutmut_*' '$(RECON).x__departed_entry__mutmut_*' \
                  '$(RECON).x__recorded__mutmut_*' '$(RECON).x_compact__mutmut_*' '$(RECON).xǁBookǁcovers__mutmut_*' \
                  '$(RECON).x_ledger_from_status__mutmut_*' '$(RECON).x_ledger_to_status__mutmut_*' \
+                 '$(RECON).x__entry_from_status__mutmut_*' '$(RECON).x__settled__mutmut_*' \
                  '$(RECON).xǁBudgetReconcilerǁ_stop_counting__mutmut_*' '$(RECON).xǁBudgetReconcilerǁmap_deleted_pod__mutmut_*' \
                  '$(RECON).xǁBudgetReconcilerǁprune_departed__mutmut_*' '$(RECON).xǁBudgetReconcilerǁ_needers__mutmut_*' \
                  '$(RECON).xǁBudgetReconcilerǁ_release__mutmut_*' \

@@ -21,7 +21,7 @@ import yaml
 
 from gpuops.controllers.budget import BudgetController, install
 from gpuops.controllers.budget.api import BUDGETS, GPUWorkloadBudget, format_time
-from gpuops.controllers.budget.reconciler import wall_clock
+from gpuops.controllers.budget.reconciler import BudgetReconciler, Options, wall_clock
 from gpuops.kube.client import Client
 from gpuops.kube.controller import Request, Result
 from gpuops.kube.errors import ApiError, NotFound
@@ -308,3 +308,40 @@ async def environment(tmp_path: Path) -> AsyncIterator[Env]:
             while env.runs:
                 await env.stop()
             await client.close()
+
+
+@asynccontextmanager
+async def held_reconciler(tmp_path: Path, margin: float, budgets: list[str],
+                          ) -> AsyncIterator[tuple[BudgetReconciler, Clock, Pod]]:
+    """A budget reconciler whose reconciles never run (nothing writes a ledger behind the test's back), its clock
+    standing where the test sets it, with `budgets` (one-hour windows; "bad" is stored with an invalid spec), one
+    pod `p` they all select, cached, and `margin` as compaction margin."""
+    async with environment(tmp_path) as env:
+        clock = Clock()
+        handle = await env.start(clock=clock, options=Options(compaction_margin=margin))
+        rec = handle.reconciler
+        release = asyncio.Event()
+
+        async def never(req: Request) -> Result | None:
+            await release.wait()
+            return None
+
+        handle.controller.reconcile = never
+        try:
+            for name in budgets:
+                await env.create_budget(budget(name, "100", window=1))
+            if "bad" in budgets:  # stored past admission (as before a validation rule existed): a SpecError here
+                env.edit_stored_budget("bad", lambda o: o["spec"]["quota"].__setitem__("gpuHours", "-1"))
+            await env.create_pod(pod("p", 1))
+
+            async def cached() -> Pod | None:
+                if any(rec.budgets.store.get(f"{NS}/{n}") is None for n in budgets):
+                    return None
+                bad = rec.budgets.store.get(f"{NS}/bad")
+                if bad is not None and bad.spec.quota.gpu_hours != "-1":
+                    return None
+                return rec.pods.store.get(f"{NS}/p")
+
+            yield rec, clock, await env.until("budgets and p cached", cached)
+        finally:
+            release.set()

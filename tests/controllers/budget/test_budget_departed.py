@@ -9,64 +9,25 @@ still waits) is asserted at the exact instant it moves.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import msgspec
 import pytest
-from budget_harness import NS, Clock, S, budget, environment, pod
+from budget_harness import NS, S, held_reconciler
 
 from gpuops.controllers.budget.api import GPUWorkloadBudget, LedgerEntryStatus, LedgerStatus
-from gpuops.controllers.budget.reconciler import BudgetReconciler, Options
-from gpuops.kube.controller import Request, Result
-from gpuops.kube.objects import Pod
+from gpuops.controllers.budget.reconciler import BudgetReconciler
+from gpuops.kube.controller import Request
 
 pytestmark = pytest.mark.anyio
 HOUR = 3600 * S
 MARGIN = 90.0
-"""The compaction margin these tests run with (seconds)."""
+"""The compaction margin these tests run with (seconds; the default is 60)."""
 
 
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@asynccontextmanager
-async def held_reconciler(tmp_path: Path, budgets: list[str]) -> AsyncIterator[tuple[BudgetReconciler, Clock, Pod]]:
-    """A reconciler whose reconciles never run, with `budgets` (one-hour windows; "bad" has an invalid spec) and one
-    pod `p` they all select, cached."""
-    async with environment(tmp_path) as env:
-        clock = Clock()
-        handle = await env.start(clock=clock, options=Options(compaction_margin=MARGIN))
-        rec = handle.reconciler
-        release = asyncio.Event()
-
-        async def never(req: Request) -> Result | None:
-            await release.wait()
-            return None
-
-        handle.controller.reconcile = never
-        try:
-            for name in budgets:
-                await env.create_budget(budget(name, "100", window=1))
-            if "bad" in budgets:  # stored past admission (as before a validation rule existed): a SpecError here
-                env.edit_stored_budget("bad", lambda o: o["spec"]["quota"].__setitem__("gpuHours", "-1"))
-            await env.create_pod(pod("p", 1))
-
-            async def cached() -> Pod | None:
-                if any(rec.budgets.store.get(f"{NS}/{n}") is None for n in budgets):
-                    return None
-                bad = rec.budgets.store.get(f"{NS}/bad")
-                if bad is not None and bad.spec.quota.gpu_hours != "-1":
-                    return None
-                return rec.pods.store.get(f"{NS}/p")
-
-            yield rec, clock, await env.until("budgets and p cached", cached)
-        finally:
-            release.set()
 
 
 def cached(rec: BudgetReconciler, name: str, holding: str | None = None) -> GPUWorkloadBudget:
@@ -82,7 +43,7 @@ def cached(rec: BudgetReconciler, name: str, holding: str | None = None) -> GPUW
 
 
 async def test_a_deleted_pod_is_remembered_per_budget_until_its_ledger_holds_it(tmp_path: Path) -> None:
-    async with held_reconciler(tmp_path, ["one", "two"]) as (rec, clock, p):
+    async with held_reconciler(tmp_path, MARGIN, ["one", "two"]) as (rec, clock, p):
         uid = p.metadata.uid
         clock.set(50_000)
         rec._facts[uid] = rec._memo(p)  # what the reconciler knew of the live pod goes with it
@@ -105,7 +66,7 @@ async def test_a_deleted_pod_is_remembered_per_budget_until_its_ledger_holds_it(
 
 
 async def test_a_deleted_pod_is_forgotten_once_it_left_the_window_and_the_margin(tmp_path: Path) -> None:
-    async with held_reconciler(tmp_path, ["one", "bad"]) as (rec, clock, p):
+    async with held_reconciler(tmp_path, MARGIN, ["one", "bad"]) as (rec, clock, p):
         uid = p.metadata.uid
         clock.set(50_000)
         assert rec.map_deleted_pod(p) == [Request(NS, "one")]  # an invalid budget selects nothing
@@ -120,7 +81,7 @@ async def test_a_deleted_pod_is_forgotten_once_it_left_the_window_and_the_margin
 
 
 async def test_an_invalid_budget_forgets_a_deleted_pod_only_through_its_ledger(tmp_path: Path) -> None:
-    async with held_reconciler(tmp_path, ["bad"]) as (rec, clock, p):
+    async with held_reconciler(tmp_path, MARGIN, ["bad"]) as (rec, clock, p):
         uid = p.metadata.uid
         clock.set(50_000)
         rec._departed[f"{NS}/bad"] = {uid: (p, 50_000 * S)}  # remembered while its spec was still valid
@@ -133,7 +94,7 @@ async def test_an_invalid_budget_forgets_a_deleted_pod_only_through_its_ledger(t
 
 
 async def test_forgetting_a_pod_that_was_not_stopped_leaves_the_other_stops(tmp_path: Path) -> None:
-    async with held_reconciler(tmp_path, ["one"]) as (rec, clock, p):
+    async with held_reconciler(tmp_path, MARGIN, ["one"]) as (rec, clock, p):
         uid = p.metadata.uid
         clock.set(50_000)
         rec.map_deleted_pod(p)

@@ -207,3 +207,29 @@ async def test_the_rbac_role_is_enough(tmp_path: Path) -> None:
         finally:
             await sa.close()
             await admin.close()
+
+
+async def test_turning_retention_off_releases_every_pod_the_budget_held(tmp_path: Path) -> None:
+    """A budget that no longer retains finished pods lets go of its running pods at its next reconcile (nothing
+    else needs them), and still counts them."""
+    async with environment(tmp_path) as env:
+        await env.start()
+        await env.create_budget(budget("keep", "100", accounting={"retainFinishedPods": True}))
+        await env.create_pod(pod("a", 1, 600.0))
+        await env.create_pod(pod("b", 2, 600.0))
+
+        async def held(name: str) -> bool:
+            return FINALIZER in await finalizers(env, name)
+
+        for name in ("a", "b"):
+            await env.until(f"{name} holds the accounting finalizer", lambda name=name: held(name))
+        await env.client.patch(BUDGETS, "keep", {"spec": {"accounting": {"retainFinishedPods": False}}}, namespace=NS)
+
+        async def released() -> GPUWorkloadBudget | None:
+            b = await env.budget("keep")
+            if b.status.observed_generation != b.metadata.generation or await held("a") or await held("b"):
+                return None
+            return b
+
+        b = await env.until("both released once the change is observed", released)
+        assert b.status.running_pods == 2 and await env.phase("a") == "Running"
