@@ -141,7 +141,9 @@ class MigAgentFarm:
             if phase == "Pending":
                 n.slices[key] = (str(spec.get("gpuUUID", "")), int(spec.get("start", 0)), int(spec.get("size", 0)),
                                  str(spec.get("profile", "")))
-                await self._status(key, {"phase": "Created", "deviceUUID": mig_uuid(ns, name)})
+                device = mig_uuid(ns, name)
+                await self._status(key, {"phase": "Created", "deviceUUID": device,
+                                         "message": f"slice {device} made on {n.name}"})
                 self.claims_created += 1
                 changed = True
                 phase = "Created"

@@ -404,8 +404,9 @@ class Allocator:
             await self._no_fit(pod, "InvalidRequest", f"cannot place {', '.join(profiles)}: {e}")
             return None
         if plan is None:
-            if not candidates:
-                why[NO_AGENT] += self._agentless(pod)
+            agentless = 0 if candidates else self._agentless(pod)
+            if agentless:
+                why[NO_AGENT] += agentless
             never = never_fits(candidates, profiles)
             if never is not None:  # retried all the same: a node with other GPUs may join
                 await self._no_fit(pod, "Unsatisfiable", never)

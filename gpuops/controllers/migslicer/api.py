@@ -243,7 +243,8 @@ class ClaimStatus(_Api):
     gpuops.io/mig-<profile>. The agent does this after the allocator annotates the claim gpuops.io/advertise, and
     the allocator ungates the pod only after that (and once the Node's allocatable lists the slice)."""
     message: str = ""
-    """Why the claim is in its phase, for humans (e.g. the NVML error behind a Failed creation)."""
+    """Why the claim is in its phase, for humans: written with every phase (whom a Pending claim waits for, the
+    device made, the NVML error behind a Failed creation)."""
     created_at: Annotated[str | None, crd(format="date-time")] = None
     """When the agent last reported the slice made. It is written again when the slice is made again, e.g. after a
     reboot."""
@@ -277,7 +278,8 @@ CLAIM_CRD: Final = CustomResource(
         Column("Start", "integer", ".spec.start"),
         Column("Phase", "string", ".status.phase", "Pending, Created, Bound, Released or Failed."),
         Column("GPU", "string", ".spec.gpuUUID", priority=1),
-        Column("Device", "string", ".status.deviceUUID", priority=1),
+        Column("Message", "string", ".status.message", "Why the claim is in its phase; the device UUID once the "
+               "slice is made (.status.deviceUUID).", priority=1),
         Column("Age", "date", ".metadata.creationTimestamp"),
     ),
 )

@@ -108,6 +108,20 @@ async def running(tmp_path: Path, *, kubelet_dir_missing: bool = False,
         shutil.rmtree(plugins, ignore_errors=True)
 
 
+async def claim_table(client: Client) -> list[dict[str, Any]]:
+    """The claims as `kubectl get allocationclaims -o wide` gets them (the server's Table), one dict per row by
+    column name."""
+    raw = await client.request("GET", f"/apis/gpuops.io/v1alpha1/namespaces/{NS}/allocationclaims",
+                               accept="application/json;as=Table;v=v1;g=meta.k8s.io")
+    table = json.loads(raw)
+    names = [c["name"] for c in table["columnDefinitions"]]
+    return [dict(zip(names, row["cells"], strict=True)) for row in table["rows"]]
+
+
+def blank(rows: list[dict[str, Any]]) -> list[str]:
+    return [f"{r['Name']}: {column}" for r in rows for column, cell in r.items() if cell in (None, "")]
+
+
 def nvidia_pod(name: str, profile: str, runtime: float = 1.0) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "annotations": {"sim.gpuops.io/runtime-seconds": str(runtime)}},
@@ -155,6 +169,9 @@ async def test_mig_pod_end_to_end(tmp_path: Path) -> None:
             return bool(cs) and cs[0].status.phase in ("Bound", "Released")
 
         await until("the claim is Bound (the kubelet's Allocate reached the agent)", bound_or_released)
+        rows = await claim_table(client)
+        assert rows and not blank(rows), rows
+        assert rows[0]["Phase"] in ("Bound", "Released") and rows[0]["Message"], rows
 
         async def slice_gone() -> bool:
             p = await client.get(PODS, "infer", NS)
@@ -188,5 +205,8 @@ async def test_a_slice_no_kubelet_was_offered_is_not_advertised_and_the_pod_says
         (claim,) = claims
         assert claim.status.phase == "Created" and claim.status.device_uuid.startswith("MIG-")
         assert not claim.status.advertised
+        assert claim.status.message == f"slice {claim.status.device_uuid} made on {claim.spec.node_name}"
+        rows = await claim_table(client)
+        assert not blank(rows) and rows[0]["Message"] == claim.status.message, rows
         pod = await client.get(PODS, "stuck", NS)
         assert any(g.name == GATE for g in pod.spec.scheduling_gates or ())

@@ -77,6 +77,15 @@ async def make_slice_never_offer_it(rig: OperatorHarness, access: Any, node: str
         return next((c for c in items if c["spec"]["nodeName"] == node), None)
 
     made = await until(f"a claim on {node}", claim)
+
+    async def pending() -> dict[str, Any] | None:  # the allocator writes the phase (no blank PHASE column)
+        c = await rig.request("GET", f"/apis/gpuops.io/v1alpha1/namespaces/{NS}/allocationclaims/"
+                                     f"{made['metadata']['name']}")
+        status = c.get("status") or {}
+        return c if status.get("phase") == "Pending" and status.get("message", "").startswith(
+            f"waiting for the node agent on {node} to make the slice") else None
+
+    await until(f"the claim on {node} Pending, saying whom it waits for", pending)
     await access.patch(CLAIMS, NS, made["metadata"]["name"], {"status": {
         "phase": "Created", "deviceUUID": "MIG-00000000-0000-0000-0000-000000000001",
         "createdAt": rfc3339(access.now()), "message": "made"}}, "status")
@@ -118,6 +127,9 @@ async def test_every_mig_wait_shows_its_cause_as_condition_event_metric_and_log(
                 have = {c["type"]: (c["status"], c.get("reason")) for c in obj["status"].get("conditions") or ()}
                 if have.get("gpuops.io/MigSlices") != ("False", reason):
                     missing.append(f"conditions {have}")
+                said = " ".join(c.get("message", "") for c in obj["status"].get("conditions") or ())
+                if "(0 " in said or "; 0 " in said:  # a cause counted zero times is no cause
+                    missing.append(f"a message without zero counts: {said!r}")
                 events = (await rig.request("GET", f"/api/v1/namespaces/{NS}/events"))["items"]
                 if not any(e["involvedObject"].get("name") == pod and e["reason"] == seen.event for e in events):
                     missing.append(f"a Warning Event {seen.event}")

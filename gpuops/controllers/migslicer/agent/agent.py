@@ -137,7 +137,7 @@ class NodeAgent:
             if c.status.phase == "Pending" or c.status.device_uuid != s.device_uuid:
                 await self._status(c, {"phase": "Created" if c.status.phase == "Pending" else c.status.phase,
                                        "deviceUUID": s.device_uuid, "createdAt": format_time(self.clock()),
-                                       "message": "slice exists"})
+                                       "message": f"slice {s.device_uuid} exists on {self.node}"})
             return False
         if c.status.phase == "Bound":
             await self._status(c, {"phase": "Failed", "message": "the slice is gone (the node rebooted or the GPU "
@@ -171,7 +171,8 @@ class NodeAgent:
         log.info("slice created", claim=_key(c), gpu=made.gpu_uuid, start=made.start, profile=made.profile,
                  device=made.device_uuid)
         await self._status(c, {"phase": "Created", "deviceUUID": made.device_uuid,
-                               "createdAt": format_time(self.clock()), "message": ""})
+                               "createdAt": format_time(self.clock()),
+                               "message": f"slice {made.device_uuid} made on {self.node}"})
         return True
 
     async def _clean(self, claims: list[AllocationClaim], slices: list[SliceInfo]) -> list[SliceInfo]:
@@ -266,7 +267,8 @@ class NodeAgent:
         """The kubelet gives these slices to a container: their claims are Bound."""
         for c in self.claims.store.list():
             if c.status.device_uuid in ids and c.status.phase == "Created":
-                await self._status(c, {"phase": "Bound", "boundAt": format_time(self.clock())})
+                await self._status(c, {"phase": "Bound", "boundAt": format_time(self.clock()),
+                                       "message": f"slice {c.status.device_uuid} given to a container"})
         return mig_allocation(ids)
 
     # ------------------------------------------------------------------------------------------ API writes
