@@ -72,12 +72,14 @@ class Rig:
             out.append(Target(pod=p, usage=Fraction(gpu_seconds, 3600), running=True, final=False))
         return sorted(out, key=lambda t: (-t.usage, t.pod.metadata.name))
 
-    async def evict(self, at: float, targets: list[Target]) -> Outcome:
+    async def evict(self, at: float, targets: list[Target], of: GPUWorkloadBudget | None = None) -> Outcome:
+        """One `_evict` of budget `of` (default: guard) at `at` seconds."""
         self.clock[0] = round(at * S)
         sit = Situation(now=round(at * S), over=True, due=True, consumed=Fraction(9, 3600), quota=Fraction(1, 3600),
                         window_hours=24)
         out = Outcome()
-        await self.enforcer._evict(self.budget, parse_spec(self.budget.spec), sit, targets, out)
+        of = of or self.budget
+        await self.enforcer._evict(of, parse_spec(of.spec), sit, targets, out)
         return out
 
 
@@ -151,6 +153,16 @@ async def test_batches_take_the_largest_first_and_the_next_batch_waits_one_inter
         first = r.recorder.seen[0][3]
         assert first == ("evicted pod p1 (0.013889 GPU-hours in the window): budget over quota (0.002500 of "
                          "0.000278 GPU-hours); its usage keeps counting"), first
+
+
+async def test_each_budget_paces_its_own_evictions(tmp_path: Path) -> None:
+    opts = EnforcementOptions(evictions_per_batch=1, eviction_interval=5.0)
+    async with rig(tmp_path, ["p1", "p2"], opts) as r:
+        other = await r.env.create_budget(budget("other", "0.000277", action="Evict"))
+        out = await r.evict(10_000, await r.targets({"p1": 20}))
+        assert r.evictions == ["p1"] and out.wake_at is None
+        out = await r.evict(10_001, await r.targets({"p2": 10}), of=other)  # guard's batch does not hold it back
+        assert r.evictions == ["p1", "p2"] and out.last is not None and out.last.pod == "p2"
 
 
 async def test_a_pdb_refusal_backs_off_exponentially_and_is_retried_exactly_when_due(tmp_path: Path) -> None:
