@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 from budget_harness import NS, Env, S, budget, environment, pod
 from prometheus_client import REGISTRY
+from structlog.testing import capture_logs
 
-from gpuops.controllers.budget.api import GPUWorkloadBudget, parse_spec
+from gpuops.controllers.budget.api import GPUWorkloadBudget, LastEnforcement, format_time, parse_spec
 from gpuops.controllers.budget.enforcement import EnforcementOptions, Enforcer, Outcome, Situation, Target
 from gpuops.controllers.budget.setup import COMPONENT
 from gpuops.kube.errors import NotFound
@@ -127,11 +128,17 @@ async def test_batches_take_the_largest_first_and_the_next_batch_waits_one_inter
     opts = EnforcementOptions(evictions_per_batch=2, eviction_interval=2.5)
     async with rig(tmp_path, list(usage), opts) as r:
         evicted = actions("Evicted")
-        out = await r.evict(10_000, await r.targets(usage))
+        with capture_logs() as logs:
+            out = await r.evict(10_000, await r.targets(usage))
         assert r.evictions == ["p1", "p2"]
         assert out.wake_at == 10_002_500_000  # one interval after the batch
-        assert out.last is not None and (out.last.pod, out.last.result) == ("p2", "Evicted")
+        said = ("evicted pod p2 (0.011111 GPU-hours in the window): budget over quota (0.002500 of 0.000278 "
+                "GPU-hours); its usage keeps counting")
+        assert out.last == LastEnforcement(action="Evict", pod="p2", time=format_time(10_000 * S), result="Evicted",
+                                           message=said)
         assert out.degraded is None
+        assert [(e["event"], e["log_level"], e.get("pod"), e.get("usage_gpu_hours")) for e in logs] == [
+            ("evicted pod", "info", f"{NS}/p1", "0.013889"), ("evicted pod", "info", f"{NS}/p2", "0.011111")]
         # inside the interval: nothing is sent, and the wake-up stays at the batch's end
         out = await r.evict(10_001, await r.targets(usage))
         assert r.evictions == ["p1", "p2"] and out.wake_at == 10_002_500_000 and out.last is None
@@ -144,12 +151,11 @@ async def test_batches_take_the_largest_first_and_the_next_batch_waits_one_inter
         assert actions("Evicted") - evicted == 5
         # no evictionGracePeriodSeconds: the pods' own grace (0) applies, so each stopped as its eviction was sent
         assert [at for _, _, at in r.stops] == [10_000 * S, 10_000 * S, 10_002_500_000, 10_002_500_000, 10_005 * S]
-        evented = [(name, reason) for name, _, reason, _ in r.recorder.seen]
-        assert evented == [(r.budget.metadata.name, "Evicted"), ("p1", "EvictedByBudget"),
-                           (r.budget.metadata.name, "Evicted"), ("p2", "EvictedByBudget"),
-                           (r.budget.metadata.name, "Evicted"), ("p3", "EvictedByBudget"),
-                           (r.budget.metadata.name, "Evicted"), ("p4", "EvictedByBudget"),
-                           (r.budget.metadata.name, "Evicted"), ("p5", "EvictedByBudget")]
+        evented = [(name, kind, reason) for name, kind, reason, _ in r.recorder.seen]
+        mine = r.budget.metadata.name
+        assert evented == [e for p in ("p1", "p2", "p3", "p4", "p5")
+                           for e in ((mine, "Warning", "Evicted"), (p, "Warning", "EvictedByBudget"))]
+        assert r.recorder.seen[1][3] == f"evicted by GPUWorkloadBudget {mine}: the budget is over quota"
         first = r.recorder.seen[0][3]
         assert first == ("evicted pod p1 (0.013889 GPU-hours in the window): budget over quota (0.002500 of "
                          "0.000278 GPU-hours); its usage keeps counting"), first
@@ -181,13 +187,20 @@ async def test_a_pdb_refusal_backs_off_exponentially_and_is_retried_exactly_when
         await r.env.until("held counted healthy by its PDB", guarded)
         blocked = actions("Blocked")
         usage = {"held": 30}
-        out = await r.evict(10_000, await r.targets(usage))
+        with capture_logs() as logs:
+            out = await r.evict(10_000, await r.targets(usage))
         assert r.evictions == ["held"]
+        (logged,) = logs
+        assert {k: v for k, v in logged.items() if k != "error"} == {
+            "event": "eviction refused", "log_level": "warning", "pod": f"{NS}/held", "reason": "EvictionBlocked",
+            "attempt": 1, "retry_in": 10.0}
+        assert "429" in logged["error"] and "disruption budget" in logged["error"]
         # the server's Retry-After (10 s) is a floor under the backoff (4 s, then 8 s), which doubles up to its cap
         message = ("eviction of pod held refused (a PodDisruptionBudget allows no disruption now); attempt 1, next "
                    "try in 10s")
         assert out.degraded == ("EvictionBlocked", f"1 pod(s) could not be evicted: {message}")
-        assert out.last is not None and (out.last.result, out.last.message) == ("Blocked", message)
+        assert out.last == LastEnforcement(action="Evict", pod="held", time=format_time(10_000 * S),
+                                           result="Blocked", message=message)
         assert out.wake_at == 10_010 * S
         assert r.recorder.seen == [(r.budget.metadata.name, "Warning", "EvictionBlocked", message)]
         assert actions("Blocked") - blocked == 1
@@ -206,7 +219,8 @@ async def test_a_pdb_refusal_backs_off_exponentially_and_is_retried_exactly_when
 
 
 async def test_a_failed_eviction_is_enforcement_failed_and_a_retry_after_is_honoured(tmp_path: Path) -> None:
-    opts = EnforcementOptions(evictions_per_batch=3, eviction_interval=1.0, error_retry=1.0, eviction_backoff_max=30.0)
+    opts = EnforcementOptions(evictions_per_batch=3, eviction_interval=1.0, error_retry=1.0, eviction_backoff_max=30.0,
+                              eviction_backoff_base=3.0)  # not a PDB: the error retry applies, not this
     async with rig(tmp_path, ["a", "b", "c", "d"], opts) as r:
         usage = {"a": 40, "b": 30, "c": 20, "d": 10}
         faults = r.env.cluster.server.faults
@@ -271,14 +285,22 @@ async def test_a_refused_eviction_without_grace_takes_its_stop_back(tmp_path: Pa
         targets = await r.targets({"p": 10})
         uid = targets[0].pod.metadata.uid
         rule = r.env.cluster.server.faults.add_error(500, verbs=["create"], resources=["pods"], count=1)
-        out = await r.evict(10_000, targets)
+        with capture_logs() as logs:
+            out = await r.evict(10_000, targets)
         r.env.cluster.server.faults.rules.remove(rule)
         key = f"{NS}/{r.budget.metadata.name}"
         assert r.stops == [(key, uid, 10_000 * S), (key, uid, None)]  # it runs on, and counts on
         assert r.enforcer.stopped_at == {} and r.enforcer.answered_at == {}
-        assert out.last is not None and out.last.result == "Failed"
+        message = r.recorder.seen[0][3]
+        assert out.last == LastEnforcement(action="Evict", pod="p", time=format_time(10_000 * S), result="Failed",
+                                           message=message)
+        assert [(e["event"], e["reason"], e["attempt"], e["retry_in"], "500" in e["error"]) for e in logs] == [
+            ("eviction refused", "EvictionFailed", 1, 1.0, True)]
         # a stale copy (the pod changed since): the server's Conflict takes the stop back the same way
         await r.env.client.patch(PODS, "p", {"metadata": {"labels": {"changed": "yes"}}}, namespace=NS)
-        out = await r.evict(10_001, targets)
+        with capture_logs() as logs:
+            out = await r.evict(10_001, targets)
+        assert [(e["event"], e["log_level"], e["pod"]) for e in logs] == [
+            ("eviction skipped: the pod changed since the cached copy", "info", f"{NS}/p")]
         assert r.stops[2:] == [(key, uid, 10_001 * S), (key, uid, None)]
         assert r.enforcer.stopped_at == {} and out.degraded is not None  # still blocked from the 500 until retried
