@@ -233,3 +233,29 @@ async def test_turning_retention_off_releases_every_pod_the_budget_held(tmp_path
 
         b = await env.until("both released once the change is observed", released)
         assert b.status.running_pods == 2 and await env.phase("a") == "Running"
+
+
+async def test_releasing_a_recorded_pod_keeps_the_finalizers_of_others(tmp_path: Path) -> None:
+    """Our accounting finalizer goes once the pod is in the ledger; another controller's finalizer on the same pod
+    stays (only ours is ours to remove)."""
+    async with environment(tmp_path) as env:
+        await env.start()
+        await env.create_budget(budget("keep", "100", accounting={"retainFinishedPods": True}))
+        body = pod("shared", 1, 2.0)
+        body["metadata"]["finalizers"] = ["example.com/keep"]
+        await env.create_pod(body)
+        await env.create_pod(pod("plain", 1, 2.0))
+
+        async def held() -> bool:
+            return all([FINALIZER in await finalizers(env, n) for n in ("shared", "plain")])
+
+        await env.until("both hold the accounting finalizer while they run", held)
+
+        async def released() -> bool:
+            return (await finalizers(env, "shared") == ("example.com/keep",)
+                    and await finalizers(env, "plain") == ())
+
+        await env.until("both finished, recorded and released by us", released)
+        b = await env.budget("keep")
+        assert {e.name for e in (b.status.ledger.entries or ())} == {"shared", "plain"}  # type: ignore[union-attr]
+        await env.client.patch(PODS, "shared", {"metadata": {"finalizers": []}}, namespace=NS)

@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from structlog.testing import capture_logs
 
 from gpuops.accounting.gpuhours import Ledger, LedgerBucket, LedgerEntry
 from gpuops.controllers.budget import reconciler as reconciler_mod
@@ -179,6 +180,31 @@ def test_late_parts_survive_the_status_round_trip_and_a_damaged_mark_keeps_the_u
         damaged = msgspec.structs.replace(st.entries[0], recorded_end=mark)  # unreadable, before start, after end
         got = ledger_from_status(msgspec.structs.replace(st, entries=(damaged,)), "cpu")
         assert got.ledger.entries == (msgspec.structs.replace(ledger.entries[0], late=late),), mark
+
+
+def test_an_unreadable_ledger_item_is_skipped_and_logged_and_the_rest_kept() -> None:
+    """A damaged entry or bucket (edited by hand, written by a newer version) costs only itself: every readable
+    item before and after it is read, and a warning names the item and the error."""
+    ledger = Ledger(entries=tuple(LedgerEntry(uid=u, start=S, end=3 * S, gpus=Fraction(1)) for u in "abc"),
+                    buckets=tuple(LedgerBucket(start=i * 15 * S, end=(i + 1) * 15 * S, gpu_micros=Fraction(S),
+                                               peak_gpus=Fraction(1)) for i in range(3)))
+    st = ledger_to_status(Book(ledger), resource="cpu", max_entries=500, bucket_width=15 * S, error=Fraction(0))
+    assert st.entries is not None and st.buckets is not None
+    entries = (st.entries[0], msgspec.structs.replace(st.entries[1], end="yesterday"), st.entries[2])
+    buckets = (st.buckets[0], msgspec.structs.replace(st.buckets[1], gpu_seconds="lots"), st.buckets[2])
+    with capture_logs() as logs:
+        got = ledger_from_status(msgspec.structs.replace(st, entries=entries, buckets=buckets), "cpu")
+    assert got.ledger.entries == (ledger.entries[0], ledger.entries[2])
+    assert got.ledger.buckets == (ledger.buckets[0], ledger.buckets[2])
+    assert [(e["event"], e["log_level"], e.get("uid", e.get("start"))) for e in logs] == [
+        ("ledger entry unreadable; skipped", "warning", "b"),
+        ("ledger bucket unreadable; skipped", "warning", st.buckets[1].start)]
+    assert all("yesterday" in e["error"] or "lots" in e["error"] for e in logs), logs
+    damaged = msgspec.structs.replace(st.entries[0], recorded_end="soon")
+    with capture_logs() as logs:
+        ledger_from_status(msgspec.structs.replace(st, entries=(damaged,), buckets=()), "cpu")
+    assert [(e["event"], e["log_level"], e["uid"], "soon" in e["error"]) for e in logs] == [
+        ("ledger entry's recordedEnd unreadable; its late part is not marked", "warning", "a", True)]
 
 
 def test_ledger_memo_parses_and_formats_each_entry_once(monkeypatch: pytest.MonkeyPatch) -> None:
