@@ -39,6 +39,11 @@ async def finalizers(env: Env, name: str) -> tuple[str, ...]:
     return (await env.client.get(PODS, name, NS)).metadata.finalizers or ()
 
 
+async def holds(env: Env, name: str) -> bool:
+    """The pod carries our accounting finalizer."""
+    return FINALIZER in await finalizers(env, name)
+
+
 async def test_restart_with_retained_pods_loses_nothing(tmp_path: Path) -> None:
     async with environment(tmp_path) as env:
         await env.start()
@@ -46,16 +51,13 @@ async def test_restart_with_retained_pods_loses_nothing(tmp_path: Path) -> None:
         await env.create_pod(pod("short", 1, 1.0))
         await env.create_pod(pod("long", 2, 600.0))
 
-        async def held(name: str) -> bool:
-            return FINALIZER in await finalizers(env, name)
-
-        await env.until("long holds the accounting finalizer", lambda: held("long"))
+        await env.until("long holds the accounting finalizer", lambda: holds(env, "long"))
         await env.until("short finished", lambda: env.all_finished(["short"]))
 
         async def released_after_ledger() -> bool:
             b = await env.budget("keep")
             entries = b.status.ledger.entries if b.status.ledger else None
-            return any(e.name == "short" for e in entries or ()) and not await held("short")
+            return any(e.name == "short" for e in entries or ()) and not await holds(env, "short")
 
         await env.until("short recorded, then released", released_after_ledger)
         short = await env.raw_pods(["short"])
@@ -89,15 +91,15 @@ async def test_restart_with_retained_pods_loses_nothing(tmp_path: Path) -> None:
         b = await env.until("consumption equals the truth after the restart", exact)
         assert b.status.tracked_pods == 3 and b.status.running_pods == 0
         assert {e.name for e in (b.status.ledger.entries or ())} == {"short", "long", "unseen"}  # type: ignore[union-attr]
-        assert not await held("unseen")
+        assert not await holds(env, "unseen")
 
         # deleting the budget releases what it held: no pod keeps our finalizer
         await env.create_pod(pod("held", 1, 600.0))
-        await env.until("held gets the finalizer", lambda: held("held"))
+        await env.until("held gets the finalizer", lambda: holds(env, "held"))
         await env.client.delete(BUDGETS, "keep", NS)
 
         async def released() -> bool:
-            return not await held("held")
+            return not await holds(env, "held")
 
         await env.until("finalizer released after the budget went", released)
 
@@ -218,16 +220,13 @@ async def test_turning_retention_off_releases_every_pod_the_budget_held(tmp_path
         await env.create_pod(pod("a", 1, 600.0))
         await env.create_pod(pod("b", 2, 600.0))
 
-        async def held(name: str) -> bool:
-            return FINALIZER in await finalizers(env, name)
-
         for name in ("a", "b"):
-            await env.until(f"{name} holds the accounting finalizer", lambda name=name: held(name))
+            await env.until(f"{name} holds the accounting finalizer", lambda name=name: holds(env, name))
         await env.client.patch(BUDGETS, "keep", {"spec": {"accounting": {"retainFinishedPods": False}}}, namespace=NS)
 
         async def released() -> GPUWorkloadBudget | None:
             b = await env.budget("keep")
-            if b.status.observed_generation != b.metadata.generation or await held("a") or await held("b"):
+            if b.status.observed_generation != b.metadata.generation or await holds(env, "a") or await holds(env, "b"):
                 return None
             return b
 

@@ -108,6 +108,18 @@ async def running(tmp_path: Path, *, kubelet_dir_missing: bool = False,
         shutil.rmtree(plugins, ignore_errors=True)
 
 
+async def create_once_admitted(client: Client, body: dict[str, Any]) -> None:
+    """Create the pod, retrying until our webhook admits it (its CA is patched in asynchronously at start)."""
+    async def admitted() -> bool:
+        try:
+            await client.create(PODS, body, NS)
+        except ApiError:
+            return False
+        return True
+
+    await until("the webhook admits the pod", admitted)
+
+
 async def claim_table(client: Client) -> list[dict[str, Any]]:
     """The claims as `kubectl get allocationclaims -o wide` gets them (the server's Table), one dict per row by
     column name."""
@@ -138,14 +150,7 @@ async def test_mig_pod_end_to_end(tmp_path: Path) -> None:
 
         await until("both agents report their GPUs", reported)
 
-        async def admitted() -> bool:  # the webhook's CA is patched in asynchronously at start
-            try:
-                await client.create(PODS, nvidia_pod("infer", "3g.20gb"), NS)
-            except ApiError:
-                return False
-            return True
-
-        await until("the webhook admits the pod", admitted)
+        await create_once_admitted(client, nvidia_pod("infer", "3g.20gb"))
         pod = await client.get(PODS, "infer", NS)
         limits = pod.spec.containers[0].resources.limits if pod.spec.containers[0].resources else None
         assert limits == {"gpuops.io/mig-3g.20gb": "1"}
@@ -185,14 +190,7 @@ async def test_a_slice_no_kubelet_was_offered_is_not_advertised_and_the_pod_says
     """The agents' device plugins cannot register (no kubelet at their path): the slice is made, the claim never
     says `advertised`, and the pod's condition names the cause instead of waiting in silence."""
     async with running(tmp_path, kubelet_dir_missing=True) as (_cluster, client, _plugins):
-        async def admitted() -> bool:
-            try:
-                await client.create(PODS, nvidia_pod("stuck", "3g.20gb"), NS)
-            except ApiError:
-                return False
-            return True
-
-        await until("the webhook admits the pod", admitted)
+        await create_once_admitted(client, nvidia_pod("stuck", "3g.20gb"))
 
         async def flagged() -> str | None:
             p = await client.get(PODS, "stuck", NS)
