@@ -218,10 +218,12 @@ async def test_a_pdb_refusal_backs_off_exponentially_and_is_retried_exactly_when
         assert out.degraded is None and out.wake_at is None and r.evictions == ["held"] * 4
 
 
-async def test_a_failed_eviction_is_enforcement_failed_and_a_retry_after_is_honoured(tmp_path: Path) -> None:
+@pytest.mark.parametrize("pod_grace", [0, 30])  # stopped as sent (a refusal takes the stop back), or running on
+async def test_a_failed_eviction_is_enforcement_failed_and_a_retry_after_is_honoured(tmp_path: Path,
+                                                                                      pod_grace: int) -> None:
     opts = EnforcementOptions(evictions_per_batch=3, eviction_interval=1.0, error_retry=1.0, eviction_backoff_max=30.0,
                               eviction_backoff_base=3.0)  # not a PDB: the error retry applies, not this
-    async with rig(tmp_path, ["a", "b", "c", "d"], opts) as r:
+    async with rig(tmp_path, ["a", "b", "c", "d"], opts, pod_grace=pod_grace) as r:
         usage = {"a": 40, "b": 30, "c": 20, "d": 10}
         faults = r.env.cluster.server.faults
         failed = actions("Error")
@@ -244,6 +246,8 @@ async def test_a_failed_eviction_is_enforcement_failed_and_a_retry_after_is_hono
         assert actions("Error") - failed == 2
         # d waits for the next batch, the refused ones for their retries: the earliest is the batch at 10 001 s
         assert out.wake_at == 10_001 * S
+        if pod_grace:  # nothing stopped as sent, so a refusal has no stop to take back
+            assert r.stops == []
         out = await r.evict(10_001, await r.targets(usage))
         assert r.evictions == ["a", "b", "c", "d", "a"]  # fresh pods first, then the due retries
         assert out.degraded is not None and out.degraded[1].startswith("1 pod(s) could not be evicted: eviction of "
@@ -304,3 +308,16 @@ async def test_a_refused_eviction_without_grace_takes_its_stop_back(tmp_path: Pa
             ("eviction skipped: the pod changed since the cached copy", "info", f"{NS}/p")]
         assert r.stops[2:] == [(key, uid, 10_001 * S), (key, uid, None)]
         assert r.enforcer.stopped_at == {} and out.degraded is not None  # still blocked from the 500 until retried
+
+
+async def test_a_stale_copy_with_grace_is_skipped_with_no_stop_to_take_back(tmp_path: Path) -> None:
+    """With a grace period nothing stops at send time, so a Conflict (the pod changed since the cached copy) or a
+    refusal has no stop to take back: the pod is skipped, its usage untouched, and no error escapes."""
+    async with rig(tmp_path, ["p"], EnforcementOptions(error_retry=1.0), pod_grace=30) as r:
+        targets = await r.targets({"p": 10})
+        await r.env.client.patch(PODS, "p", {"metadata": {"labels": {"changed": "yes"}}}, namespace=NS)
+        with capture_logs() as logs:
+            out = await r.evict(10_000, targets)
+        assert [(e["event"], e["pod"]) for e in logs] == [
+            ("eviction skipped: the pod changed since the cached copy", f"{NS}/p")]
+        assert r.stops == [] and r.enforcer.stopped_at == {} and out.degraded is None and out.last is None
