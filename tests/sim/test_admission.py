@@ -545,7 +545,7 @@ async def test_unreachable_webhook_fail_and_ignore(
             f'Post "{url}?timeout=10s": dial tcp 127.0.0.1:{closed_port}: connect: connection refused'
         )
         assert e.value.to_status()["details"]["causes"] == [
-            {"reason": "", "message": e.value.message.removeprefix("Internal error occurred: ")}
+            {"message": e.value.message.removeprefix("Internal error occurred: ")}
         ]
     ignore = [config("c", webhook("v.gpuops.io", "", ca_bundle, url=url, failurePolicy="Ignore"))]
     assert await caller.validate(ignore, pod_request(obj=pod()), NS_LABELS) == []

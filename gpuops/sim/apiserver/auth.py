@@ -742,6 +742,20 @@ CREDENTIAL_ID = "authentication.kubernetes.io/credential-id"
 _BOUND_KINDS = ("Pod", "Secret", "Node")
 
 
+def _pod_node_extra(pod: Mapping[str, Any], bound_object: Callable[[str, str, str], Mapping[str, Any] | None]
+                    ) -> dict[str, tuple[str, ...]]:
+    """A token bound to a scheduled pod also names the pod's node (as kube-apiserver does since 1.30): node
+    agents are confined to their node by admission policies that compare it with what they write."""
+    node = str((pod.get("spec") or {}).get("nodeName") or "")
+    if not node:
+        return {}
+    found = bound_object("Node", "", node)
+    if found is None:
+        return {}
+    uid = str((found.get("metadata") or {}).get("uid", ""))
+    return {"authentication.kubernetes.io/node-name": (node,), "authentication.kubernetes.io/node-uid": (uid,)}
+
+
 def token_request(
     body: Any,
     service_account: Mapping[str, Any],
@@ -790,6 +804,8 @@ def token_request(
             key = {"Pod": "pod", "Secret": "secret", "Node": "node"}[ref_kind]
             extra = {f"authentication.kubernetes.io/{key}-name": (ref_name,),
                      f"authentication.kubernetes.io/{key}-uid": (obj_uid,)}
+            if ref_kind == "Pod":
+                extra.update(_pod_node_extra(obj or {}, bound_object))
             spec["boundObjectRef"] = dict(ref, uid=obj_uid)
     if causes:
         raise invalid("TokenRequest", "authentication.k8s.io", name, causes)

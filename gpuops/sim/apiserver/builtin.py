@@ -355,6 +355,19 @@ def redefault(group: str, kind: str, obj: dict[str, Any]) -> None:
         default_pod_spec(obj["spec"])
 
 
+def _default_match_resources(match: Any) -> None:
+    """SetDefaults_MatchResources: Equivalent matching, selectors that select everything, rules of any scope."""
+    if not isinstance(match, dict):
+        return
+    match.setdefault("matchPolicy", "Equivalent")
+    match.setdefault("namespaceSelector", {})
+    match.setdefault("objectSelector", {})
+    for rules in ("resourceRules", "excludeResourceRules"):
+        for rule in match.get(rules) or []:
+            if isinstance(rule, dict):
+                rule.setdefault("scope", "*")
+
+
 def prepare_create(group: str, kind: str, obj: dict[str, Any]) -> None:
     """Defaults and server-owned fields set on create, in place (obj is the handler's private copy)."""
     meta = obj["metadata"]
@@ -405,6 +418,15 @@ def prepare_create(group: str, kind: str, obj: dict[str, Any]) -> None:
             if isinstance(tmpl.get("spec"), dict):
                 default_pod_spec(tmpl["spec"])
             obj["status"] = {}
+    elif (group, kind) == ("admissionregistration.k8s.io", "ValidatingAdmissionPolicy"):
+        spec = obj.get("spec")
+        if isinstance(spec, dict):
+            spec.setdefault("failurePolicy", "Fail")
+            _default_match_resources(spec.get("matchConstraints"))
+    elif (group, kind) == ("admissionregistration.k8s.io", "ValidatingAdmissionPolicyBinding"):
+        spec = obj.get("spec")
+        if isinstance(spec, dict):
+            _default_match_resources(spec.get("matchResources"))
     elif (group, kind) == ("", "Secret"):
         obj.setdefault("type", "Opaque")
     elif (group, kind) == ("", "Service"):
@@ -510,6 +532,14 @@ def validate(group: str, kind: str, obj: dict[str, Any], old: dict[str, Any] | N
                     "spec",
                 )
             )
+    elif (group, kind) == ("admissionregistration.k8s.io", "ValidatingAdmissionPolicy"):
+        from .policies import check_policy
+
+        causes += check_policy(obj)
+    elif (group, kind) == ("admissionregistration.k8s.io", "ValidatingAdmissionPolicyBinding"):
+        from .policies import check_binding
+
+        causes += check_binding(obj)
     elif (group, kind) == ("", "Secret"):
         for k, v in (obj.get("data") or {}).items():
             try:

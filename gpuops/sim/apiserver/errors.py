@@ -16,7 +16,10 @@ class Cause:
         self.field = field
 
     def to_dict(self) -> dict[str, str]:
-        out = {"reason": self.reason, "message": self.message}
+        """metav1.StatusCause: every field is omitempty."""
+        out = {"reason": self.reason} if self.reason else {}
+        if self.message:
+            out["message"] = self.message
         if self.field:
             out["field"] = self.field
         return out

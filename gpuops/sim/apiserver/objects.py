@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from . import builtin, crds, schema
+from . import policies as policies_
 from .admission import AdmissionRequest, WebhookCaller
 from .apply import SchemaHints, server_side_apply, update_managed_fields
 from .auth import UserInfo
@@ -194,11 +195,10 @@ class ObjectAPI:
         subresource: str = "",
         options: dict[str, Any] | None = None,
     ) -> dict[str, Any] | None:
-        if self.webhooks is None:
-            return obj
-        mutating = [s.obj for s in self.store.iter(MUTATING)]
-        validating = [s.obj for s in self.store.iter(VALIDATING)]
-        if not mutating and not validating:
+        mutating = [s.obj for s in self.store.iter(MUTATING)] if self.webhooks is not None else []
+        validating = [s.obj for s in self.store.iter(VALIDATING)] if self.webhooks is not None else []
+        policies = [s.obj for s in self.store.iter(policies_.POLICIES)]
+        if not mutating and not validating and not policies:
             return obj
         ref = obj if obj is not None else old
         assert ref is not None
@@ -221,15 +221,36 @@ class ObjectAPI:
         ns_labels = self.namespace_labels(ns) if ns else None
         if info.storage_key == CORE_NS and ref is not None:
             ns_labels = dict(ref["metadata"].get("labels") or {})
-        if mutating and obj is not None:
+        if mutating and obj is not None and self.webhooks is not None:
             mutated = await self.webhooks.mutate(mutating, req, ns_labels, warnings=ctx.warnings)
             if mutated is not None:
                 builtin.redefault(info.group, info.kind, mutated)  # as kube-apiserver defaults after each patch
                 obj = self._validate(info, mutated, old, ctx, check_unknown=False)
                 req.obj = obj
-        if validating:
+        if policies:  # the ValidatingAdmissionPolicy plugin runs before the validating webhooks
+            bindings = [s.obj for s in self.store.iter(policies_.BINDINGS)]
+            ns_object = self.store.get(CORE_NS, "", req.effective_namespace) if req.effective_namespace else None
+            ctx.warnings.extend(policies_.enforce(
+                policies, bindings, req, ns_labels,
+                namespace_object=ns_object.obj if ns_object is not None and not req.is_namespace_object else None,
+                find_params=self._find_params))
+        if validating and self.webhooks is not None:
             ctx.warnings.extend(await self.webhooks.validate(validating, req, ns_labels))
         return obj
+
+    def _find_params(self, api_version: str, kind: str, namespace: str, name: str,
+                     selector: Mapping[str, Any] | None) -> list[dict[str, Any]] | None:
+        """A policy binding's params: by name, or every object its selector matches (None: unknown kind)."""
+        group = api_version.rpartition("/")[0]
+        info = self.registry.by_kind(group, kind)
+        if info is None:
+            return None
+        ns = namespace if info.namespaced else ""
+        if name:
+            found = self.store.get(info.storage_key, ns, name)
+            return [found.obj] if found is not None else []
+        return [s.obj for s in self.store.iter(info.storage_key, ns if info.namespaced else None)
+                if policies_.selector_matches(selector, s.obj)]
 
     def _bump_generation(self, info: ResourceInfo, new: dict[str, Any], old: dict[str, Any]) -> None:
         if not info.has_generation:
