@@ -17,16 +17,20 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import concurrent.futures
 import contextlib
 import datetime
-import json
+import functools
+import multiprocessing
+import pickle
 import time
+import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import msgspec
 import structlog
-from aiohttp import web
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from prometheus_client import Counter, Histogram
@@ -46,6 +50,7 @@ from .certs import (
     service_dns_names,
 )
 from .mutation import MutationResult, mutate
+from .webhook_http import Answer, HttpServer, Limits
 
 __all__ = [
     "DEFAULT_CONFIG_NAME",
@@ -183,7 +188,8 @@ def _pod_ref(request: Mapping[str, Any]) -> str:
 
 
 class WebhookServer:
-    """aiohttp over HTTPS: POST /mutate-pods (AdmissionReview in, AdmissionReview out), GET /healthz."""
+    """HTTPS on a thread and event loop of its own (webhook_http.py): POST /mutate-pods (AdmissionReview in,
+    AdmissionReview out), GET /healthz."""
 
     def __init__(
         self,
@@ -193,6 +199,7 @@ class WebhookServer:
         port: int = DEFAULT_PORT,
         mutate_pod: Callable[[Mapping[str, Any]], MutationResult] = mutate,
         cert_check_interval: float = 3600.0,
+        limits: Limits | None = None,
     ) -> None:
         self.keeper = certs if isinstance(certs, CertKeeper) else None
         initial = certs.current if isinstance(certs, CertKeeper) else certs
@@ -202,39 +209,31 @@ class WebhookServer:
         self._mutate = mutate_pod
         self._ssl = server_ssl_context(initial.serving)
         self._loaded = initial.serving
-        self._runner: web.AppRunner | None = None
+        self._limits = limits or Limits(max_body_bytes=MAX_BODY)
+        self._http: HttpServer | None = None
+        self._pool: concurrent.futures.Executor | None = None
         self._started = asyncio.Event()
-
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY)
-        app.router.add_post(MUTATE_PATH, self._handle_mutate)
-        app.router.add_get(HEALTH_PATH, self._handle_health)
-        return app
 
     @property
     def url(self) -> str:
         return f"https://{self.host or '127.0.0.1'}:{self.port}{MUTATE_PATH}"
 
     async def start(self) -> None:
-        runner = web.AppRunner(self.app(), access_log=None, handle_signals=False, shutdown_timeout=5.0)
-        await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port, ssl_context=self._ssl, reuse_address=True)
-        try:
-            await site.start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._runner = runner
-        if self.port == 0:
-            self.port = int(runner.addresses[0][1])
+        http = HttpServer(self._answer, self._ssl, self.host, self.port, self._limits)
+        await http.start()
+        self._http = http
+        self.port = http.port
         self._started.set()
         log.info("MIG slicer webhook serving", address=f"{self.host or '*'}:{self.port}", path=MUTATE_PATH)
 
     async def stop(self) -> None:
         self._started.clear()
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
+        http, self._http = self._http, None
+        if http is not None:
+            await http.stop()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     async def wait_started(self) -> None:
         await self._started.wait()
@@ -271,51 +270,139 @@ class WebhookServer:
         serving = self.keeper.current.serving
         if self.keeper.ca_pending or serving == self._loaded:
             return False
-        load_into(self._ssl, serving)
+        swap = functools.partial(load_into, self._ssl, serving)
+        if self._http is not None:  # between handshakes, on the server's own loop
+            await asyncio.wrap_future(self._http.call(swap))
+        else:
+            swap()
         self._loaded = serving
         log.info("webhook serving certificate swapped", expires=serving.cert.not_valid_after_utc.isoformat())
         return True
 
     # ------------------------------------------------------------------------------------------ handlers
+    # These run on the webhook's own thread (webhook_http.py), never on the controllers' event loop.
 
-    async def _handle_health(self, _: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    async def _handle_mutate(self, request: web.Request) -> web.Response:
+    async def _answer(self, method: str, path: str, body: bytes) -> Answer:
+        if path == HEALTH_PATH:
+            return Answer(200, b"ok", "text/plain") if method in ("GET", "HEAD") else _text(405, "use GET")
+        if path != MUTATE_PATH:
+            return _text(404, f"no such path: {path[:100]}; the webhook serves {MUTATE_PATH}")
+        if method != "POST":
+            return _text(405, "POST an AdmissionReview")
         start = time.perf_counter()
         result = "error"
         try:
-            try:
-                uid, req = _parse_review(json.loads(await request.read()))
-            except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError and _BadReview are ValueErrors
-                return web.Response(status=400, text=f"bad AdmissionReview: {e}\n")
-            if not _is_pod_create(req):  # a misconfigured rule: never block what we do not handle
-                result = "unchanged"
-                return web.json_response(_review({"uid": uid, "allowed": True}))
-            try:
-                outcome = self._mutate(req["object"])
-            except Exception:
-                log.exception("mutating a pod failed", pod=_pod_ref(req))
-                return web.Response(status=500, text="internal error while mutating the pod\n")
-            response: dict[str, Any] = {"uid": uid, "allowed": outcome.denied is None}
-            if outcome.denied is not None:
-                result = "denied"
-                response["status"] = {"status": "Failure", "code": 403, "reason": "Forbidden",
-                                      "message": outcome.denied}
-                log.info("pod denied", pod=_pod_ref(req), reason=outcome.denied)
-            elif outcome.patch:
-                result = "mutated"
-                response["patchType"] = "JSONPatch"
-                response["patch"] = base64.b64encode(json.dumps(outcome.patch).encode()).decode()
-                log.debug("pod mutated", pod=_pod_ref(req), operations=len(outcome.patch))
-            else:
-                result = "unchanged"
-            if outcome.warnings:
-                response["warnings"] = list(outcome.warnings)
-            return web.json_response(_review(response))
+            reviewed = await self._reviewed(body)
+            for level, event, fields in reviewed.notes:
+                getattr(log, level)(event, **fields)
+            result = reviewed.result
+            return reviewed.answer
         finally:
             REQUESTS.labels(result).inc()
             REQUEST_SECONDS.observe(time.perf_counter() - start)
+
+    async def _reviewed(self, body: bytes) -> Reviewed:
+        """Small reviews here; large ones in the worker process, whose CPU (decoding, mutating a pod of
+        thousands of containers) then holds no lock this process's threads wait on."""
+        if len(body) <= INLINE_BODY:
+            return review(body, self._mutate)
+        if self._pool is None:
+            self._pool = _worker_pool(self._mutate)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, review, body, self._mutate)
+        except concurrent.futures.BrokenExecutor:  # the worker died (killed, out of memory): a new one next time
+            pool, self._pool = self._pool, None
+            pool.shutdown(wait=False, cancel_futures=True)
+            return Reviewed(_text(500, "the review worker failed; retry"), "error",
+                            (("error", "webhook review worker died", {}),))
+
+
+INLINE_BODY: Final = 64 * 1024
+"""Reviews up to this size are answered on the server's thread; larger ones in the worker process."""
+
+
+def _worker_pool(mutate_pod: Callable[[Mapping[str, Any]], MutationResult]) -> concurrent.futures.Executor:
+    """One worker process (started the spawn way: the operator has threads, which fork would copy mid-flight),
+    or a thread when the mutation cannot be sent to a process (a closure in tests)."""
+    try:
+        pickle.dumps(mutate_pod)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gpuops-webhook-review")
+    return concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+
+
+@dataclass(frozen=True, slots=True)
+class Reviewed:
+    answer: Answer
+    result: str
+    """The requests metric's label: mutated, unchanged, denied or error."""
+    notes: tuple[tuple[str, str, dict[str, Any]], ...] = ()
+    """Log lines (level, event, fields) for the server to write: a worker process has no log of its own."""
+
+
+def review(body: bytes, mutate_pod: Callable[[Mapping[str, Any]], MutationResult]) -> Reviewed:
+    """The answer to one AdmissionReview body; pure, so that it can run in a worker process."""
+    try:
+        uid, req = _parse_review(_decode(body))
+    except _BadReview as e:
+        return Reviewed(_text(400, f"bad AdmissionReview: {e}"), "error")
+    if not _is_pod_create(req):  # a misconfigured rule: never block what we do not handle
+        return Reviewed(_json({"uid": uid, "allowed": True}), "unchanged")
+    try:
+        outcome = mutate_pod(req["object"])
+    except Exception:
+        return Reviewed(_text(500, "internal error while mutating the pod"), "error",
+                        (("error", "mutating a pod failed", {"pod": _pod_ref(req), "error": traceback.format_exc()}),))
+    response: dict[str, Any] = {"uid": uid, "allowed": outcome.denied is None}
+    result = "unchanged"
+    notes: list[tuple[str, str, dict[str, Any]]] = []
+    if outcome.denied is not None:
+        result = "denied"
+        response["status"] = {"status": "Failure", "code": 403, "reason": "Forbidden", "message": outcome.denied}
+        notes.append(("info", "pod denied", {"pod": _pod_ref(req), "reason": outcome.denied}))
+    elif outcome.patch:
+        result = "mutated"
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(msgspec.json.encode(outcome.patch)).decode()
+        notes.append(("debug", "pod mutated", {"pod": _pod_ref(req), "operations": len(outcome.patch)}))
+    if outcome.warnings:
+        response["warnings"] = list(outcome.warnings)
+    return Reviewed(_json(response), result, tuple(notes))
+
+
+MAX_DEPTH: Final = 64
+"""Nesting a review may have: a pod nests about 15 levels (managedFields about 20); deeper is refused (400)."""
+
+
+def _decode(body: bytes) -> Any:
+    try:
+        doc = msgspec.json.decode(body)
+    except msgspec.DecodeError as e:
+        raise _BadReview(f"not JSON: {e}") from None
+    except RecursionError:
+        raise _BadReview(f"JSON nested deeper than {MAX_DEPTH} levels") from None
+    if _deeper_than(doc, MAX_DEPTH):
+        raise _BadReview(f"JSON nested deeper than {MAX_DEPTH} levels")
+    return doc
+
+
+def _deeper_than(doc: Any, limit: int) -> bool:
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        if children and depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
+
+
+def _text(status: int, text: str) -> Answer:
+    return Answer(status, f"{text}\n".encode(), "text/plain")
+
+
+def _json(response: dict[str, Any]) -> Answer:
+    return Answer(200, msgspec.json.encode(_review(response)))
 
 
 # ---------------------------------------------------------------------------------------------- caBundle
