@@ -49,8 +49,10 @@ from gpuops.kube.times import format_time, parse_time_or_none, wall_clock
 
 from .api import (
     ADVERTISE,
+    API_VERSION,
     CLAIMS,
     GATE,
+    MIG_NODE_KIND,
     NODE_LABEL,
     OUR_PREFIX,
     POD_UID_LABEL,
@@ -61,6 +63,7 @@ from .api import (
     resource_of_profile,
 )
 from .metrics import ALLOCATION_SECONDS, PLAN_FAILURES
+from .reports import refused_reports
 
 __all__ = [
     "CONDITION",
@@ -163,6 +166,7 @@ class Allocator:
         # (node, pod uid) -> (profiles, when) of pods whose slices this process asked to offer, until they start:
         # the cache may not show our annotation yet, and two pods offered at once would get each other's slices
         self._advertising: dict[tuple[str, str], tuple[set[str], str]] = {}
+        self._refused_seen: dict[str, str] = {}  # MigNode name -> why its report is not planned on (Event once)
 
     # ------------------------------------------------------------------------------------------ mapping
 
@@ -318,16 +322,33 @@ class Allocator:
                     (c.spec.start, c.spec.size, c.spec.profile))
         return out
 
+    def _refused(self) -> dict[str, str]:
+        """Reports left out of planning (see reports.py); each newly refused one gets a Warning Event and a log."""
+        refused = refused_reports(self.mig_nodes.store.list())
+        for name, why in refused.items():
+            if self._refused_seen.get(name) != why:
+                mn = self.mig_nodes.store.get(name)
+                if mn is not None:
+                    self.recorder.record(mn, "Warning", "ReportRefused", f"not used for MIG placement: it {why}",
+                                         kind=MIG_NODE_KIND, api_version=API_VERSION)
+                log.warning("MIG node report refused", mig_node=name, reason=why)
+        self._refused_seen = refused
+        return refused
+
     def _candidates(self, pod: Pod, now: int) -> tuple[list[mig.Node], Counter[str]]:
         held = self._occupancy()
         out: list[mig.Node] = []
         why: Counter[str] = Counter()
+        refused = self._refused()
         for mn in self.mig_nodes.store.list():
             name = mn.spec.node_name or mn.metadata.name
             node = self.nodes.store.get(name)
             beat = parse_time_or_none(mn.status.heartbeat)
             if node is not None and not node_admits(pod, name, node.metadata.labels or {}, node.spec.taints or ()):
                 why[NOT_FOR_POD] += 1  # not a node this pod may use: its state is no reason for the wait
+                continue
+            if mn.metadata.name in refused:
+                why[REPORT_REFUSED] += 1
                 continue
             if node is None or not cond.is_true(node.status.conditions, "Ready"):
                 why["node not Ready"] += 1
@@ -702,14 +723,15 @@ NO_AGENT = "node without a gpuops agent (no MigNode: is the agent DaemonSet sche
 MIG_DISABLED = "MIG disabled on its GPUs"
 RESET_PENDING = "MIG mode change waiting for a GPU reset"
 UNKNOWN_MODEL = "only GPUs of a model without MIG tables (or a layout gpuops cannot read)"
+REPORT_REFUSED = "agent report contradicting another (see the MigNode's ReportRefused Event)"
 _SPECIFIC = {AGENT_SILENT: "AgentNotReporting", NO_AGENT: "AgentNotRegistered", MIG_DISABLED: "MigDisabled",
-             RESET_PENDING: "MigResetPending", UNKNOWN_MODEL: "UnknownGPUModel"}
+             RESET_PENDING: "MigResetPending", UNKNOWN_MODEL: "UnknownGPUModel", REPORT_REFUSED: "AgentReportRefused"}
 
 
 def waiting_reason(why: Counter[str]) -> str:
     """The MigSlices reason for a pod no node may take now: when every node it may use is held back by the same
-    configuration cause, that cause (AgentNotRegistered, AgentNotReporting, MigDisabled, MigResetPending,
-    UnknownGPUModel), which no freed slice will end; else NoCapacity."""
+    configuration cause, that cause (AgentNotRegistered, AgentNotReporting, AgentReportRefused, MigDisabled,
+    MigResetPending, UnknownGPUModel), which no freed slice will end; else NoCapacity."""
     causes = {w for w, n in why.items() if n and w != NOT_FOR_POD}
     if len(causes) == 1:
         return _SPECIFIC.get(causes.pop(), "NoCapacity")

@@ -29,7 +29,8 @@ ALLOCATION_SECONDS = Histogram(
 PLAN_FAILURES = PromCounter(
     "gpuops_migslicer_plan_failures_total",
     "Times a gated MIG pod was found held back, by reason: no place for its slices (NoCapacity, Unsatisfiable, "
-    "InvalidRequest, AgentNotRegistered, AgentNotReporting, MigDisabled, MigResetPending, UnknownGPUModel), its "
+    "InvalidRequest, AgentNotRegistered, AgentNotReporting, AgentReportRefused, MigDisabled, MigResetPending, "
+    "UnknownGPUModel), its "
     "slices made but not offered to the kubelet in time (DeviceNotAdvertised), or its ungate refused "
     "(UngateRefused).",
     ["reason"],

@@ -272,6 +272,42 @@ async def test_a_gpu_of_unknown_model_does_not_block_the_others(tmp_path: Path) 
         assert claim.spec.gpu_uuid in GPUS
 
 
+async def test_a_report_claiming_another_nodes_gpu_is_not_planned_on(tmp_path: Path) -> None:
+    """A MigNode that lists mig-0's GPU (forged, or an agent confused about its node): neither report is trusted,
+    the pod waits saying so (AgentReportRefused) and each MigNode gets a ReportRefused Warning; once the
+    contradiction is gone the pod gets its slice on mig-0."""
+    async with running(tmp_path) as (_cluster, client, _agent):
+        forged = {"apiVersion": "gpuops.io/v1alpha1", "kind": "MigNode", "metadata": {"name": "intruder"},
+                  "spec": {"nodeName": "intruder"}}
+        await client.create(MIG_NODES, forged)
+        await client.patch(MIG_NODES, "intruder", {"status": {"backend": "emulated", "heartbeat": format_time(
+            wall_clock()), "gpus": [{"index": 0, "uuid": GPUS[0], "model": "A100-40GB", "migMode": "Enabled"}]}},
+            subresource="status")
+        await client.create(PODS, mig_pod("small", {"1g.5gb": 1}), NS)
+
+        async def refused() -> str | None:
+            c = cond.get_condition((await client.get(PODS, "small", NS)).status.conditions, CONDITION)
+            return c.message if c is not None and c.reason == "AgentReportRefused" else None
+
+        message = await until("the pod waiting for a report it can trust", refused)
+        assert "agent report contradicting another" in message, message
+        _, events = await client.list(EVENTS)
+        warned = {e.involved_object.name: e.message for e in events if e.reason == "ReportRefused"}
+        assert warned == {
+            NODE: f"not used for MIG placement: it lists GPU {GPUS[0]}, which MigNode intruder reports too (a GPU is "
+                  "in one node)",
+            "intruder": f"not used for MIG placement: it lists GPU {GPUS[0]}, which MigNode {NODE} reports too (a "
+                        "GPU is in one node)"}, warned
+        assert await claims_of(client, "small") == []
+
+        await client.delete(MIG_NODES, "intruder")
+
+        async def ran() -> bool:
+            return (await client.get(PODS, "small", NS)).status.phase == "Running"
+
+        await until("the pod runs once mig-0's report stands alone", ran)
+
+
 async def test_a_plan_cut_short_by_an_api_error_is_completed_not_made_again(tmp_path: Path) -> None:
     """The API server fails the second claim's create of a two-slice plan (chaos/apiserver_all.py saw it under 5 %
     500s): the next reconcile makes the missing claim beside the first one. Deleting the first and planning again
