@@ -20,6 +20,8 @@ Poison, created at t0 of the poison run (`POISON`):
             - GPUNodeGroups whose power webhook's Secret is missing, or whose host does not resolve, each with a
               pending pod only that group could serve (so the planner powers it on, every pass);
             - SpotPools whose credentials Secret is missing, or whose endpoint does not resolve (minimum 1);
+            - a GPUNodeGroup and a SpotPool naming a Secret outside the operator's namespace (kube-system): the
+              rig installs no admission policy, so the operator itself must refuse to read it;
             - MIG pods asking for a profile no GPU has, and for more slices than any node holds;
             - an Evict budget over quota whose only pod a PodDisruptionBudget protects (every eviction 429).
             Each must end with a condition that says so (Ready=False, or Degraded/WebhookFailing=True; for MIG
@@ -152,7 +154,7 @@ def refused() -> list[Poison]:
 
 def admitted(r: AllRig) -> list[Poison]:
     cloud = r.cluster.cloud.url
-    missing = {"name": "no-such-secret", "namespace": POISON_NS}
+    missing = {"name": "no-such-secret", "namespace": "gpuops-system"}  # where the operator may read Secrets
     blocked = _budget("poison-blocked")
     target = pod("poison-blocked-pod", {"poison": "poison-blocked"}, "cpu", "100m", 100_000)
     target["metadata"]["namespace"] = POISON_NS
@@ -164,16 +166,24 @@ def admitted(r: AllRig) -> list[Poison]:
         Poison("group claiming another group's machine", _group("poison-claimed", "gpu-0",
                f"{cloud}/power/v1/machines/gpu-0/start")),
         Poison("group whose webhook Secret is missing", _group(
-            "poison-nosecret", "poison-m1", f"{cloud}/power/v1/machines/poison-m1/start", up={"secretRef": missing},
+            "poison-nosecret", "poison-m1", f"{cloud}/power/v1/machines/poison-m1/start",
+            up={"secretRef": missing, "insecureAllowHTTP": True},
             template={"labels": {POISON_LABEL: "nosecret"}})),
         Poison("group whose webhook host does not resolve", _group(
             "poison-dns", "poison-m2", "http://poison-power.invalid/start",
             template={"labels": {POISON_LABEL: "dns"}})),
+        Poison("group naming a Secret outside the operator's namespace", _group(
+            "poison-foreign-secret", "poison-m3", f"{cloud}/power/v1/machines/poison-m3/start",
+            up={"secretRef": {"name": "any", "namespace": "kube-system"}})),
+        Poison("pool naming a Secret outside the operator's namespace", _pool(
+            "poison-foreign-creds", "aws", endpoint=f"{cloud}/aws",
+            credentialsSecretRef={"name": "any", "namespace": "kube-system"},
+            template={"region": "us-east-1", "instanceTypes": ["g4dn.xlarge"]})),
         Poison("pod only the missing-Secret group could serve", _waiting_pod("poison-wants-nosecret",
                                                                               {POISON_LABEL: "nosecret"})),
         Poison("pod only the unresolvable group could serve", _waiting_pod("poison-wants-dns", {POISON_LABEL: "dns"})),
         Poison("pool whose credentials Secret is missing", _pool(
-            "poison-creds", "aws", endpoint=f"{cloud}/aws", credentialsSecretRef=missing,
+            "poison-creds", "aws", endpoint=f"{cloud}/aws", credentialsSecretRef=missing, insecureAllowHTTP=True,
             template={"region": "us-east-1", "instanceTypes": ["g4dn.xlarge"]})),
         Poison("pool whose endpoint does not resolve", _pool("poison-endpoint", "sim",
                                                              endpoint="http://poison-spot.invalid/spot/v1")),
@@ -415,8 +425,8 @@ async def main() -> bool:
     md = markdown(plan, figures, report, diffs, problems, ok, command("bad_objects.py", args), mode)
     summary = {
         "injected": f"all controllers, {plan.length:g} s: {len(report.refused)} objects admission must refuse, "
-                    f"{len(report.shown)} admitted poison objects (claimed machine, missing Secret, unresolvable "
-                    "host, impossible MIG asks, an eviction a PDB blocks)",
+                    f"{len(report.shown)} admitted poison objects (claimed machine, missing or foreign Secret, "
+                    "unresolvable host, impossible MIG asks, an eviction a PDB blocks)",
         "checked": "healthy final state == clean run's; each refused with the field named; each admitted one "
                    "failing visibly (condition + Event); no traceback",
         "key": f"{figures['canonical_differences']} differences; {figures.get('poisoned_poison_refused', 0)}/"

@@ -49,7 +49,8 @@ async def broken_window(sr: SpotRig, label: str, hold: float, problems: list[str
     broke = time.monotonic()
     await sr.put_secret(SECRET, WRONG)
     if create:
-        await sr.create_pool(MINIMUM, MAXIMUM, credentialsSecretRef={"name": SECRET, "namespace": "gpuops-system"})
+        await sr.create_pool(MINIMUM, MAXIMUM, credentialsSecretRef={"name": SECRET, "namespace": "gpuops-system"},
+                             insecureAllowHTTP=True)  # the emulated cloud is plain http on loopback
     try:
         seen = await wait_for(f"{label}: CredentialsInvalid=True", lambda: invalid(sr, "True"), 3 * sr.resync + 10)
         info["broken_to_condition_s"] = round(seen - broke, 3)

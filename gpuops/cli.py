@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
+import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -176,6 +178,19 @@ def _count_arg(value: str) -> int:
     return count
 
 
+def _namespaces_arg(value: str) -> tuple[str, ...]:
+    from .controllers.secretscope import parse_namespaces
+
+    names = parse_namespaces(value)
+    bad = [n for n in names if not _DNS_LABEL.fullmatch(n)]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{', '.join(bad)}: not a namespace name (lowercase letters, digits, '-')")
+    return names
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
 def _add_run_args(p: argparse.ArgumentParser) -> None:
     known = ", ".join(CONTROLLERS.names()) or "none registered yet"
     p.add_argument("--kubeconfig", metavar="PATH",
@@ -236,6 +251,11 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                    help="a MIG pod whose slices exist but are not offered to the kubelet this long after the "
                         "allocator asked (the agent's device plugin not registered, the kubelet not listing them) "
                         "is marked DeviceNotAdvertised with a Warning Event (default %(default)s)")
+    p.add_argument("--secret-namespaces", type=_namespaces_arg, metavar="LIST",
+                   default=os.environ.get("GPUOPS_SECRET_NAMESPACES", ""),  # argparse parses a string default
+                   help="namespaces besides the operator's own whose Secrets GPUNodeGroups and SpotPools may name "
+                        "(comma-separated; default $GPUOPS_SECRET_NAMESPACES, which the installed Deployment takes "
+                        "from ConfigMap gpuops-secret-namespaces; grant the operator Secret get there too)")
     p.add_argument("--spotpool-resync", type=_seconds_arg, default=30.0, metavar="SECONDS",
                    help="describe every SpotPool's instances at least this often, to notice reclaims no node agent "
                         "reported (node events and pool changes describe at once; default %(default)s)")
@@ -285,7 +305,8 @@ async def _run_manager(args: argparse.Namespace) -> int:
                           "mig_webhook_service": args.mig_webhook_service,
                           "mig_webhook_namespace": args.mig_webhook_namespace,
                           "mig_webhook_cert_dir": args.mig_webhook_cert_dir,
-                          "mig_advertise_timeout": args.mig_advertise_timeout},
+                          "mig_advertise_timeout": args.mig_advertise_timeout,
+                          "secret_namespaces": args.secret_namespaces},
             )
         except ValueError as e:
             print(f"gpuops run: {e}", file=sys.stderr)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import structlog
+
+from .kube.redact import SECRET_VALUES
 
 
 def configure(json: bool | None = None, level: str = "INFO") -> None:
@@ -19,6 +22,8 @@ def configure(json: bool | None = None, level: str = "INFO") -> None:
         else structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback)
     )
     logging.basicConfig(level=level, stream=sys.stderr, format="%(message)s")
+    for handler in logging.getLogger().handlers:  # libraries' records (SDKs, aiohttp), tracebacks included
+        handler.setFormatter(_ScrubbingFormatter("%(message)s"))
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -26,8 +31,20 @@ def configure(json: bool | None = None, level: str = "INFO") -> None:
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
             renderer,
+            _scrub_rendered,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
+
+
+def _scrub_rendered(_: object, __: str, line: Any) -> str:
+    """Last in the chain: the rendered line (exception text included) without any value read from a Secret.
+    structlog hands the renderer's output (a str) to the processor after it."""
+    return SECRET_VALUES.scrub(str(line))
+
+
+class _ScrubbingFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return SECRET_VALUES.scrub(super().format(record))

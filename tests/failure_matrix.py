@@ -41,6 +41,10 @@ def _pool(failure: str, reason: str, calls: str = "", condition: str = "", log: 
 SPOTPOOL: dict[str, Seen] = {
     "secret-missing": _pool("its credentials Secret does not exist", "SecretNotFound",
                             condition="CredentialsInvalid=True (SecretNotFound), Ready=False (SecretNotFound)"),
+    "secret-not-allowed": _pool("its credentials Secret is in a namespace the operator may not read (never read)",
+                                "SecretNotAllowed"),
+    "plain-http-credentials": _pool("its credentials would go over plain http:// and insecureAllowHTTP is not set",
+                                    "InsecureTransport"),
     "wrong-credentials": _pool("the cloud refuses the Secret's keys (HTTP 401)", "CredentialsInvalid", "credentials",
                                "CredentialsInvalid=True (AuthFailure), Ready=False (CredentialsInvalid)"),
     "forbidden": _pool("the cloud forbids the call (HTTP 403)", "CredentialsInvalid", "credentials",
@@ -89,6 +93,14 @@ AUTOPROVISION: dict[str, Seen] = {
     "node-claimed": Seen("another, older GPUNodeGroup manages the same node", "Ready=False (NodeClaimed)",
                          "NodeClaimed", 'gpuops_autoprovision_group_refused{reason="NodeClaimed"} 1',
                          "node group not managed"),
+    "secret-not-allowed": Seen("the webhook's Secret is in a namespace the operator may not read (never read)",
+                               "Ready=False (SecretNotAllowed)", "SecretNotAllowed",
+                               'gpuops_autoprovision_group_refused{reason="SecretNotAllowed"} 1',
+                               "node group not managed"),
+    "plain-http-token": Seen("the token would go over plain http:// and insecureAllowHTTP is not set",
+                             "Ready=False (InsecureTransport)", "InsecureTransport",
+                             'gpuops_autoprovision_group_refused{reason="InsecureTransport"} 1',
+                             "node group not managed"),
 }
 """GPUNodeGroup failures by case name; every power-on is for a pending pod only that group could serve."""
 
@@ -113,6 +125,9 @@ MIGSLICER: dict[str, Seen] = {
     "not-advertised": _mig("the slice was made, but the agent's device plugin never offered it to the kubelet "
                            "(not registered)", "DeviceNotAdvertised",
                            'gpuops_migslicer_plan_failures_total{reason="DeviceNotAdvertised"} > 0'),
+    "report-refused": _mig("another MigNode reports the same GPU (a forged or confused agent report): neither is "
+                           "planned on", "AgentReportRefused",
+                           'gpuops_migslicer_plan_failures_total{reason="AgentReportRefused"} > 0'),
 }
 """MIG pod failures by case name: the node the pod is pinned to, as its agent reports it."""
 

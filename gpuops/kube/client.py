@@ -30,6 +30,7 @@ import structlog
 
 from . import metrics, objects
 from .errors import ApiError, RequestTimeout, TransportError
+from .redact import SECRET_VALUES
 from .resources import PODS, ResourceType
 
 __all__ = ["PATCH_CONTENT_TYPES", "Client", "PatchType", "WriteCallback"]
@@ -275,6 +276,10 @@ class Client:
         accept: str,
     ) -> bytes:
         client_timeout = aiohttp.ClientTimeout(total=self.timeout if total is None else total)
+        if payload is not None and SECRET_VALUES and not _SECRETS_PATH.search(path):
+            # status, conditions, Events: no secret value reaches the API server (a Secret is written on purpose)
+            scrub = SECRET_VALUES.scrub_bytes if isinstance(payload, bytes) else SECRET_VALUES.scrub_any
+            payload = scrub(payload)
         start = time.monotonic()
         try:
             resp = await self._open(method, path, query, payload, content_type, accept, client_timeout)
@@ -599,6 +604,9 @@ class Client:
 
 
 # ---------------------------------------------------------------------------------------------- helpers
+
+
+_SECRETS_PATH = re.compile(r"^/api/v1/(namespaces/[^/]+/)?secrets(/|$)")
 
 
 def _payload(body: bytes, content_type: str) -> tuple[Any, str]:

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 
 import msgspec
 
+from .redact import SECRET_VALUES
+
 
 class Cause(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     """One `details.causes` entry of a `Status`: which field was wrong and why."""
@@ -85,7 +87,7 @@ class ApiError(Exception):
         else:
             # A proxy or load balancer answered (HTML, plain text): keep a readable excerpt.
             reason = _DEFAULT_REASONS.get(status, "Unknown")
-            message = body[:512].decode("utf-8", "replace").strip() or f"HTTP {status}"
+            message = SECRET_VALUES.clip(body[:65536].decode("utf-8", "replace").strip(), 512) or f"HTTP {status}"
             details = _StatusDetails()
         retry_after = _retry_after(headers)
         if retry_after is None and details.retry_after_seconds is not None:

@@ -30,6 +30,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
 from . import metrics
+from .redact import SECRET_VALUES
 
 __all__ = [
     "Check",
@@ -260,7 +261,7 @@ def metrics_app(registry: CollectorRegistry = REGISTRY, *, guard: Guard | None =
 
     async def handle(request: web.Request) -> web.Response:
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-        body = encoder(registry)
+        body = SECRET_VALUES.scrub_bytes(encoder(registry))  # a label value is no place for a secret either
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     middlewares = []

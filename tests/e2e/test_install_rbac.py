@@ -172,10 +172,12 @@ class Env:
         code, out, _ = await self.kubectl("get", *args, "-o", "json", check=False)
         return json.loads(out) if code == 0 else None
 
-    async def token_kubeconfig(self, name: str, namespace: str, sa: str) -> Path:
+    async def token_kubeconfig(self, name: str, namespace: str, sa: str, node: str | None = None) -> Path:
         """`kubectl create token` (TokenRequest), then a kubeconfig for it with the pod's namespace, as a
-        ServiceAccount's in-cluster configuration would have."""
-        _, token, _ = await self.kubectl("create", "token", sa, "-n", namespace, "--duration", "1h")
+        ServiceAccount's in-cluster configuration would have. `node`: the token is bound to that Node, as the
+        token the kubelet mounts into a node agent's pod names its node."""
+        bound = ["--bound-object-kind", "Node", "--bound-object-name", node] if node else []
+        _, token, _ = await self.kubectl("create", "token", sa, "-n", namespace, "--duration", "1h", *bound)
         token = token.strip()
         user = self.cluster.server.authn.authenticate_token(token)
         assert user is not None and user.username == f"system:serviceaccount:{namespace}:{sa}", user
@@ -355,6 +357,7 @@ async def test_install_with_rbac_runs_every_controller_and_every_rule_is_needed(
             {"apiVersion": "gpuops.io/v1alpha1", "kind": "SpotPool", "metadata": {"name": "spot"},
              "spec": {"provider": "sim", "endpoint": f"{cloud}/spot/v1", "minimum": 1, "maximum": 1,
                       "credentialsSecretRef": {"name": "spot-keys", "namespace": "gpuops-system"},
+                      "insecureAllowHTTP": True,
                       "drainTimeoutSeconds": 5,
                       "template": {"instanceTypes": ["sim.l4"], "gpusPerInstance": 1,
                                    "labels": {"gpuops.io/capacity-type": "spot"},
@@ -384,6 +387,7 @@ async def test_install_with_rbac_runs_every_controller_and_every_rule_is_needed(
             {"apiVersion": "gpuops.io/v1alpha1", "kind": "SpotPool", "metadata": {"name": "broken"},
              "spec": {"provider": "sim", "endpoint": f"{cloud}/spot/v1", "minimum": 0, "maximum": 0,
                       "credentialsSecretRef": {"name": "spot-keys", "namespace": "gpuops-system"},
+                      "insecureAllowHTTP": True,
                       "template": {"instanceTypes": ["sim.l4"], "gpusPerInstance": 1, "userData": "\u00e9" * 6145}}},
             # a machine the power API does not know: powering it on for its pending pod fails (HTTP 404)
             {"apiVersion": "gpuops.io/v1alpha1", "kind": "GPUNodeGroup", "metadata": {"name": "ghost-0"},
@@ -415,7 +419,7 @@ async def test_install_with_rbac_runs_every_controller_and_every_rule_is_needed(
                              "GPU_NODE_1_SCALE_UP_ENDPOINT": f"{cloud}/power/v1/machines/gng-0/start",
                              "GPU_NODE_1_SCALE_DOWN_ENDPOINT": f"{cloud}/power/v1/machines/gng-0/stop"}
             env.spawn(name, args, extra_env)
-        agent_kc = await env.token_kubeconfig("agent", "gpuops-node", "gpuops-mig-agent")
+        agent_kc = await env.token_kubeconfig("agent", "gpuops-node", "gpuops-mig-agent", node=MIG_NODE)
         (env.dp_root / MIG_NODE).mkdir(exist_ok=True)
         env.spawn("agent", ["agent", "--kubeconfig", str(agent_kc), "--node-name", MIG_NODE, "--emulated",
                             "--gpus", MIG_GPUS, "--device-plugin-dir", str(env.dp_root / MIG_NODE),
@@ -450,7 +454,8 @@ async def test_install_with_rbac_runs_every_controller_and_every_rule_is_needed(
             # autoprovision: the env-seeded group, given its credentials and the template pending pods match
             await until("GPUNodeGroup from the environment", lambda: env.get("gng", "gng-0"), 30)
             await env.kubectl("patch", "gng", "gng-0", "--type", "merge", "-p", json.dumps({"spec": {
-                "scaleUp": {"secretRef": {"name": "power-token", "namespace": "gpuops-system"}},
+                "scaleUp": {"secretRef": {"name": "power-token", "namespace": "gpuops-system"},
+                            "insecureAllowHTTP": True},
                 "template": {"labels": {"gpuops.io/node-group": "gng"}},
                 "scaleDownUnneededSeconds": 1, "scaleDownDelayAfterScaleUpSeconds": 0}}))
             await env.apply(pod("wake", "batch", labels={"app": "wake"}, limits={"nvidia.com/gpu": "1"},
@@ -669,7 +674,9 @@ def check_least_privilege(installed: list[dict[str, Any]], by_process: dict[str,
     ours = [o for o in installed if (o["metadata"].get("labels") or {}).get("app.kubernetes.io/part-of") == "gpuops"
             and o["kind"] in ("Role", "ClusterRole")]
     roles = {(o["kind"], o["metadata"]["name"]): o for o in ours}
-    common = [("Role", "gpuops-leader-election"), ("ClusterRole", "gpuops-metrics-auth")]
+    # granted to the manager's ServiceAccount whichever controllers it runs (Secrets: in its namespace only)
+    common = [("Role", "gpuops-leader-election"), ("ClusterRole", "gpuops-metrics-auth"),
+              ("Role", "gpuops-secret-reader")]
     manager_reqs = [a for name in CONTROLLERS for a in by_process[name]]
     # which recorded requests, under which grant, each role must be needed for
     scopes: dict[tuple[str, str], tuple[list[Attributes], list[tuple[str, str]]]] = {

@@ -43,6 +43,8 @@ __all__ = [
     "Webhook",
     "check_spec",
     "groups_from_env",
+    "plain_http_credentials",
+    "secret_refs",
 ]
 
 GROUP: Final = "gpuops.io"
@@ -101,6 +103,11 @@ class Webhook(_Api):
     """A Secret with a bearer token (sent as Authorization) and/or an HMAC key (signs the body)."""
     timeout_seconds: Annotated[int, crd(default=USE_DEFAULT, minimum=1, maximum=300)] = 10
     """Per attempt; failed attempts are retried with exponential backoff and jitter."""
+    insecure_allow_http: Annotated[bool, crd(default=USE_DEFAULT)] = msgspec.field(default=False,
+                                                                                   name="insecureAllowHTTP")
+    """Send the Secret's bearer token over a plain http:// URL. Off by default: such a group is refused
+    (Ready=False, InsecureTransport) until the URL is https or this is set; while it is set and used, the
+    condition InsecureTransport=True says so. For a loopback or trusted network only."""
 
 
 class NodeTemplate(_Api):
@@ -205,9 +212,10 @@ class GroupStatus(_Api):
     """When a power-on of this group was last decided. No group is powered off within its
     scaleDownDelayAfterScaleUpSeconds of the latest lastScaleUp of any group."""
     conditions: Annotated[tuple[Condition, ...] | None, crd(list_type="map", list_map_keys=("type",))] = None
-    """Ready (True while state is Ready; when False, the reason says why, e.g. Observed, BootTimeout, PoweredOff or
-    InvalidSpec) and WebhookFailing (True with reason Retrying or Refused while a power webhook call fails;
-    False with reason Accepted once one succeeds). metav1.Condition."""
+    """Ready (True while state is Ready; when False, the reason says why, e.g. Observed, BootTimeout, PoweredOff,
+    InvalidSpec, SecretNotAllowed or InsecureTransport), WebhookFailing (True with reason Retrying or Refused while
+    a power webhook call fails; False with reason Accepted once one succeeds) and InsecureTransport (True while a
+    token goes over plain HTTP, as insecureAllowHTTP allows). metav1.Condition."""
 
 
 class GPUNodeGroup(_Api):
@@ -266,6 +274,19 @@ def check_spec(spec: GroupSpec) -> None:
             raise SpecError(field, f"must be >= 0 seconds, got {value}")
     if spec.boot_timeout_seconds < 1:
         raise SpecError("spec.bootTimeoutSeconds", "must be >= 1: a boot that can never time out is never retried")
+
+
+def plain_http_credentials(spec: GroupSpec) -> list[tuple[str, Webhook]]:
+    """(field, webhook) of each webhook that would send a Secret's token over plain http://."""
+    return [(where, hook) for where, hook in (("spec.scaleUp", spec.scale_up), ("spec.scaleDown", spec.scale_down))
+            if hook.secret_ref is not None and hook.url.lower().startswith("http://")]
+
+
+def secret_refs(spec: GroupSpec) -> list[tuple[str, str]]:
+    """(field, namespace) of each Secret the spec names: the operator reads only those its scope allows."""
+    return [(f"{where}.secretRef", hook.secret_ref.namespace)
+            for where, hook in (("spec.scaleUp", spec.scale_up), ("spec.scaleDown", spec.scale_down))
+            if hook.secret_ref is not None]
 
 
 # ---------------------------------------------------------------------------------------------- the seed's env

@@ -56,7 +56,8 @@ class StateCollector(Collector):
     @staticmethod
     def _refused() -> GaugeMetricFamily:
         return GaugeMetricFamily("gpuops_autoprovision_group_refused", "1 for each GPUNodeGroup the controller does "
-                                 "not manage, labelled with why (its Ready reason: NodeClaimed, InvalidSpec).",
+                                 "not manage, labelled with why (its Ready reason: NodeClaimed, InvalidSpec, "
+                                 "SecretNotAllowed, InsecureTransport).",
                                  labels=["group", "reason"])
 
     @staticmethod
@@ -80,7 +81,7 @@ class StateCollector(Collector):
         return [family, refused]
 
 
-REFUSALS = ("InvalidSpec", "NodeClaimed")
+REFUSALS = ("InvalidSpec", "NodeClaimed", "SecretNotAllowed", "InsecureTransport")
 """Ready reasons of a group the controller does not manage."""
 
 

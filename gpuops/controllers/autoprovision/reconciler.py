@@ -22,7 +22,7 @@ from __future__ import annotations
 import base64
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -38,6 +38,7 @@ from gpuops.accounting.capacity import (
 )
 from gpuops.accounting.quantity import parse_quantity
 from gpuops.controllers.scheduling import INDEX_UNSCHEDULABLE, unschedulable
+from gpuops.controllers.secretscope import SecretScope
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
 from gpuops.kube.controller import Controller, Request, Result, requeue_at
@@ -45,6 +46,7 @@ from gpuops.kube.errors import ApiError, Conflict, NotFound
 from gpuops.kube.events import EventRecorder
 from gpuops.kube.informer import INDEX_NAMESPACE, INDEX_NODE, Informer
 from gpuops.kube.objects import Condition, Node, Pod, PodDisruptionBudget, Taint
+from gpuops.kube.redact import SECRET_VALUES
 from gpuops.kube.resources import NODES, PODS, SECRETS
 from gpuops.kube.selectors import SelectorError, compile_selector
 from gpuops.kube.times import format_time, wall_clock
@@ -61,6 +63,8 @@ from .api import (
     SpecError,
     Webhook,
     check_spec,
+    plain_http_credentials,
+    secret_refs,
 )
 from .demand import NodeView, demand, gpu_request, is_unschedulable, uses_gpus
 from .metrics import BOOT_TIMEOUTS, DECISION_SECONDS, IDLE_GPU_SECONDS, PLAN_SECONDS, REFUSALS
@@ -97,6 +101,8 @@ class Settings:
     refused_backoff_base: float = 10.0
     """After a webhook refuses a transition (4xx, bad URL or Secret): the first wait, doubling per refusal."""
     refused_backoff_max: float = 300.0
+    secret_scope: SecretScope = field(default_factory=SecretScope)
+    """Namespaces whose Secrets a group's secretRef may name (the operator's own, plus --secret-namespaces)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +257,10 @@ class Autoprovisioner:
         except SpecError as e:
             await self._refuse(group, "InvalidSpec", str(e))
             return None
+        refusal = self._refusal(group)
+        if refusal is not None:
+            await self._refuse(group, *refusal)
+            return None
         owner = self.owner(group)
         if owner.metadata.uid != group.metadata.uid:
             await self._refuse(group, "NodeClaimed", f"node {group.spec.node_name} is managed by GPUNodeGroup"
@@ -265,6 +275,20 @@ class Autoprovisioner:
             self._conflicts.discard(group.metadata.name)
             return Result(requeue=True)
         return result
+
+    def _refusal(self, group: GPUNodeGroup) -> tuple[str, str] | None:
+        """(reason, message) when the group's credentials may not be used: a Secret outside the operator's
+        namespaces, or a token that would go over plain HTTP without the spec allowing it."""
+        try:
+            self.settings.secret_scope.check_all(secret_refs(group.spec), KIND)
+        except SpecError as e:
+            return "SecretNotAllowed", str(e)
+        for where, hook in plain_http_credentials(group.spec):
+            if not hook.insecure_allow_http:
+                return "InsecureTransport", (f"{where}.url: the token of {where}.secretRef would go over plain HTTP; "
+                                             f"use an https URL, or set {where}.insecureAllowHTTP: true for a "
+                                             "loopback or trusted network")
+        return None
 
     async def _refuse(self, group: GPUNodeGroup, reason: str, message: str) -> None:
         """A group we cannot act on: Ready=False naming why, and (when that is news) a Warning Event and a log."""
@@ -284,6 +308,8 @@ class Autoprovisioner:
             try:
                 check_spec(g.spec)
             except SpecError:
+                continue
+            if self._refusal(g) is not None:
                 continue
             if not g.metadata.deletion_timestamp:
                 by_node.setdefault(g.spec.node_name, g)
@@ -318,6 +344,7 @@ class Autoprovisioner:
             log.debug("idle node kept on", node=name, reason=why)
         down = plan_scale_down(nodes, now=now, policy=policy, needed={*up.placements.values(), *held})
         PLAN_SECONDS.observe(time.perf_counter() - started)
+        lost = False  # a decision whose write lost to a newer version: plan again once the cache has it
         for name in up.power_on:
             g = by_node[name]
             pods = sorted(p for p, n in up.placements.items() if n == name)
@@ -326,12 +353,23 @@ class Autoprovisioner:
                 for p in pods:
                     if (seen := self._pending_since.pop(p, None)) is not None:
                         DECISION_SECONDS.observe(decided - seen)
+            else:
+                lost = self._lost_to_conflict(g) or lost
         for name in down.power_off:
-            await self._decide(by_node[name], "down", now, "no GPU pods for scaleDownUnneededSeconds")
+            if not await self._decide(by_node[name], "down", now, "no GPU pods for scaleDownUnneededSeconds"):
+                lost = self._lost_to_conflict(by_node[name]) or lost
         for u in up.unschedulable:
             log.debug("pending pod fits no managed node", pod=u.pod, reason=str(u.reason))
         wake += await self._track_idle(valid, now)
+        if lost:  # the event that made the group newer may be the one that started this plan: nothing else wakes it
+            return Result(requeue=True)
         return requeue_at(now, wake)
+
+    def _lost_to_conflict(self, group: GPUNodeGroup) -> bool:
+        if group.metadata.name in self._conflicts:
+            self._conflicts.discard(group.metadata.name)
+            return True
+        return False
 
     def _planned(self, g: GPUNodeGroup, now: int, last_up: int | None,
                  wake: list[int]) -> tuple[GpuNode, NodeView] | None:
@@ -568,6 +606,7 @@ class Autoprovisioner:
             status = _condition(status, group, "Ready", "False", "WebhookFailed",
                                 f"{doing} {node} is failing: the webhook call did not succeed ({outcome.error});"
                                 f" {again}")
+        status = _transport_condition(status, group)
         await self._write(group, status)  # one write: what was sent, and how it went
         return outcome
 
@@ -598,6 +637,9 @@ class Autoprovisioner:
         key: bytes | None = None
         ref = hook.secret_ref
         if ref is not None:
+            self.settings.secret_scope.check("secretRef", ref.namespace, KIND)  # never read one out of scope
+            if hook.url.lower().startswith("http://") and not hook.insecure_allow_http:
+                raise ValueError("the token would go over plain HTTP; use an https URL or set insecureAllowHTTP")
             secret = await self.client.get(SECRETS, ref.name, ref.namespace)
             data = secret.data or {}
             if ref.token_key not in data and ref.hmac_key_key not in data:
@@ -610,6 +652,7 @@ class Autoprovisioner:
                     key = base64.b64decode(data[ref.hmac_key_key], validate=True)
             except (ValueError, UnicodeDecodeError) as e:
                 raise ValueError(f"Secret {ref.namespace}/{ref.name}: a value is not valid base64 text: {e}") from None
+            SECRET_VALUES.add(*(v for v in (token, key) if v))  # scrubbed from every status, Event, log and metric
         return Endpoint(hook.url, headers=dict(hook.headers or {}), token=token, hmac_key=key,
                         timeout=float(hook.timeout_seconds))
 
@@ -696,6 +739,18 @@ def _seniority(group: GPUNodeGroup) -> tuple[str, bool, str]:
     already managing it (observed by us, not refused) keeps it; then by name."""
     managing = bool(group.status.state) and not _refused(group)
     return (group.metadata.creation_timestamp or "", not managing, group.metadata.name)
+
+
+def _transport_condition(status: GroupStatus, group: GPUNodeGroup) -> GroupStatus:
+    """InsecureTransport=True while a token goes over plain HTTP (the spec allows it); False once none does."""
+    insecure = [where for where, _ in plain_http_credentials(group.spec)]
+    if insecure:
+        return _condition(status, group, "InsecureTransport", "True", "PlainHTTP",
+                          f"the token of {' and '.join(insecure)} goes over plain HTTP (insecureAllowHTTP)")
+    current = cond.get_condition(status.conditions, "InsecureTransport")
+    if current is not None and current.status != "False":
+        return _condition(status, group, "InsecureTransport", "False", "HTTPS", "no token goes over plain HTTP")
+    return status
 
 
 def _condition(status: GroupStatus, group: GPUNodeGroup, type: str, value: str, reason: str,

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from gpuops.controllers.secretscope import SecretScope
 from gpuops.kube.controller import Controller, Predicate, resource_version_changed
 from gpuops.kube.errors import AlreadyExists
 from gpuops.kube.events import EventRecorder
@@ -105,9 +106,11 @@ def install(
 
 async def setup(manager: Manager) -> None:
     """The ControllerRegistry entry. Reads `autoprovision_min_warm_gpus` and
-    `autoprovision_max_concurrent_power_offs` from the manager's settings (`gpuops run` flags)."""
+    `autoprovision_max_concurrent_power_offs` and `secret_namespaces` from the manager's settings (`gpuops run`
+    flags)."""
     s = manager.settings
     install(manager, settings=Settings(
         min_warm_gpus=int(s.get("autoprovision_min_warm_gpus", 0)),
         max_concurrent_power_offs=int(s.get("autoprovision_max_concurrent_power_offs", 10)),
+        secret_scope=SecretScope.from_settings(s),
     ))

@@ -5,10 +5,8 @@ ControllerRegistry, together with the admission webhook (which serves on every r
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from gpuops.kube.controller import Controller, Predicate, resource_version_changed
@@ -16,6 +14,7 @@ from gpuops.kube.events import EventRecorder
 from gpuops.kube.informer import INDEX_NODE, pods_by_node
 from gpuops.kube.manager import Manager
 from gpuops.kube.objects import Node
+from gpuops.kube.ownnamespace import own_namespace
 from gpuops.kube.resources import NODES, PODS
 from gpuops.kube.times import wall_clock
 
@@ -110,17 +109,9 @@ async def setup(manager: Manager) -> None:
     if port:
         from . import webhook
 
-        namespace = s.get("mig_webhook_namespace") or os.environ.get("POD_NAMESPACE") or _sa_namespace() \
-            or webhook.DEFAULT_NAMESPACE
+        namespace = s.get("mig_webhook_namespace") or own_namespace() or webhook.DEFAULT_NAMESPACE
         webhook.install(manager, service=str(s.get("mig_webhook_service") or webhook.DEFAULT_SERVICE),
                         namespace=namespace, port=port, host=s.get("mig_webhook_host"),
                         cert_dir=s.get("mig_webhook_cert_dir"))
-
-
-def _sa_namespace() -> str | None:
-    try:
-        return Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read_text().strip() or None
-    except OSError:
-        return None
 
 

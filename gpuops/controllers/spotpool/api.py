@@ -7,8 +7,10 @@ launch needs to be repeated exactly (the client token and the parameters that we
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Annotated, ClassVar, Final, Literal
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -35,6 +37,8 @@ __all__ = [
     "SpecError",
     "SpotPool",
     "check_spec",
+    "is_loopback",
+    "plain_http",
 ]
 
 GROUP: Final = "gpuops.io"
@@ -170,6 +174,11 @@ class PoolSpec(_Api):
     credentials_secret_ref: CredentialsRef | None = None
     """Secret with the cloud keys. tencent - secretId, secretKey (token optional); aws - accessKeyId,
     secretAccessKey (sessionToken optional); webhook and sim - token (optional bearer token)."""
+    insecure_allow_http: Annotated[bool, crd(default=USE_DEFAULT)] = msgspec.field(default=False,
+                                                                                   name="insecureAllowHTTP")
+    """Use the credentials over plain http:// (an http endpoint, or a loopback host for tencent). Off by default:
+    such a pool is refused (Ready=False, InsecureTransport) until the endpoint is https or this is set; while
+    it is set and used, the condition InsecureTransport=True says so. For a loopback or trusted network only."""
     on_demand_fallback: OnDemandFallback | None = None
     """Launch on-demand instances after this many capacity errors in a row (every spot zone and type backed off);
     spot again after the next successful spot launch. Absent - spot only."""
@@ -283,8 +292,9 @@ class PoolStatus(_Api, omit_defaults=False):
     the instances again."""
     conditions: Annotated[tuple[Condition, ...] | None, crd(list_type="map", list_map_keys=("type",))] = None
     """Ready (True when enough instances are Ready; False also for spec, SDK or launch problems, e.g. reason
-    InvalidSpec or LaunchRejected), ScalingUp (True while a launch is in flight or size is below desired),
-    CapacityError, QuotaExceeded and CredentialsInvalid. metav1.Condition."""
+    InvalidSpec, SecretNotAllowed, InsecureTransport or LaunchRejected), ScalingUp (True while a launch is in
+    flight or size is below desired), CapacityError, QuotaExceeded, CredentialsInvalid and InsecureTransport
+    (True while the credentials go over plain HTTP, as insecureAllowHTTP allows). metav1.Condition."""
 
 
 class SpotPool(_Api):
@@ -315,6 +325,27 @@ CRD: Final = CustomResource(
 )
 
 _PRICE = re.compile(r"\d+(\.\d+)?")
+
+
+def plain_http(spec: PoolSpec) -> bool:
+    """Whether the pool's calls, credentials included, go over plain HTTP: an http:// endpoint, or a bare
+    loopback host for tencent (whose SDK speaks http to loopback)."""
+    endpoint = (spec.endpoint or "").strip()
+    if not endpoint:
+        return False  # the providers' public endpoints are https
+    if "://" in endpoint:
+        return endpoint.lower().startswith("http://")
+    host = urlsplit(f"//{endpoint}").hostname or ""
+    return spec.provider == "tencent" and is_loopback(host)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def check_spec(spec: PoolSpec) -> None:

@@ -38,6 +38,7 @@ from gpuops.controllers.scheduling import (
     unschedulable,
     uses_gpus,
 )
+from gpuops.controllers.secretscope import SecretScope
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
 from gpuops.kube.controller import Controller, Request, Result, requeue_at
@@ -45,6 +46,7 @@ from gpuops.kube.errors import ApiError, Conflict, NotFound
 from gpuops.kube.events import EventRecorder, EventType
 from gpuops.kube.informer import INDEX_NODE, Informer
 from gpuops.kube.objects import Condition, Node, Pod
+from gpuops.kube.redact import SECRET_VALUES
 from gpuops.kube.resources import SECRETS
 from gpuops.kube.times import format_time, wall_clock
 from gpuops.kube.times import parse_time_or_none as _t
@@ -61,6 +63,7 @@ from .api import (
     PoolStatus,
     SpotPool,
     check_spec,
+    plain_http,
 )
 from .metrics import LAUNCHES, REPLACEMENT_SECONDS, TERMINATIONS
 from .providers import make_provider
@@ -120,6 +123,8 @@ class Settings:
     secret_recheck: float = 5.0
     """While the cloud refuses the keys (or the Secret is missing), the Secret is read again this often (a GET
     on the API server); the cloud is called again only once the Secret changed, or after config_retry."""
+    secret_scope: SecretScope = field(default_factory=SecretScope)
+    """Namespaces whose Secrets credentialsSecretRef may name (the operator's own, plus --secret-namespaces)."""
 
 
 def owner_tags(pool: SpotPool) -> dict[str, str]:
@@ -227,11 +232,10 @@ class SpotPoolReconciler:
         if FINALIZER not in (pool.metadata.finalizers or ()):
             await self._set_finalizer(pool, True)
             return None  # the update brings us back
-        try:
-            check_spec(pool.spec)
-        except SpecError as e:
+        refusal = self._refusal(pool)
+        if refusal is not None:
             step = Step(pool.status)
-            self._not_ready(pool, step, "InvalidSpec", str(e))  # condition; Event and log line when news
+            self._not_ready(pool, step, *refusal)  # condition; Event and log line when news
             await self._finish(pool, step)
             return None
         try:
@@ -250,8 +254,37 @@ class SpotPoolReconciler:
         self._failures.pop(pool.metadata.name, None)
         return await self._converge(pool, provider, instances)
 
+    def _refusal(self, pool: SpotPool) -> tuple[str, str] | None:
+        """(reason, message) when the spec cannot be acted on: invalid, or naming a Secret out of scope."""
+        try:
+            check_spec(pool.spec)
+        except SpecError as e:
+            return "InvalidSpec", str(e)
+        ref = pool.spec.credentials_secret_ref
+        try:
+            if ref is not None:
+                self.settings.secret_scope.check("spec.credentialsSecretRef", ref.namespace, KIND)
+        except SpecError as e:
+            return "SecretNotAllowed", str(e)
+        if ref is not None and plain_http(pool.spec) and not pool.spec.insecure_allow_http:
+            return "InsecureTransport", (f"spec.endpoint: the credentials of spec.credentialsSecretRef would go over "
+                                         f"plain HTTP to {pool.spec.endpoint}; use an https endpoint, or set "
+                                         "spec.insecureAllowHTTP: true for a loopback or trusted network")
+        return None
+
+    def _transport_condition(self, pool: SpotPool, step: Step) -> None:
+        """InsecureTransport=True while credentials go over plain HTTP (allowed by the spec); False once not."""
+        insecure = pool.spec.credentials_secret_ref is not None and plain_http(pool.spec)
+        current = cond.get_condition(step.status.conditions, "InsecureTransport")
+        if insecure:
+            self._condition(step, pool, "InsecureTransport", "True", "PlainHTTP",
+                            f"the credentials go over plain HTTP to {pool.spec.endpoint} (spec.insecureAllowHTTP)")
+        elif current is not None and current.status != "False":
+            self._condition(step, pool, "InsecureTransport", "False", "HTTPS", "no credentials go over plain HTTP")
+
     async def _converge(self, pool: SpotPool, provider: Provider, instances: list[CloudInstance]) -> Result | None:
         step = Step(msgspec.structs.replace(pool.status, last_error=None))
+        self._transport_condition(pool, step)
         try:
             return await self._converge_step(pool, provider, instances, step)
         except Exception:
@@ -610,7 +643,7 @@ class SpotPoolReconciler:
         return None
 
     def _condition(self, step: Step, pool: SpotPool, type: str, value: str, reason: str, message: str) -> None:
-        items = cond.set_condition(step.status.conditions, type, value, reason, message[:1024],
+        items = cond.set_condition(step.status.conditions, type, value, reason, SECRET_VALUES.clip(message, 1024),
                                    pool.metadata.generation, now=format_time(wall_clock() // _SECOND * _SECOND))
         step.status = msgspec.structs.replace(step.status,
                                               conditions=msgspec.convert(items, tuple[Condition, ...]))
@@ -626,7 +659,8 @@ class SpotPoolReconciler:
         apiserver_all.py: a SpotPool without its Reclaimed Event after 500s)."""
         events, step.events = step.events, []
         for type, reason, message in events:
-            self.recorder.record(pool, type, reason, message[:1024], kind=KIND, api_version=API_VERSION)
+            self.recorder.record(pool, type, reason, SECRET_VALUES.clip(message, 1024), kind=KIND,
+                                 api_version=API_VERSION)
 
     async def _write(self, pool: SpotPool, status: PoolStatus) -> SpotPool | None:
         """The whole status, guarded by resourceVersion; None if the pool changed meanwhile (its event brings us
@@ -719,6 +753,10 @@ class SpotPoolReconciler:
         secret_version = ""
         ref = spec.credentials_secret_ref
         if ref is not None:
+            try:  # never read a Secret out of scope, whatever path led here
+                self.settings.secret_scope.check("spec.credentialsSecretRef", ref.namespace, KIND)
+            except SpecError as e:
+                raise ProviderError(ErrorKind.CREDENTIALS, "SecretNotAllowed", str(e)) from None
             secret = await self.client.get(SECRETS, ref.name, ref.namespace)
             secret_version = f"{secret.metadata.uid}/{secret.metadata.resource_version}"
             for k, v in (secret.data or {}).items():
@@ -728,6 +766,7 @@ class SpotPoolReconciler:
                     raise ProviderError(ErrorKind.CREDENTIALS, "SecretUnreadable",
                                         f"Secret {ref.namespace}/{ref.name}: key {k!r} is not valid base64 "
                                         "text") from None
+        SECRET_VALUES.add(*creds.values())  # scrubbed from every status, Event, log and metric
         fingerprint = (spec.provider, spec.endpoint, spec.template.region, secret_version)
         provider = self._providers.get(fingerprint)
         if provider is None:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpuops.controllers.secretscope import SecretScope
 from gpuops.kube import conditions as cond
 from gpuops.kube.controller import Controller, Predicate, resource_version_changed
 from gpuops.kube.events import EventRecorder
@@ -93,6 +94,7 @@ def install(
 
 
 async def setup(manager: Manager) -> None:
-    """The ControllerRegistry entry; reads `spotpool_resync` from the manager's settings (`gpuops run` flags)."""
+    """The ControllerRegistry entry; reads `spotpool_resync` and `secret_namespaces` from the manager's settings
+    (`gpuops run` flags)."""
     resync = max(1.0, float(manager.settings.get("spotpool_resync", 30.0)))
-    install(manager, settings=Settings(resync_seconds=resync))
+    install(manager, settings=Settings(resync_seconds=resync, secret_scope=SecretScope.from_settings(manager.settings)))

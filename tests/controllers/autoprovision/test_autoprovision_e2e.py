@@ -19,6 +19,7 @@ from waiting import install_crds, until
 from gpuops.controllers.autoprovision import install
 from gpuops.controllers.autoprovision.api import GROUPS, GPUNodeGroup
 from gpuops.controllers.autoprovision.reconciler import Settings
+from gpuops.controllers.secretscope import SecretScope
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
 from gpuops.kube.manager import Manager
@@ -79,7 +80,8 @@ async def running(tmp_path: Path, hidden: Callable[[Pod], bool] | None = None,
         client = await Client.from_kubeconfig(str(tmp_path / "k"))
         await install_crds(client, ["gpunodegroups"], [GROUPS])
         mgr = Manager(client, metrics_bind_address="0", health_probe_bind_address="0")
-        handle = install(mgr, settings=Settings(**{"drain_recheck": 0.2, "off_recheck": 0.2, **settings}), env={})
+        handle = install(mgr, settings=Settings(**{"drain_recheck": 0.2, "off_recheck": 0.2,
+                                                   "secret_scope": SecretScope(NS), **settings}), env={})
         if hidden is not None:  # the operator's pod cache lags: these pods are not in it (yet)
             store = handle.reconciler.pods.store
             real = store.by_index
@@ -156,6 +158,58 @@ async def test_a_pod_larger_than_every_machine_is_not_demand(tmp_path: Path) -> 
         assert await state_of(client, "big-0") == "Off"
 
 
+async def test_a_secret_outside_the_operators_namespaces_is_never_read(tmp_path: Path) -> None:
+    """Whoever may write GPUNodeGroups must not read kube-system's Secrets through us: the group is refused
+    (Ready=False SecretNotAllowed naming the field and the way out, a Warning Event), left out of the power plan,
+    and the operator never asks the API server for that Secret. Naming one in its namespace then works."""
+    async with running(tmp_path) as (cluster, client):
+        cluster.cloud.options.token = "s3cret-token"
+        reads: list[str] = []
+        cluster.server.audit_hooks.append(
+            lambda d: reads.append(f"{d.attrs.namespace}/{d.attrs.name}")
+            if d.attrs.resource == "secrets" and d.attrs.verb == "get" else None)
+        token = {"token": base64.b64encode(b"s3cret-token").decode()}
+        await client.create(SECRETS, {"metadata": {"name": "bmc", "namespace": "kube-system"}, "data": token},
+                            "kube-system")
+        body = group(cluster, "small-0", 2)
+        body["spec"]["scaleUp"].update(secretRef={"name": "bmc", "namespace": "kube-system"}, insecureAllowHTTP=True)
+        await client.create(GROUPS, body)
+        plans = REGISTRY.get_sample_value("gpuops_autoprovision_plan_seconds_count") or 0.0
+        await client.create(PODS, gpu_pod("job", 1, 30.0), NS)
+
+        async def refused() -> GPUNodeGroup | None:
+            g: GPUNodeGroup = await client.get(GROUPS, "small-0")
+            c = cond.get_condition(g.status.conditions, "Ready")
+            return g if c is not None and c.reason == "SecretNotAllowed" else None
+
+        g = await until("the group refused for its Secret's namespace", refused)
+        ready = cond.get_condition(g.status.conditions, "Ready")
+        assert ready is not None and ready.status == "False"
+        assert ready.message.startswith("spec.scaleUp.secretRef.namespace: a GPUNodeGroup may name a Secret only in "
+                                        f"{NS} (the operator reads it"), ready.message
+        assert "not in 'kube-system'" in ready.message and "--secret-namespaces" in ready.message
+        await until("a later plan", lambda: _later(plans + 1))
+        events = json.loads(await client.request("GET", "/api/v1/events"))["items"]
+        assert any(e.get("reason") == "SecretNotAllowed" and e["type"] == "Warning" for e in events)
+        assert g.status.transition is None and cluster.fleet.machines["small-0"].power_cycles == 0
+        assert reads == [], reads
+
+        await client.create(SECRETS, {"metadata": {"name": "bmc", "namespace": NS}, "data": token}, NS)
+        fixed = {"spec": {"scaleUp": {"url": g.spec.scale_up.url, "secretRef": {"name": "bmc", "namespace": NS},
+                                      "insecureAllowHTTP": True}}}  # the emulated power API is plain http
+        await client.patch(GROUPS, "small-0", fixed)
+
+        async def running_pod() -> bool:
+            return (await client.get(PODS, "job", NS)).status.phase == "Running"
+
+        await until("the pod running on the machine powered on with the token", running_pod)
+        assert set(reads) == {f"{NS}/bmc"}, reads
+
+
+async def _later(count: float) -> bool:
+    return (REGISTRY.get_sample_value("gpuops_autoprovision_plan_seconds_count") or 0.0) >= count
+
+
 async def test_a_refused_webhook_is_shown_and_the_fixed_spec_sends_the_same_transition(tmp_path: Path) -> None:
     """The power API wants a bearer token: without it the 401 is a condition and a Warning Event, nothing is
     retried in a loop, the pod stays pending; adding the Secret reference sends the same transition (its
@@ -189,7 +243,8 @@ async def test_a_refused_webhook_is_shown_and_the_fixed_spec_sends_the_same_tran
         await asyncio.sleep(1.5)
         assert cluster.cloud.calls[("power", "start", 401)] == refusals, "a refused webhook was re-sent in a loop"
 
-        fixed = {"spec": {"scaleUp": {"url": g.spec.scale_up.url, "secretRef": {"name": "bmc", "namespace": NS}}}}
+        fixed = {"spec": {"scaleUp": {"url": g.spec.scale_up.url, "secretRef": {"name": "bmc", "namespace": NS},
+                                      "insecureAllowHTTP": True}}}  # the emulated power API is plain http
         await client.patch(GROUPS, "small-0", fixed)
 
         async def running_pod() -> bool:
@@ -396,7 +451,7 @@ async def test_a_missing_secret_is_shown_and_counted_for_the_power_on_alert(tmp_
 
         before = unsent()
         body = group(cluster, "small-0", 2)
-        body["spec"]["scaleUp"]["secretRef"] = {"name": "no-such-secret", "namespace": NS}
+        body["spec"]["scaleUp"].update(secretRef={"name": "no-such-secret", "namespace": NS}, insecureAllowHTTP=True)
         await client.create(GROUPS, body)
         await client.create(PODS, gpu_pod("job", 1, 30.0), NS)
 

@@ -70,12 +70,16 @@ async def induce(rig: OperatorHarness, case: str, group: str) -> list[int]:
     up: dict[str, Any] = {}
     url = power
     if case == "secret-missing":
-        up["secretRef"] = {"name": "no-such-secret", "namespace": NS}
+        up.update(secretRef={"name": "no-such-secret", "namespace": NS}, insecureAllowHTTP=True)
     elif case == "secret-key-missing":
         await rig.request("POST", f"/api/v1/namespaces/{NS}/secrets", {
             "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "other-keys"},
             "data": {"password": base64.b64encode(b"x").decode()}})
-        up["secretRef"] = {"name": "other-keys", "namespace": NS}
+        up.update(secretRef={"name": "other-keys", "namespace": NS}, insecureAllowHTTP=True)
+    elif case == "secret-not-allowed":
+        up.update(secretRef={"name": "bmc-root", "namespace": "kube-system"}, insecureAllowHTTP=True)
+    elif case == "plain-http-token":
+        up.update(secretRef={"name": "bmc", "namespace": NS})
     elif case == "dns":
         url = "http://power-api.invalid/start"
     elif case == "refused":
@@ -138,7 +142,9 @@ def four_places(rig: OperatorHarness, group: str, seen: Seen) -> Callable[[], Aw
 
 async def test_every_node_group_failure_shows_as_condition_event_metric_and_log(tmp_path: Path) -> None:
     cluster = SimCluster(parse(SCENARIO), workload=False)
-    async with OperatorHarness(cluster, tmp_path, crds=[CRD], controllers=["autoprovision"], log_level="INFO") as rig:
+    # the groups name Secrets in the workload namespace: the operator is started allowing it
+    async with OperatorHarness(cluster, tmp_path, crds=[CRD], controllers=["autoprovision"], log_level="INFO",
+                               extra_args=["--secret-namespaces", NS]) as rig:
         failed = []
         for case, seen in AUTOPROVISION.items():
             group = f"gx-{case}"

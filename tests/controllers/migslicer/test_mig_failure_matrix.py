@@ -120,6 +120,10 @@ async def test_every_mig_wait_shows_its_cause_as_condition_event_metric_and_log(
                               mig_pod(pod, node, "9g.99gb" if case == "unsatisfiable" else "3g.40gb"))
             if case == "not-advertised":
                 await make_slice_never_offer_it(rig, access, node)
+            if case == "report-refused":  # a second report of the node's GPU (named for no node: affects no other)
+                await access.create(MIG_NODES, "", {"apiVersion": "gpuops.io/v1alpha1", "kind": "MigNode",
+                                                    "metadata": {"name": "twin"}, "spec": {"nodeName": "twin"}})
+                await access.patch(MIG_NODES, "", "twin", {"status": report(node, case, access.now())}, "status")
             reason = seen.condition.split("(")[1].split(")")[0]
             async def probe(pod: str = pod, node: str = node, seen: Seen = seen, reason: str = reason) -> str:
                 missing = []

@@ -26,6 +26,7 @@ from gpuops.controllers.spotpool.providers.base import (
     MANAGED_BY_TAG,
     POOL_TAG,
     ErrorKind,
+    Guarded,
     InstanceState,
     LaunchSpec,
     ProviderConfig,
@@ -245,7 +246,7 @@ async def test_states_nodes_and_provider_ids_through_the_fake(fake: Fake, monkey
     monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
     monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
     p = make_provider("aws", fake.config())
-    assert isinstance(p, AwsProvider)
+    assert isinstance(p, Guarded) and isinstance(p.inner, AwsProvider)  # every failure a ProviderError
     fake.providers.append(p)
     ids = await p.launch(spec("states-1", count=2))
     found = {i.id: i for i in await p.describe(OWNER)}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -187,7 +188,7 @@ async def test_credentials_secret_missing_then_fixed(tmp_path: Path) -> None:
     async with running(tmp_path) as (cluster, client):
         cluster.cloud.options.token = "s3cret"
         body = pool_body(cluster, minimum=1, maximum=1,
-                         credentialsSecretRef={"name": "cloud", "namespace": "gpuops-system"})
+                         credentialsSecretRef={"name": "cloud", "namespace": "gpuops-system"}, insecureAllowHTTP=True)
         await client.create(POOLS, body)
 
         async def invalid(reason: str) -> SpotPool | None:
@@ -248,7 +249,7 @@ async def test_tencent_provider_end_to_end_through_the_real_sdk(tmp_path: Path) 
                                       "metadata": {"name": "tc", "namespace": "gpuops-system"}, "data": keys},
                             "gpuops-system")
         body = pool_body(cluster, "tc", minimum=2, maximum=3, provider="tencent", endpoint=cvm.url,
-                         credentialsSecretRef={"name": "tc", "namespace": "gpuops-system"})
+                         credentialsSecretRef={"name": "tc", "namespace": "gpuops-system"}, insecureAllowHTTP=True)
         body["spec"]["template"].update(region="ap-guangzhou", zones=[cluster.cloud.zone])
         await client.create(POOLS, body)
         pool = await until("2 Ready instances through CVM", lambda: ready_pool(client, "tc", 2), 30)
@@ -259,6 +260,36 @@ async def test_tencent_provider_end_to_end_through_the_real_sdk(tmp_path: Path) 
         cluster.cloud.reclaim([victim], notice_seconds=2.0)
         await until("a replacement launch", lambda: _true(cluster.cloud.spot.launched == 3), 10)
         await until("back to 2 Ready", lambda: ready_pool(client, "tc", 2), 30)
+
+
+async def test_a_pool_naming_a_secret_in_another_namespace_is_refused_unread(tmp_path: Path) -> None:
+    """Cloud keys from kube-system (or any namespace the operator was not started with) are never read: the pool
+    is Ready=False SecretNotAllowed with a Warning Event, nothing is launched and the Secret is never read."""
+    async with running(tmp_path) as (cluster, client):
+        reads: list[str] = []
+        cluster.server.audit_hooks.append(
+            lambda d: reads.append(d.attrs.name) if d.attrs.resource == "secrets" and d.attrs.verb == "get" else None)
+        keys = {"accessKeyId": base64.b64encode(b"AKIAROOT").decode()}
+        await client.create(SECRETS, {"apiVersion": "v1", "kind": "Secret",
+                                      "metadata": {"name": "root", "namespace": "kube-system"}, "data": keys},
+                            "kube-system")
+        body = pool_body(cluster, "stolen", minimum=1,
+                         credentialsSecretRef={"name": "root", "namespace": "kube-system"})
+        await client.create(POOLS, body)
+
+        async def refused() -> SpotPool | None:
+            p: SpotPool = await client.get(POOLS, "stolen")
+            c = cond.get_condition(p.status.conditions, "Ready")
+            return p if c is not None and c.reason == "SecretNotAllowed" else None
+
+        pool = await until("the pool refused for its Secret's namespace", refused)
+        ready = cond.get_condition(pool.status.conditions, "Ready")
+        assert ready is not None and ready.status == "False"
+        assert ready.message.startswith("spec.credentialsSecretRef.namespace: a SpotPool may name a Secret only in "
+                                        "gpuops-system"), ready.message
+        events = json.loads(await client.request("GET", "/api/v1/events"))["items"]
+        assert any(e.get("reason") == "SecretNotAllowed" and e["type"] == "Warning" for e in events)
+        assert reads == [] and cluster.cloud.spot.launched == 0
 
 
 async def test_aws_provider_end_to_end_through_boto3(tmp_path: Path) -> None:
@@ -274,7 +305,7 @@ async def test_aws_provider_end_to_end_through_boto3(tmp_path: Path) -> None:
                                       "metadata": {"name": "aws", "namespace": "gpuops-system"}, "data": keys},
                             "gpuops-system")
         body = pool_body(cluster, "ec2", minimum=2, maximum=3, provider="aws", endpoint=ec2.url,
-                         credentialsSecretRef={"name": "aws", "namespace": "gpuops-system"})
+                         credentialsSecretRef={"name": "aws", "namespace": "gpuops-system"}, insecureAllowHTTP=True)
         body["spec"]["template"].update(region="us-east-1", image="ami-12345678")
         await client.create(POOLS, body)
         pool = await until("2 Ready instances through EC2", lambda: ready_pool(client, "ec2", 2), 30)

@@ -90,10 +90,15 @@ async def induce(case: Case) -> dict[str, Any]:
     """The pool to create for `case`, with its failure in place."""
     name = case.name
     if name == "secret-missing":
-        return case.body(credentialsSecretRef={"name": "no-such-secret", "namespace": "gpuops-system"})
+        return case.body(credentialsSecretRef={"name": "no-such-secret", "namespace": "gpuops-system"},
+                         insecureAllowHTTP=True)
+    if name == "secret-not-allowed":
+        return case.body(credentialsSecretRef={"name": "cloud-root", "namespace": "kube-system"})
+    if name == "plain-http-credentials":
+        return case.body(credentialsSecretRef=await case.secret("a-token"))
     if name == "wrong-credentials":
         case.cloud.options.token = "right-token"
-        return case.body(credentialsSecretRef=await case.secret("wrong-token"))
+        return case.body(credentialsSecretRef=await case.secret("wrong-token"), insecureAllowHTTP=True)
     if name == "dns":
         return case.body(endpoint="http://spot-api.invalid/spot/v1")
     if name == "refused":

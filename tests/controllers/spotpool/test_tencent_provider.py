@@ -17,6 +17,7 @@ from gpuops.controllers.spotpool.providers.base import (
     MANAGED_BY_TAG,
     POOL_TAG,
     ErrorKind,
+    Guarded,
     InstanceState,
     LaunchSpec,
     NodeTaint,
@@ -88,7 +89,7 @@ async def env(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Env]:
             CvmServer(cloud, secret_id=SID, secret_key=SKEY, region=REGION) as cvm:
         e = Env(cloud, cvm, fleet, None)  # type: ignore[arg-type]
         provider = make_provider("tencent", e.config())
-        assert isinstance(provider, TencentProvider)
+        assert isinstance(provider, Guarded) and isinstance(provider.inner, TencentProvider)
         e.provider = provider
         yield e
         await provider.close()

@@ -17,6 +17,7 @@ from gpuops.controllers.spotpool.providers.base import (
     MANAGED_BY_TAG,
     POOL_TAG,
     ErrorKind,
+    Guarded,
     InstanceState,
     LaunchSpec,
     NodeTaint,
@@ -51,7 +52,7 @@ async def cloud() -> AsyncIterator[CloudServer]:
 def provider(cloud: CloudServer, **creds: str) -> WebhookProvider:
     p = make_provider("sim", ProviderConfig(region="", endpoint=f"{cloud.url}/spot/v1", credentials=creds,
                                             timeout_seconds=1.0))
-    assert isinstance(p, WebhookProvider)
+    assert isinstance(p, Guarded) and isinstance(p.inner, WebhookProvider)  # every failure a ProviderError
     return p
 
 

@@ -7,7 +7,7 @@ missing gets a clear error, the other providers keep working.
 
 from __future__ import annotations
 
-from .base import ErrorKind, Provider, ProviderConfig, ProviderError
+from .base import ErrorKind, Guarded, Provider, ProviderConfig, ProviderError
 
 __all__ = ["PROVIDERS", "make_provider"]
 
@@ -15,7 +15,19 @@ PROVIDERS = ("tencent", "aws", "webhook", "sim")
 
 
 def make_provider(kind: str, config: ProviderConfig) -> Provider:
-    """A provider for `spec.provider`; raises ProviderError (INVALID or CREDENTIALS) when it cannot be built."""
+    """A provider for `spec.provider`; raises ProviderError (INVALID or CREDENTIALS) when it cannot be built, and
+    every later failure of it is a ProviderError too (`Guarded`)."""
+    try:
+        return Guarded(_build(kind, config))
+    except ProviderError:
+        raise
+    except Exception as e:  # an SDK refusing its configuration in a way nobody foresaw
+        raise ProviderError(ErrorKind.INVALID, "ProviderSetupFailed",
+                            f"the {kind} provider could not be set up ({type(e).__name__}); check spec.endpoint, "
+                            "spec.template.region and the credentials Secret") from None
+
+
+def _build(kind: str, config: ProviderConfig) -> Provider:
     try:
         if kind == "tencent":
             from .tencent import TencentProvider

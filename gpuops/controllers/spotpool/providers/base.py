@@ -16,8 +16,10 @@ from typing import Literal, Protocol, TypeVar
 import anyio
 import anyio.to_thread
 import msgspec
+import structlog
 
 from gpuops.accounting.pool import API_BATCH_LIMIT, InstanceState
+from gpuops.kube.redact import SECRET_VALUES
 
 from ..metrics import PROVIDER_CALL_SECONDS, PROVIDER_CALLS
 from .ratelimit import TokenBucket
@@ -32,6 +34,7 @@ __all__ = [
     "CapacityType",
     "CloudInstance",
     "ErrorKind",
+    "Guarded",
     "InstanceState",
     "LaunchSpec",
     "NodeTaint",
@@ -52,6 +55,7 @@ LAUNCH_ID_TAG = "gpuops.io/launch-id"
 
 CapacityType = Literal["spot", "on-demand"]
 T = TypeVar("T")
+log = structlog.get_logger("gpuops.controllers.spotpool.providers")
 
 
 class NodeTaint(msgspec.Struct, frozen=True, kw_only=True):
@@ -120,6 +124,9 @@ class ProviderConfig(msgspec.Struct, frozen=True, kw_only=True):
     credentials: dict[str, str] = msgspec.field(default_factory=dict)
     timeout_seconds: float = 15.0
 
+    def __post_init__(self) -> None:
+        SECRET_VALUES.add(*self.credentials.values())  # whoever built the config, its keys never leave
+
     def credential(self, key: str, provider: str, *, optional: bool = False) -> str | None:
         value = self.credentials.get(key)
         if value is None or not value.strip():
@@ -149,6 +156,7 @@ class ProviderError(Exception):
 
     def __init__(self, kind: ErrorKind, code: str, message: str, *, retry_after: float | None = None,
                  ambiguous: bool = False) -> None:
+        code, message = SECRET_VALUES.scrub(code), SECRET_VALUES.scrub(message)  # clouds echo what they were sent
         super().__init__(f"{code}: {message}")
         self.kind = kind
         self.code = code
@@ -177,6 +185,56 @@ class Provider(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+class Guarded:
+    """A provider whose every failure is a ProviderError: an answer no code path expected (a field missing, a
+    type the SDK did not foresee) becomes a TRANSIENT error the pool shows in its status, never an exception
+    that ends the reconcile. The message names the exception type only: its text may quote the raw answer, and
+    a raw answer may echo our credentials (the log gets the traceback, with secret values scrubbed)."""
+
+    def __init__(self, inner: Provider) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    def _unexpected(self, operation: str, e: Exception, *, ambiguous: bool = False) -> ProviderError:
+        log.exception("unexpected provider failure", provider=self.name, operation=operation)
+        return ProviderError(ErrorKind.TRANSIENT, "UnexpectedAnswer",
+                             f"{operation}: the {self.name} provider could not read the cloud's answer "
+                             f"({type(e).__name__}); see the operator log", ambiguous=ambiguous)
+
+    async def describe(self, owner: Mapping[str, str]) -> list[CloudInstance]:
+        try:
+            return await self.inner.describe(owner)
+        except ProviderError:
+            raise
+        except Exception as e:
+            raise self._unexpected("DescribeInstances", e) from None
+
+    async def launch(self, spec: LaunchSpec) -> list[str]:
+        try:
+            return await self.inner.launch(spec)
+        except ProviderError:
+            raise
+        except Exception as e:  # the launch may have happened: retried with the same client token
+            raise self._unexpected("RunInstances", e, ambiguous=True) from None
+
+    async def terminate(self, ids: Sequence[str]) -> None:
+        try:
+            await self.inner.terminate(ids)
+        except ProviderError:
+            raise
+        except Exception as e:
+            raise self._unexpected("TerminateInstances", e) from None
+
+    async def close(self) -> None:
+        try:
+            await self.inner.close()
+        except Exception:
+            log.exception("closing a provider failed", provider=self.name)
+
+    def __getattr__(self, name: str) -> object:  # provider-specific extras (call counters in tests, ...)
+        return getattr(self.inner, name)
 
 
 def owned(instance_tags: Mapping[str, str], owner: Mapping[str, str]) -> bool:

@@ -18,7 +18,6 @@ goes right after the shebang for the bootstrap script to pass on; other user dat
 from __future__ import annotations
 
 import base64
-import ipaddress
 import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -34,6 +33,9 @@ from tencentcloud.common.profile.client_profile import ClientProfile
 from tencentcloud.common.profile.http_profile import HttpProfile
 from tencentcloud.cvm.v20170312 import cvm_client, models
 
+from gpuops.kube.redact import SECRET_VALUES
+
+from ..api import is_loopback
 from .base import (
     POOL_TAG,
     CallGate,
@@ -110,7 +112,7 @@ def _provider_error(action: str, e: TencentCloudSDKException) -> ProviderError:
     code = str(e.code or "ClientError")
     message = e.message
     if isinstance(message, bytes):  # ServerNetworkError carries the raw HTTP body
-        message = message.decode("utf-8", "replace")[:500]
+        message = SECRET_VALUES.clip(message[:65536].decode("utf-8", "replace"), 500, "…")
     text = f"{action}: {message or code}"
     if e.requestId:
         text += f" (RequestId {e.requestId})"
@@ -129,17 +131,8 @@ def _endpoint(raw: str | None) -> tuple[str | None, str]:
     if parts.scheme not in ("", "http", "https") or not host:
         raise ProviderError(ErrorKind.INVALID, "InvalidEndpoint",
                             f"endpoint {raw!r} must be host[:port] or http(s)://host[:port]")
-    scheme = parts.scheme or ("http" if _loopback(parts.hostname or "") else "https")
+    scheme = parts.scheme or ("http" if is_loopback(parts.hostname or "") else "https")
     return host, scheme
-
-
-def _loopback(hostname: str) -> bool:
-    if hostname == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(hostname).is_loopback
-    except ValueError:
-        return False
 
 
 def _micros(created: str | None) -> int | None:
@@ -200,7 +193,7 @@ class TencentProvider:
         # retryer=None: the SDK's NoopRetryer; the region breaker stays off (its default)
         profile = ClientProfile(httpProfile=http, retryer=None)
         self._client = cvm_client.CvmClient(cred, config.region, profile)
-        self._loopback = endpoint is not None and _loopback(urlsplit(f"//{endpoint}").hostname or "")
+        self._loopback = endpoint is not None and is_loopback(urlsplit(f"//{endpoint}").hostname or "")
         if self._loopback:
             self._bypass_proxies()
         # Headroom below the documented limits: the cloud counts a sliding second, and a bucket lets its burst

@@ -41,6 +41,7 @@ from yarl import URL
 
 from gpuops import __version__
 from gpuops.accounting.pool import InstanceState
+from gpuops.kube.redact import SECRET_VALUES
 
 from .base import (
     POOL_TAG,
@@ -151,7 +152,8 @@ class WebhookProvider:
             return doc
         err = doc.get("error") if isinstance(doc, dict) else None
         code = str(err.get("code") or "") if isinstance(err, dict) else ""
-        message = str(err.get("message") or "") if isinstance(err, dict) else raw[:200].decode(errors="replace")
+        message = (str(err.get("message") or "") if isinstance(err, dict)
+                   else SECRET_VALUES.clip(raw[:65536].decode(errors="replace"), 200, "…"))
         raise ProviderError(_kind(status, code), code or f"HTTP{status}", message or f"HTTP {status}",
                             retry_after=retry_after, ambiguous=ambiguous and status >= 500)
 
