@@ -28,7 +28,7 @@ from gpuops.controllers.migslicer.allocator import Settings
 from gpuops.controllers.migslicer.api import CLAIMS, GATE, MIG_NODES, AllocationClaim, MigNode
 from gpuops.controllers.migslicer.setup import install as install_allocator
 from gpuops.kube.client import Client
-from gpuops.kube.errors import ApiError
+from gpuops.kube.errors import ApiError, Forbidden
 from gpuops.kube.manager import Manager
 from gpuops.kube.resources import PODS
 from gpuops.sim.cluster.cluster import SimCluster
@@ -62,11 +62,39 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+AGENT_POLICY = ROOT / "manifests" / "agent" / "node-confinement.yaml"
+
+
+async def confine_agents(client: Client, tmp_path: Path) -> None:
+    """Install the shipped node-confinement policy, and for each node a kubeconfig `agent-<node>.kubeconfig`
+    whose token (the agent's ServiceAccount's) is bound to that node, as the kubelet's would be."""
+    for doc in yaml.safe_load_all(AGENT_POLICY.read_text()):
+        plural = "validatingadmissionpolicies" if doc["kind"] == "ValidatingAdmissionPolicy" else \
+            "validatingadmissionpolicybindings"
+        await client.request("POST", f"/apis/admissionregistration.k8s.io/v1/{plural}",
+                             body=json.dumps(doc).encode(), content_type="application/json")
+    await client.request("POST", "/api/v1/namespaces", body=json.dumps({"metadata": {"name": "gpuops-node"}}).encode(),
+                         content_type="application/json")
+    await client.request("POST", "/api/v1/namespaces/gpuops-node/serviceaccounts",
+                         body=json.dumps({"metadata": {"name": "gpuops-mig-agent"}}).encode(),
+                         content_type="application/json")
+    admin = yaml.safe_load((tmp_path / "k").read_text())
+    for node in NODES:
+        answer = await client.request(
+            "POST", "/api/v1/namespaces/gpuops-node/serviceaccounts/gpuops-mig-agent/token",
+            body=json.dumps({"spec": {"boundObjectRef": {"kind": "Node", "apiVersion": "v1", "name": node}}}).encode(),
+            content_type="application/json")
+        config = dict(admin, users=[{"name": u["name"], "user": {"token": json.loads(answer)["status"]["token"]}}
+                                    for u in admin["users"]])
+        (tmp_path / f"agent-{node}.kubeconfig").write_text(yaml.safe_dump(config))
+
+
 @asynccontextmanager
-async def running(tmp_path: Path, *, kubelet_dir_missing: bool = False,
+async def running(tmp_path: Path, *, kubelet_dir_missing: bool = False, confined: bool = False,
                   ) -> AsyncIterator[tuple[SimCluster, Client, Path]]:
     """The cluster, our webhook and allocator, and one agent per node. `kubelet_dir_missing`: the agents are
-    pointed at a directory where no kubelet listens (a DaemonSet whose device-plugins mount is wrong)."""
+    pointed at a directory where no kubelet listens (a DaemonSet whose device-plugins mount is wrong).
+    `confined`: each agent runs with its node-bound token under the shipped node-confinement policy."""
     plugins = Path(tempfile.mkdtemp(prefix="dp", dir="/tmp"))  # unix socket paths must stay short
     state = tmp_path / "gpus"
     state.mkdir()
@@ -83,12 +111,15 @@ async def running(tmp_path: Path, *, kubelet_dir_missing: bool = False,
                              body=json.dumps(yaml.safe_load(WEBHOOK.read_text())).encode(),
                              content_type="application/json")
         await install_crds(client, ["mignodes", "allocationclaims"], [CLAIMS, MIG_NODES])
+        if confined:
+            await confine_agents(client, tmp_path)
         managers: list[tuple[Manager, asyncio.Task[None]]] = []
         operator = Manager(client, metrics_bind_address="0", health_probe_bind_address="0")
         install_allocator(operator, settings=Settings(retry=1.0, advertise_timeout=1.0))
         webhook.install(operator, host="127.0.0.1", port=port, ca_check_interval=0.5)
         for node in NODES:  # one agent per node, each with its own client as a DaemonSet pod would have
-            agent_client = await Client.from_kubeconfig(str(tmp_path / "k"))
+            agent_client = await Client.from_kubeconfig(
+                str(tmp_path / (f"agent-{node}.kubeconfig" if confined else "k")))
             stack.push_async_callback(agent_client.close)
             m = Manager(agent_client, namespace=None, metrics_bind_address="0", health_probe_bind_address="0")
             backend = MigBackend.emulated("A100-40GB:2", node, state_file=state / f"{node}.json")
@@ -208,3 +239,52 @@ async def test_a_slice_no_kubelet_was_offered_is_not_advertised_and_the_pod_says
         assert not blank(rows) and rows[0]["Message"] == claim.status.message, rows
         pod = await client.get(PODS, "stuck", NS)
         assert any(g.name == GATE for g in pod.spec.scheduling_gates or ())
+
+
+async def test_an_agent_cannot_touch_another_nodes_claims_and_the_pod_there_keeps_running(tmp_path: Path) -> None:
+    """Every agent runs under the shipped node-confinement policy with a token bound to its node (and the MIG
+    path works through it). mig-0's token then tries to fail mig-1's claim and to rewrite mig-1's MigNode: both
+    are refused 403 with the policy's words, and the pod on mig-1 keeps running while mig-1's agent goes on
+    reporting (its heartbeats, which wake the allocator, are the proof that it looked)."""
+    async with running(tmp_path, confined=True) as (_cluster, client, _plugins):
+        async def reported() -> bool:
+            _, nodes = await client.list(MIG_NODES)
+            return len(nodes) == 2 and all(len(n.status.gpus) == 2 for n in nodes)
+
+        await until("both confined agents report their GPUs", reported)
+        body = nvidia_pod("victim", "3g.20gb", runtime=120.0)
+        body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "mig-1"}
+        await create_once_admitted(client, body)
+
+        async def bound() -> AllocationClaim | None:
+            p = await client.get(PODS, "victim", NS)
+            _, cs = await client.list(CLAIMS, namespace=NS)
+            return cs[0] if p.status.phase == "Running" and cs and cs[0].status.phase == "Bound" else None
+
+        claim = await until("the pod running on mig-1 with its claim Bound", bound, 30)
+        assert claim.spec.node_name == "mig-1"
+        intruder = await Client.from_kubeconfig(str(tmp_path / "agent-mig-0.kubeconfig"))
+        try:
+            with pytest.raises(Forbidden) as refused:
+                await intruder.patch(CLAIMS, claim.metadata.name, {"status": {"phase": "Failed", "message": "forged"}},
+                                     namespace=NS, subresource="status")
+            assert ("ValidatingAdmissionPolicy 'gpuops-mig-agent-own-node' with binding 'gpuops-mig-agent-own-node' "
+                    "denied request: the MIG agent of node mig-0 may write only claims placed on that node, not "
+                    f"{NS}/{claim.metadata.name}") in str(refused.value), refused.value
+            with pytest.raises(Forbidden) as refused:
+                await intruder.patch(MIG_NODES, "mig-1", {"status": {"gpus": []}}, subresource="status")
+            assert "may write only MigNode mig-0, not mig-1" in str(refused.value), refused.value
+        finally:
+            await intruder.close()
+        seen: MigNode = await client.get(MIG_NODES, "mig-1")
+
+        async def beat_again() -> bool:
+            mn: MigNode = await client.get(MIG_NODES, "mig-1")
+            return (mn.status.heartbeat or "") > (seen.status.heartbeat or "") and \
+                (await client.get(MIG_NODES, "mig-1")).metadata.resource_version != seen.metadata.resource_version
+
+        await until("mig-1's agent reporting again after the attempts", beat_again, 10)
+        p = await client.get(PODS, "victim", NS)
+        _, cs = await client.list(CLAIMS, namespace=NS)
+        assert p.status.phase == "Running" and p.metadata.deletion_timestamp is None
+        assert [c.status.phase for c in cs] == ["Bound"]
