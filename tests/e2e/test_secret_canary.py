@@ -54,7 +54,8 @@ def anyio_backend() -> str:
 
 
 MODES = ("s401", "s403", "s500", "garbage", "hang", "tls")
-BY_HOST = {"127.0.0.2": "s500", "127.0.0.3": "garbage"}
+BY_HOST = {"127.0.0.2": "s500", "127.0.0.3": "garbage", "127.0.0.4": "s401", "127.0.0.5": "s403",
+           "127.0.0.6": "hang"}
 """For clients that always POST to / (the tencent SDK): the mode is the loopback address called."""
 
 
@@ -118,8 +119,7 @@ async def secret(rig: OperatorHarness, name: str, data: dict[str, str]) -> dict[
 
 
 GROUP_MODES = MODES
-POOL_MODES = {"webhook": ("s401", "s403", "s500", "garbage", "hang", "tls"),
-              "aws": ("s401", "s500", "garbage", "tls"), "tencent": ("s500", "garbage", "tls")}
+POOL_MODES = {provider: MODES for provider in ("webhook", "aws", "tencent")}
 
 
 async def create_groups(rig: OperatorHarness, http: str, https: str, canaries: dict[str, str]) -> list[str]:
