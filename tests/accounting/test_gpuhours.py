@@ -356,10 +356,17 @@ def test_compaction_bounds_the_grid_at_exactly_max_buckets_and_sums_buckets_of_o
         compact_ledger(Ledger(), now=0, window=H + 1, max_entries=1, bucket_width=H // 100_000)
     # two buckets of one cell (two ledgers merged by hand, say) become one holding both: usage and peak add up
     cell = {"start": 0, "end": 100}
-    twice = Ledger(buckets=(LedgerBucket(**cell, gpu_micros=F(30), peak_gpus=F(1)),
-                            LedgerBucket(**cell, gpu_micros=F(50), peak_gpus=F(2))))
+    twice = Ledger(buckets=(LedgerBucket(**cell, gpu_micros=F(30), peak_gpus=F(1), late_gpu_micros=F(10)),
+                            LedgerBucket(**cell, gpu_micros=F(50), peak_gpus=F(2), late_gpu_micros=F(20))))
     assert compact_ledger(twice, now=200, window=1000, max_entries=5, bucket_width=100).buckets == (
-        LedgerBucket(**cell, gpu_micros=F(80), peak_gpus=F(3)),)
+        LedgerBucket(**cell, gpu_micros=F(80), peak_gpus=F(3), late_gpu_micros=F(30)),)
+    # entries merged into a cell that already holds a bucket add their late part to the bucket's; an entry of
+    # zero GPUs merges into nothing (no empty bucket)
+    merged = compact_ledger(Ledger(entries=(LedgerEntry(uid="p", start=20, end=60, gpus=F(2), late=5),
+                                            le("idle", 110, 150, 0)), buckets=twice.buckets[:1]),
+                            now=200, window=1000, max_entries=0, bucket_width=100)
+    assert merged == Ledger(buckets=(
+        LedgerBucket(**cell, gpu_micros=F(30 + 80), peak_gpus=F(1 + 2), late_gpu_micros=F(10 + 2 * 5)),))
     # an entry ending exactly at the window's trailing edge has left it for good: dropped, not kept
     edge = Ledger(entries=(le("gone", 0, 200), le("in", 0, 201)))
     assert compact_ledger(edge, now=1200, window=1000, max_entries=5, bucket_width=100).entries == (le("in", 0, 201),)
