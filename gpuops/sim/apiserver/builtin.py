@@ -477,13 +477,28 @@ def _pod_spec_quantities(spec: Any) -> None:
                 _quantities(res.get("limits"))
 
 
+def _canonical_base64(value: Any) -> Any:
+    """Secret data as kube-apiserver stores it: Go's base64 decoder skips line breaks (PEM-style wrapped values,
+    as in the TLS example of the Kubernetes docs), and the bytes are encoded again without them."""
+    if not isinstance(value, str) or ("\n" not in value and "\r" not in value):
+        return value
+    try:
+        return base64.b64encode(base64.b64decode(value.replace("\r", "").replace("\n", ""), validate=True)).decode()
+    except ValueError:
+        return value  # validation names it
+
+
 def normalize(group: str, kind: str, obj: dict[str, Any]) -> None:
     """Conversions every write goes through (Secret stringData is write-only; quantities become strings)."""
-    if (group, kind) == ("", "Secret") and "stringData" in obj:
-        data = obj.setdefault("data", {}) or {}
-        for k, v in (obj.pop("stringData") or {}).items():
-            data[k] = base64.b64encode(str(v).encode()).decode()
-        obj["data"] = data
+    if (group, kind) == ("", "Secret"):
+        data = obj.get("data")
+        if isinstance(data, dict):
+            obj["data"] = {k: _canonical_base64(v) for k, v in data.items()}
+        if "stringData" in obj:
+            data = obj.setdefault("data", {}) or {}
+            for k, v in (obj.pop("stringData") or {}).items():
+                data[k] = base64.b64encode(str(v).encode()).decode()
+            obj["data"] = data
     elif (group, kind) == ("", "Pod"):
         _pod_spec_quantities(obj.get("spec"))
     elif (group, kind) in (("batch", "Job"), ("apps", "Deployment"), ("apps", "DaemonSet")):
