@@ -1,15 +1,16 @@
 """No secret value ever leaves the operator, whatever the far end answers.
 
-Every credential gets a unique canary value (power webhook tokens; the webhook, aws and tencent spot providers'
-keys), and every endpoint is hostile: it answers 401, 403 or 500 echoing our request (headers included) in the
-body, 200 with a body no client can parse (echoing too), never answers, or fails the TLS handshake. `gpuops run`
-(autoprovision and spotpool, log level DEBUG) meets every one of them; then the canaries, and their base64 and
-URL-quoted forms, are searched for in every GPUNodeGroup and SpotPool (status and conditions), every Event, the
-whole operator log and /metrics: zero hits. The hostile server records what it was sent, so the test also proves
-the canaries did go out (to the endpoints the objects name, over https or with insecureAllowHTTP) and were
-echoed back: a client that leaked nothing because it sent nothing would fail here. Every object must end with a
-failing condition that says why, and no reconcile may end in an exception (library debug logs, which quote the
-exceptions the SDKs handle themselves, are allowed: they are searched for canaries like everything else).
+Every credential gets a unique canary value (power webhook tokens and HMAC keys; the webhook, aws and tencent
+spot providers' keys), and every endpoint is hostile: it answers 401, 403 or 500 echoing our request (headers
+included) in the body, 200 with a body no client can parse (echoing too), never answers, or fails the TLS
+handshake. `gpuops run` (autoprovision and spotpool, log level DEBUG) meets every one of them; then the
+canaries, and their base64 and URL-quoted forms, are searched for in every GPUNodeGroup and SpotPool (status and
+conditions), every Event, the whole operator log and /metrics: zero hits. The hostile server records what it was
+sent, so the test also proves the canaries did go out (to the endpoints the objects name, over https or with
+insecureAllowHTTP) and were echoed back: a client that leaked nothing because it sent nothing would fail here.
+Every object must end with a failing condition that says why, and no reconcile may end in an exception (library
+debug logs, which quote the exceptions the SDKs handle themselves, are allowed: they are searched for canaries
+like everything else).
 """
 
 from __future__ import annotations
@@ -128,8 +129,10 @@ async def create_groups(rig: OperatorHarness, http: str, https: str, canaries: d
         name = f"canary-{mode}"
         canaries[name] = canary(name)
         base = https if mode == "tls" else http
+        canaries[f"{name}-hmac"] = canary(f"{name}-hmac")  # never sent (it signs): it must not leak either
         hook = {"url": f"{base}/{mode}/power", "timeoutSeconds": 1,
-                "secretRef": await secret(rig, f"{name}-token", {"token": canaries[name]}),
+                "secretRef": await secret(rig, f"{name}-token", {"token": canaries[name],
+                                                                 "hmacKey": canaries[f"{name}-hmac"]}),
                 "insecureAllowHTTP": mode != "tls"}
         await rig.request("POST", "/apis/gpuops.io/v1alpha1/gpunodegroups", {
             "apiVersion": "gpuops.io/v1alpha1", "kind": "GPUNodeGroup", "metadata": {"name": name},
@@ -216,7 +219,8 @@ async def test_no_secret_value_reaches_status_events_logs_or_metrics(tmp_path: P
 
         echoed = "\n".join(hostile.seen)
         sent = [n for n, v in canaries.items() if v in echoed]
-        expected_sent = [n for n in canaries if not n.endswith("-tls")]  # TLS fails before anything is sent
+        # TLS fails before anything is sent; an HMAC key signs the body and never travels itself
+        expected_sent = [n for n in canaries if not n.endswith(("-tls", "-hmac"))]
         assert sorted(sent) == sorted(expected_sent), f"canaries that never went out: {set(expected_sent) - set(sent)}"
 
         places = {
