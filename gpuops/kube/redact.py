@@ -16,7 +16,6 @@ import json
 import re
 import threading
 import urllib.parse
-from collections.abc import Iterable
 from typing import Any, Final
 
 __all__ = ["MIN_LENGTH", "REDACTED", "SECRET_VALUES", "SecretValues"]
@@ -88,14 +87,6 @@ class SecretValues:
         text = data.decode("utf-8", "replace")
         scrubbed = self.scrub(text)
         return data if scrubbed == text else scrubbed.encode()
-
-    def clear(self) -> None:
-        with self._lock:
-            self._values.clear()
-            self._pattern = None
-
-    def known(self) -> Iterable[str]:
-        return tuple(self._values)
 
 
 SECRET_VALUES: Final = SecretValues()

@@ -21,7 +21,7 @@ from .admission import AdmissionRequest, admission_review, rule_matches, webhook
 from .auth import label_selector_matches
 from .errors import Cause, StatusError, qualified
 
-__all__ = ["BINDINGS", "POLICIES", "ParamFinder", "check_binding", "check_policy", "enforce"]
+__all__ = ["BINDINGS", "POLICIES", "ParamFinder", "check_binding", "check_policy", "enforce", "selector_matches"]
 
 POLICIES = ("admissionregistration.k8s.io", "validatingadmissionpolicies")
 BINDINGS = ("admissionregistration.k8s.io", "validatingadmissionpolicybindings")

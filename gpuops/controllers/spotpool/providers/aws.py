@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import calendar
 import functools
-import ipaddress
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -36,6 +35,7 @@ import botocore.config
 import botocore.exceptions
 import botocore.parsers
 
+from ..api import is_loopback
 from .base import (
     LAUNCH_ID_TAG,
     POOL_TAG,
@@ -100,15 +100,7 @@ def _session() -> Any:
 
 
 def _loopback(endpoint: str | None) -> bool:
-    if not endpoint:
-        return False
-    host = urlsplit(endpoint).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return bool(endpoint) and is_loopback(urlsplit(endpoint or "").hostname or "")
 
 
 class AwsProvider:
