@@ -24,6 +24,7 @@ from gpuops.sim.apiserver.auth import (
     token_review,
 )
 from gpuops.sim.apiserver.errors import StatusError
+from gpuops.sim.apiserver.protobuf import DecodeError, decode_object
 
 
 def role(name: str, rules: list[dict[str, Any]], namespace: str = "", **extra: Any) -> dict[str, Any]:
@@ -871,11 +872,10 @@ def test_protobuf_token_requests_as_kubectl_create_token_sends_them() -> None:
     spec = _pb(1, b"aud-1") + _pb(1, b"aud-2") + _pb(4, 7200) + _pb(3, _pb(1, b"Pod") + _pb(3, b"p"))
     raw = b"k8s\x00" + _pb(1, _pb(1, b"authentication.k8s.io/v1") + _pb(2, b"TokenRequest")) + _pb(
         2, _pb(1, _pb(1, b"robot")) + _pb(2, spec)) + _pb(4, b"application/vnd.kubernetes.protobuf")
-    assert auth.token_request_from_protobuf(raw)["spec"] == {
+    assert decode_object(raw)["spec"] == {
         "audiences": ["aud-1", "aud-2"], "expirationSeconds": 7200, "boundObjectRef": {"kind": "Pod", "name": "p"}}
-    with pytest.raises(StatusError) as e:
-        auth.token_request_from_protobuf(b"not protobuf")
-    assert e.value.code == 400
+    with pytest.raises(DecodeError):
+        decode_object(b"not protobuf")
 
 
 # What kubectl v1.37 `auth can-i create pods/eviction` posts (`-v=9`): TypeMeta, an ObjectMeta of empty
@@ -898,15 +898,15 @@ def _envelope(kind: str, api_version: str, obj: bytes) -> bytes:
 
 
 def test_protobuf_self_subject_access_review_as_kubectl_auth_can_i_sends_it() -> None:
-    review = auth.self_subject_access_review_from_protobuf(KUBECTL_CAN_I)
+    review = decode_object(KUBECTL_CAN_I)
     assert review == {
         "apiVersion": "authorization.k8s.io/v1",
         "kind": "SelfSubjectAccessReview",
         "metadata": {},
         "spec": {"resourceAttributes": {"namespace": "default", "verb": "create", "resource": "pods",
                                         "name": "eviction"}},
+        "status": {"allowed": False},
     }
-    assert auth.from_protobuf("SelfSubjectAccessReview", KUBECTL_CAN_I) == review
     # The decoded review answers like its JSON twin.
     rbac = ObjectsRBAC([role("evict", [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"],
                                      "resourceNames": ["eviction"]}]),
@@ -918,16 +918,16 @@ def test_protobuf_self_subject_access_review_as_kubectl_auth_can_i_sends_it() ->
 def test_protobuf_self_subject_access_review_non_resource_and_selectors() -> None:
     non = _pb(2, _pb(1, b"/metrics") + _pb(2, b"get"))
     raw = _envelope("SelfSubjectAccessReview", "authorization.k8s.io/v1", _pb(1, b"") + _pb(2, non))
-    assert auth.self_subject_access_review_from_protobuf(raw)["spec"] == {
-        "nonResourceAttributes": {"path": "/metrics", "verb": "get"}}
-    # fieldSelector (8) and labelSelector (9) are skipped; an empty resourceAttributes is still present, and
-    # SubjectAccessReview-only fields (user = 3) are not part of a SelfSubjectAccessReview.
-    res = _pb(1, _pb(2, b"list") + _pb(5, b"pods") + _pb(8, _pb(1, b"spec.nodeName=n")) + _pb(9, b"\x0a\x00"))
+    assert decode_object(raw)["spec"] == {"nonResourceAttributes": {"path": "/metrics", "verb": "get"}}
+    # selectors decode as well; an empty resourceAttributes is still present, and a field number the message
+    # does not have (SubjectAccessReview's user = 3) is skipped, as unknown fields are.
+    res = _pb(1, _pb(2, b"list") + _pb(5, b"pods") + _pb(8, _pb(1, b"spec.nodeName=n")))
     raw = _envelope("SelfSubjectAccessReview", "authorization.k8s.io/v1", _pb(2, res + _pb(3, b"root")))
-    assert auth.self_subject_access_review_from_protobuf(raw)["spec"] == {
-        "resourceAttributes": {"verb": "list", "resource": "pods"}}
+    assert decode_object(raw)["spec"] == {
+        "resourceAttributes": {"verb": "list", "resource": "pods", "fieldSelector": {"rawSelector": "spec.nodeName=n"}}}
     raw = _envelope("", "", _pb(2, _pb(1, b"")))
-    assert auth.self_subject_access_review_from_protobuf(raw)["spec"] == {"resourceAttributes": {}}
+    assert decode_object(raw, "authorization.k8s.io/v1", "SelfSubjectAccessReview")["spec"] == {
+        "resourceAttributes": {}}
 
 
 def test_protobuf_subject_access_review() -> None:
@@ -936,7 +936,7 @@ def test_protobuf_subject_access_review() -> None:
                 + _pb(6, b"scale") + _pb(7, b"web"))
             + _pb(3, b"alice") + _pb(4, b"devs") + _pb(4, b"ops") + extra + _pb(6, b"uid-1"))
     raw = _envelope("SubjectAccessReview", "authorization.k8s.io/v1", _pb(1, b"") + _pb(2, spec))
-    review = auth.subject_access_review_from_protobuf(raw)
+    review = decode_object(raw)
     assert review["spec"] == {
         "resourceAttributes": {"namespace": "team-a", "verb": "get", "group": "apps", "resource": "deployments",
                                "subresource": "scale", "name": "web"},
@@ -951,36 +951,38 @@ def test_protobuf_token_review() -> None:
     a = Authenticator()
     a.add_token("tok", user("alice"))
     raw = _envelope("TokenReview", "authentication.k8s.io/v1", _pb(2, _pb(1, b"tok") + _pb(2, b"https://x")))
-    review = auth.token_review_from_protobuf(raw)
+    review = decode_object(raw)
     assert review["spec"] == {"token": "tok", "audiences": ["https://x"]}
     raw = _envelope("TokenReview", "authentication.k8s.io/v1", _pb(2, _pb(1, b"tok")))
-    assert token_review(auth.token_review_from_protobuf(raw), a)["status"]["user"]["username"] == "alice"
+    assert token_review(decode_object(raw), a)["status"]["user"]["username"] == "alice"
 
 
 @pytest.mark.parametrize(
-    ("kind", "raw", "message"),
+    ("raw", "message"),
     [
-        ("SelfSubjectAccessReview", b"not protobuf", "expected prefix [107 56 115 0]"),
-        ("SelfSubjectAccessReview", b"", "expected prefix"),
-        ("SelfSubjectAccessReview", b"k8s\x00\x12\x80", "truncated varint"),
-        ("SelfSubjectAccessReview", b"k8s\x00\x12\x05ab", "truncated field"),
-        ("SelfSubjectAccessReview", b"k8s\x00\x12\x02\x11\x00", "truncated field"),  # fixed64 cut short
-        ("SelfSubjectAccessReview", b"k8s\x00\x00\x00", "illegal tag 0"),
-        ("SelfSubjectAccessReview", b"k8s\x00\x12\x02\x13\x00", "unsupported wire type 3"),
-        ("SelfSubjectAccessReview", b"k8s\x00" + _pb(2, _pb(2, _pb(1, 7))), "wrong wire type"),
-        ("SubjectAccessReview", b"k8s\x00" + _pb(2, _pb(2, _pb(3, b"\xff\xfe"))), "utf-8"),
-        ("TokenReview", b"k8s\x00" + _pb(2, _pb(2, _pb(1, b"\xc3"))), "utf-8"),
-        ("TokenRequest", b"k8s\x00" + _pb(2, _pb(2, _pb(4, b"x"))), "wrong wire type"),
-        ("SelfSubjectAccessReview", _envelope("Pod", "v1", b""), 'kind must be "SelfSubjectAccessReview"'),
-        ("SelfSubjectAccessReview", bytes(range(256)), "expected prefix"),
-        ("SelfSubjectAccessReview", b"k8s\x00" + bytes(range(255, 0, -1)), ""),
+        (b"not protobuf", "expected prefix [107 56 115 0]"),
+        (b"", "empty data"),
+        (b"k8s\x00\x12\x80", "unexpected EOF"),
+        (b"k8s\x00\x12\x05ab", "unexpected EOF"),
+        (b"k8s\x00\x12\x02\x11\x00", "unexpected EOF"),  # fixed64 cut short
+        (b"k8s\x00\x00\x00", "illegal tag 0"),
+        (b"k8s\x00\x12\x02\x13\x00", "illegal wireType 3"),
+        (_envelope("SelfSubjectAccessReview", "authorization.k8s.io/v1", _pb(2, _pb(2, _pb(1, 7)))), "wrong wireType"),
+        (_envelope("TokenRequest", "authentication.k8s.io/v1", _pb(2, _pb(4, b"x"))), "wrong wireType"),
+        (_envelope("NoSuchKind", "v1", b""), "no kind 'NoSuchKind' is registered for version 'v1'"),
+        (bytes(range(256)), "expected prefix"),
+        (b"k8s\x00" + bytes(range(255, 0, -1)), ""),
     ],
 )
-def test_garbage_protobuf_bodies_are_bad_requests(kind: str, raw: bytes, message: str) -> None:
-    with pytest.raises(StatusError) as e:
-        auth.from_protobuf(kind, raw)
-    assert (e.value.code, e.value.reason) == (400, "BadRequest")
-    assert message.lower() in e.value.message.lower()
+def test_garbage_protobuf_bodies_are_decode_errors(raw: bytes, message: str) -> None:
+    with pytest.raises(DecodeError) as e:
+        decode_object(raw, "authorization.k8s.io/v1", "SelfSubjectAccessReview")
+    assert message.lower() in str(e.value).lower()
+
+
+def test_invalid_utf8_is_replaced_as_go_prints_it() -> None:
+    raw = _envelope("TokenReview", "authentication.k8s.io/v1", _pb(2, _pb(1, b"\xc3")))
+    assert decode_object(raw)["spec"] == {"token": "\ufffd"}
 
 
 @pytest.mark.anyio

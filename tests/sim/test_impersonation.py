@@ -31,6 +31,7 @@ from gpuops.sim.apiserver.auth import (
     impersonation_requests,
 )
 from gpuops.sim.apiserver.errors import StatusError
+from gpuops.sim.apiserver.protobuf import CONTENT_TYPE, decode_object
 
 if TYPE_CHECKING:
     from running_server import RunningServer
@@ -305,12 +306,14 @@ async def test_protobuf_reviews_over_http() -> None:
 
     authz = "/apis/authorization.k8s.io/v1"
     async with APIServer(authorization="RBAC") as server, aiohttp.ClientSession() as http:
-        headers = {"Authorization": f"Bearer {server.admin_token}", "Content-Type": auth.PROTOBUF,
-                   "Accept": f"{auth.PROTOBUF},application/json"}
+        headers = {"Authorization": f"Bearer {server.admin_token}", "Content-Type": CONTENT_TYPE,
+                   "Accept": f"{CONTENT_TYPE},application/json"}
 
         async def post(path: str, body: bytes, **extra: str) -> tuple[int, dict[str, Any]]:
             async with http.post(f"{server.url}{path}", data=body, headers={**headers, **extra}) as r:
-                assert r.content_type == "application/json"
+                if r.status < 300:  # answered in protobuf, the client's first choice
+                    assert r.content_type == CONTENT_TYPE
+                    return r.status, decode_object(await r.read())
                 return r.status, json.loads(await r.read())
 
         ssar = envelope("SelfSubjectAccessReview", "authorization.k8s.io/v1",
@@ -330,8 +333,12 @@ async def test_protobuf_reviews_over_http() -> None:
         for garbage in (b"garbage", b"k8s\x00\x12\xff", ssar[:-3]):
             code, body = await post(f"{authz}/selfsubjectaccessreviews", garbage)
             assert (code, body["reason"]) == (400, "BadRequest"), garbage
-        # Protobuf stays unsupported for kinds the emulator does not decode.
-        code, body = await post("/api/v1/namespaces/default/configmaps", b"k8s\x00")
+        # A body in protobuf must be of the kind its URL serves; CBOR is not emulated at all.
+        code, body = await post(f"{authz}/selfsubjectaccessreviews", tr)
+        assert (code, body["reason"]) == (400, "BadRequest")
+        assert "does not match the expected kind (SelfSubjectAccessReview)" in body["message"]
+        cbor = {"Content-Type": "application/cbor"}
+        code, body = await post("/api/v1/namespaces/default/configmaps", b"\xa0", **cbor)
         assert (code, body["reason"]) == (415, "UnsupportedMediaType")
 
 

@@ -258,11 +258,20 @@ def negotiate_discovery(accept: str | None) -> tuple[str, str]:
     raise _not_acceptable([JSON, AGGREGATED_V2, AGGREGATED_V2BETA1])
 
 
-def negotiate_object(accept: str | None) -> str:
-    """Representation of a resource GET/LIST/WATCH: "table-v1", "table-v1beta1" or "json"."""
+PROTOBUF = "application/vnd.kubernetes.protobuf"
+
+
+def negotiate_object(accept: str | None, protobuf: bool = False) -> str:
+    """Representation of a resource GET/LIST/WATCH: "table-v1", "table-v1beta1", "protobuf" or "json".
+
+    Protobuf is offered for built-in kinds only (`protobuf`), as upstream serves custom resources and
+    Tables in JSON alone; the client's first acceptable choice wins, so a typed Go client that lists
+    protobuf first gets protobuf."""
     if not (accept or "").strip():
         return "json"
     for r in parse_accept(accept):
+        if protobuf and f"{r.type}/{r.subtype}" == PROTOBUF and "as" not in r.params:
+            return "protobuf"
         if not r.matches_json():
             continue
         as_ = r.params.get("as")
@@ -273,4 +282,4 @@ def negotiate_object(accept: str | None) -> str:
                 return "table-v1"
             if r.params.get("v") == "v1beta1":
                 return "table-v1beta1"
-    raise _not_acceptable([JSON])
+    raise _not_acceptable([JSON, PROTOBUF] if protobuf else [JSON])

@@ -18,7 +18,7 @@ import msgspec
 import structlog
 from aiohttp import web
 
-from . import answered_warnings, auth, discovery, openapi, tables
+from . import answered_warnings, auth, discovery, openapi, protobuf, tables
 from .admission import WebhookCaller
 from .controllers import ControllerLoops
 from .crds import crd_resource_infos
@@ -544,16 +544,20 @@ class APIServer:
 
     # ------------------------------------------------------------------------------------ resources
 
-    async def _read_body(self, request: web.Request, protobuf_kind: str | None = None) -> Any:
-        """The JSON (or YAML) body; a protobuf one only for `protobuf_kind` (see auth.protobuf_kinds())."""
+    async def _read_body(self, request: web.Request, expect: tuple[str, str] = ("", "")) -> Any:
+        """The JSON, YAML or (for built-in kinds) protobuf body. `expect` is the (apiVersion, kind) the URL
+        implies, which fills a protobuf envelope that names none, as upstream's decoder defaults them."""
         raw = await request.read()
         if len(raw) > MAX_BODY:
             raise StatusError(413, "RequestEntityTooLarge", f"Request entity too large: limit is {MAX_BODY}")
         ctype = (request.headers.get("Content-Type") or "application/json").split(";")[0].strip().lower()
-        if protobuf_kind is not None and ctype == auth.PROTOBUF:
-            return auth.from_protobuf(protobuf_kind, raw)
         if request.method == "PATCH" and not ctype.endswith(("patch+json", "patch+yaml")):
             return None  # ObjectAPI.patch answers 415 listing the patch types this resource accepts
+        if ctype == protobuf.CONTENT_TYPE:
+            try:
+                return protobuf.decode_object(raw, *expect)
+            except protobuf.DecodeError as e:
+                raise bad_request(str(e)) from None
         if ctype.endswith("yaml"):
             import yaml
 
@@ -564,13 +568,13 @@ class APIServer:
             except (yaml.YAMLError, UnicodeDecodeError, TypeError, ValueError, msgspec.EncodeError) as e:
                 raise bad_request(f"error converting YAML to JSON: {e}") from None
         if ctype != "application/json" and not ctype.endswith("+json"):
-            # Protobuf bodies other than those above, and CBOR ones, are not emulated: answer as the
-            # apiserver answers an unknown format, not with a JSON decode error.
+            # CBOR bodies are not emulated: answer as the apiserver answers an unknown format, not with a
+            # JSON decode error.
             raise StatusError(
                 415,
                 "UnsupportedMediaType",
                 "the body of the request was in an unknown format - accepted media types include: "
-                "application/json, application/yaml",
+                "application/json, application/yaml, application/vnd.kubernetes.protobuf",
             )
         if not raw:
             raise bad_request("the body of the request is empty")
@@ -645,26 +649,28 @@ class APIServer:
                 return self._get(request, info, ns, name)
             return await self._list(request, info, ns if route.namespaced_path else None, query)
         ctx = self._context(request, user, query)
+        answer = self._answerer(request, info)
+        expect = (info.group_version, info.subresources[sub][0] if sub in info.subresources else info.kind)
         if method == "POST":
-            body = await self._read_body(request, protobuf_kind="TokenRequest" if sub == "token" else None)
+            body = await self._read_body(request, expect)
             if sub == "eviction":
-                return _json(await self.api.evict(ns, name, body, ctx), 201, ctx.warnings)
+                return answer(await self.api.evict(ns, name, body, ctx), 201, ctx.warnings)
             if sub == "binding":
-                return _json(await self.api.bind(ns, name, body, ctx), 201, ctx.warnings)
+                return answer(await self.api.bind(ns, name, body, ctx), 201, ctx.warnings)
             if sub == "token" and info.storage_key == ("", "serviceaccounts"):
-                return _json(self._token_request(info, ns, name, body), 201)
+                return answer(self._token_request(info, ns, name, body), 201, None)
             if name:
                 raise method_not_allowed()
             obj = await self.api.create(info, ns, body, ctx)
-            return _json(obj, 201, ctx.warnings)
+            return answer(obj, 201, ctx.warnings)
         if method == "PUT":
             if not name:
                 raise method_not_allowed()
-            body = await self._read_body(request)
+            body = await self._read_body(request, expect)
             if sub == "finalize":
-                return _json(await self._finalize_namespace(info, name, body, ctx), 200, ctx.warnings)
+                return answer(await self._finalize_namespace(info, name, body, ctx), 200, ctx.warnings)
             obj = await self.api.update(info, ns, name, body, ctx, sub)
-            return _json(obj, 200, ctx.warnings)
+            return answer(obj, 200, ctx.warnings)
         if method == "PATCH":
             if not name:
                 raise method_not_allowed()
@@ -673,9 +679,9 @@ class APIServer:
             code, obj = await self.api.patch(
                 info, ns, name, request.headers.get("Content-Type", ""), body, ctx, sub, force
             )
-            return _json(obj, code, ctx.warnings)
+            return answer(obj, code, ctx.warnings)
         if method == "DELETE":
-            options = await self._delete_options(request, query)
+            options = await self._delete_options(request, query, info.group_version)
             if options.get("dryRun"):
                 ctx.dry_run = True
             if not name:
@@ -685,8 +691,24 @@ class APIServer:
                     request, info, ns if route.namespaced_path else None, query, options, ctx
                 )
             code, obj = await self.api.delete(info, ns, name, options, ctx)
-            return _json(obj, code, ctx.warnings)
+            return answer(obj, code, ctx.warnings)
         raise method_not_allowed()
+
+    def _answerer(self, request: web.Request, info: ResourceInfo) -> Callable[[Any, int, list[str] | None],
+                                                                             web.Response]:
+        """How a write answers: protobuf when the client prefers it for a built-in kind, else JSON. A write
+        whose Accept header offers nothing servable still answers JSON, as it did before negotiation."""
+        try:
+            wants = self._object_format(request, info) == "protobuf"
+        except StatusError:
+            wants = False
+
+        def answer(obj: Any, code: int, warnings: list[str] | None) -> web.Response:
+            if wants and isinstance(obj, dict):
+                return _json(_protobuf_body(obj), code, warnings, content_type=protobuf.CONTENT_TYPE)
+            return _json(obj, code, warnings)
+
+        return answer
 
     async def _finalize_namespace(
         self, info: ResourceInfo, name: str, body: Any, ctx: WriteContext
@@ -710,11 +732,23 @@ class APIServer:
             return gone.obj
         return self.store.put(info.storage_key, new).obj
 
-    async def _delete_options(self, request: web.Request, query: Mapping[str, str]) -> dict[str, Any]:
+    async def _delete_options(
+        self, request: web.Request, query: Mapping[str, str], group_version: str
+    ) -> dict[str, Any]:
+        """DeleteOptions from the body (JSON, or protobuf as typed Go clients send them) and the query."""
         options: dict[str, Any] = {}
         raw = await request.read()
         if raw:
-            body = decode_json(raw)
+            ctype = (request.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+            if ctype == protobuf.CONTENT_TYPE:
+                try:
+                    body = protobuf.decode_object(raw, group_version, "DeleteOptions")
+                except protobuf.DecodeError as e:
+                    raise bad_request(str(e)) from None
+                body.pop("kind", None)
+                body.pop("apiVersion", None)
+            else:
+                body = decode_json(raw)
             if not isinstance(body, dict):
                 raise bad_request("the body of a delete must be DeleteOptions")
             options.update(body)
@@ -759,22 +793,25 @@ class APIServer:
         )
 
     async def _review(self, request: web.Request, info: ResourceInfo, user: auth.UserInfo) -> web.Response:
-        kind = info.kind if info.kind in auth.protobuf_kinds() else None
-        body = await self._read_body(request, protobuf_kind=kind)
+        body = await self._read_body(request, (info.group_version, info.kind))
         if not isinstance(body, dict):
             raise bad_request("the body of a review must be an object")
+        if body.get("kind") not in (None, info.kind):
+            raise bad_request(f"the kind in the data ({body.get('kind')}) does not match the expected kind "
+                              f"({info.kind})")
+        answer = self._answerer(request, info)
         try:
             if info.kind == "TokenReview":
-                return _json(auth.token_review(body, self.authn), 201)
+                return answer(auth.token_review(body, self.authn), 201, None)
             if info.kind == "SelfSubjectAccessReview":
-                return _json(auth.self_subject_access_review(body, user, self.rbac), 201)
-            return _json(auth.subject_access_review(body, self.rbac), 201)
+                return answer(auth.self_subject_access_review(body, user, self.rbac), 201, None)
+            return answer(auth.subject_access_review(body, self.rbac), 201, None)
         except (AttributeError, TypeError, ValueError) as e:
             # A field of the wrong JSON type: upstream fails decoding the review (400), never a 500.
             raise bad_request(f"{info.kind} in version \"{info.group_version}\" cannot be handled: {e}") from None
 
-    def _object_format(self, request: web.Request) -> str:
-        return discovery.negotiate_object(request.headers.get("Accept"))
+    def _object_format(self, request: web.Request, info: ResourceInfo) -> str:
+        return discovery.negotiate_object(request.headers.get("Accept"), protobuf=not info.is_custom)
 
     async def _wait_fresh(self, rv_s: str | None) -> None:
         """A get "not older than" a future RV waits for it, then 504s like the watch cache."""
@@ -788,13 +825,15 @@ class APIServer:
             raise lists.too_large(n, self.store.rv)
 
     def _get(self, request: web.Request, info: ResourceInfo, ns: str, name: str) -> web.Response:
-        fmt = self._object_format(request)
+        fmt = self._object_format(request, info)
         rv = request.query.get("resourceVersion")
         if rv not in (None, "", "0"):
             from .lists import parse_rv
 
             parse_rv(rv)
         stored = self.api.get(info, ns, name)
+        if fmt == "protobuf":
+            return _json(_protobuf_body(stored.obj), content_type=protobuf.CONTENT_TYPE)
         if fmt != "json":
             table = tables.render_table(
                 info,
@@ -808,9 +847,9 @@ class APIServer:
     async def _list(
         self, request: web.Request, info: ResourceInfo, ns: str | None, query: Mapping[str, str]
     ) -> web.Response:
-        fmt = self._object_format(request)
+        fmt = self._object_format(request, info)
         page: Page = await self.lister.page(info, ns, query)
-        if fmt != "json":
+        if fmt not in ("json", "protobuf"):
             table = tables.render_table(
                 info,
                 [s.obj for s in page.items],
@@ -825,6 +864,10 @@ class APIServer:
             meta["continue"] = page.continue_token
         if page.remaining is not None:
             meta["remainingItemCount"] = page.remaining
+        if fmt == "protobuf":
+            listed = {"kind": info.list_kind, "apiVersion": info.api_version, "metadata": meta,
+                      "items": [s.obj for s in page.items]}
+            return _json(_protobuf_body(listed), content_type=protobuf.CONTENT_TYPE)
         head = _encode({"kind": info.list_kind, "apiVersion": info.api_version, "metadata": meta})
         body = head[:-1] + b',"items":[' + b",".join(s.raw for s in page.items) + b"]}"
         return _json(body)
@@ -832,10 +875,12 @@ class APIServer:
     async def _watch(
         self, request: web.Request, info: ResourceInfo, ns: str | None, query: Mapping[str, str]
     ) -> web.StreamResponse:
-        fmt = self._object_format(request)
+        fmt = self._object_format(request, info)
         table_row = None
         ctype = "application/json"
-        if fmt != "json":
+        if fmt == "protobuf":
+            ctype = protobuf.WATCH_CONTENT_TYPE
+        elif fmt != "json":
             ctype = _table_ctype(fmt)
 
             first = [True]
@@ -855,7 +900,17 @@ class APIServer:
             table_row=table_row,
             content_type=ctype,
             open_streams=self._streams,
+            protobuf=fmt == "protobuf",
         )
+
+
+def _protobuf_body(obj: dict[str, Any]) -> bytes:
+    """An object the server holds in protobuf; one that does not fit its kind's wire form is a server bug,
+    answered as a 500 naming the field rather than as a body the client cannot decode."""
+    try:
+        return protobuf.encode_object(obj)
+    except protobuf.EncodeError as e:
+        raise internal(f"the object could not be encoded as protobuf: {e}") from None
 
 
 def _table_ctype(fmt: str) -> str:

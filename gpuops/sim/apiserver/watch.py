@@ -14,31 +14,24 @@ from aiohttp import web
 
 from .errors import Cause, StatusError, bad_request, invalid
 from .lists import TOO_LARGE_WAIT, parse_rv, selectors
+from .protobuf import encode_watch_frame
 from .resources import ResourceInfo
 from .store import Store, Watcher, WatchEvent
+
+Frame = Callable[[str, dict[str, Any]], bytes]
 
 _encode = msgspec.json.encode
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 
 
-def _status_event(code: int, reason: str, message: str) -> bytes:
-    return (
-        _encode(
-            {
-                "type": "ERROR",
-                "object": {
-                    "kind": "Status",
-                    "apiVersion": "v1",
-                    "metadata": {},
-                    "status": "Failure",
-                    "message": message,
-                    "reason": reason,
-                    "code": code,
-                },
-            }
-        )
-        + b"\n"
-    )
+def _json_frame(ev_type: str, obj: dict[str, Any]) -> bytes:
+    return _encode({"type": ev_type, "object": obj}) + b"\n"
+
+
+def _status_event(code: int, reason: str, message: str, encode: Frame = _json_frame) -> bytes:
+    status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+              "reason": reason, "code": code}
+    return encode("ERROR", status)
 
 
 def validate_watch_params(params: Mapping[str, str], *, watch_list: bool = True) -> None:
@@ -95,7 +88,10 @@ async def serve_watch(
     table_row: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     content_type: str = "application/json",
     open_streams: set[web.StreamResponse] | None = None,
+    protobuf: bool = False,
 ) -> web.StreamResponse:
+    """A watch stream: newline-separated JSON events, or length-prefixed protobuf WatchEvents (`protobuf`)."""
+    encode: Frame = encode_watch_frame if protobuf else _json_frame
     validate_watch_params(params, watch_list=settings.watch_list)
     label_sel, field_sel = selectors(info, params)
     filtered = not (label_sel.empty and field_sel.empty)
@@ -133,10 +129,10 @@ async def serve_watch(
 
     def frame(ev_type: str, obj: dict[str, Any], ev: WatchEvent | None = None) -> bytes:
         if table_row is not None:
-            return _encode({"type": ev_type, "object": table_row(obj)}) + b"\n"
-        if ev is not None:
+            return _json_frame(ev_type, table_row(obj))
+        if ev is not None and not protobuf:
             return ev.line(ev_type)
-        return _encode({"type": ev_type, "object": obj}) + b"\n"
+        return encode(ev_type, obj)
 
     def translate(ev: WatchEvent) -> bytes | None:
         if not filtered:
@@ -163,10 +159,10 @@ async def serve_watch(
         for s in store.iter(gr, ns):
             if not filtered or matches(s.obj):
                 # Reuse the object's cached encoding: a streaming list of 100k pods must not re-encode them.
-                initial.append(frame("ADDED", s.obj) if table_row is not None
+                initial.append(frame("ADDED", s.obj) if table_row is not None or protobuf
                                else b'{"type":"ADDED","object":' + s.raw + b"}\n")
         if send_initial and bookmarks:
-            initial.append(_bookmark(info, store.rv, initial_end=True))
+            initial.append(_bookmark(info, store.rv, initial_end=True, encode=encode))
     elif start_rv < store.compacted_rv:
         too_old = True
     else:
@@ -185,7 +181,7 @@ async def serve_watch(
             # As kube-apiserver does: HTTP 200, then one ERROR event carrying a 410 Status.
             await resp.write(
                 _status_event(
-                    410, "Expired", f"too old resource version: {start_rv} ({store.compacted_rv + 1})"
+                    410, "Expired", f"too old resource version: {start_rv} ({store.compacted_rv + 1})", encode
                 )
             )
             await resp.write_eof()
@@ -223,7 +219,7 @@ async def serve_watch(
                 return resp
             if bookmarks and time.monotonic() - last_bookmark >= settings.bookmark_interval:
                 # Buffer empty: every change up to store.rv has been delivered or filtered out.
-                await resp.write(_bookmark(info, store.rv))
+                await resp.write(_bookmark(info, store.rv, encode=encode))
                 last_bookmark = time.monotonic()
         await resp.write_eof()
     except ConnectionError:
@@ -235,16 +231,8 @@ async def serve_watch(
     return resp
 
 
-def _bookmark(info: ResourceInfo, rv: int, initial_end: bool = False) -> bytes:
+def _bookmark(info: ResourceInfo, rv: int, initial_end: bool = False, encode: Frame = _json_frame) -> bytes:
     meta: dict[str, Any] = {"resourceVersion": str(rv)}
     if initial_end:
         meta["annotations"] = {INITIAL_EVENTS_END: "true"}
-    return (
-        _encode(
-            {
-                "type": "BOOKMARK",
-                "object": {"kind": info.kind, "apiVersion": info.api_version, "metadata": meta},
-            }
-        )
-        + b"\n"
-    )
+    return encode("BOOKMARK", {"kind": info.kind, "apiVersion": info.api_version, "metadata": meta})
