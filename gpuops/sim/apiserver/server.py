@@ -18,7 +18,7 @@ import msgspec
 import structlog
 from aiohttp import web
 
-from . import answered_warnings, auth, discovery, openapi, protobuf, tables
+from . import answered_warnings, auth, discovery, openapi, protobuf, scale, tables
 from .admission import WebhookCaller
 from .controllers import ControllerLoops
 from .crds import crd_resource_infos
@@ -646,11 +646,16 @@ class APIServer:
                 )
             if name:
                 await self._wait_fresh(query.get("resourceVersion"))
+                if sub == "scale":
+                    return self._answerer(request, info)(scale.scale_of(info, self.api.get(info, ns, name).obj),
+                                                         200, None)
                 return self._get(request, info, ns, name)
             return await self._list(request, info, ns if route.namespaced_path else None, query)
         ctx = self._context(request, user, query)
         answer = self._answerer(request, info)
         expect = (info.group_version, info.subresources[sub][0] if sub in info.subresources else info.kind)
+        if sub == "scale":
+            expect = (scale.SCALE_API_VERSION, "Scale")
         if method == "POST":
             body = await self._read_body(request, expect)
             if sub == "eviction":
@@ -667,6 +672,8 @@ class APIServer:
             if not name:
                 raise method_not_allowed()
             body = await self._read_body(request, expect)
+            if sub == "scale":
+                return answer(await scale.write_scale(self.api, info, ns, name, body, ctx), 200, ctx.warnings)
             if sub == "finalize":
                 return answer(await self._finalize_namespace(info, name, body, ctx), 200, ctx.warnings)
             obj = await self.api.update(info, ns, name, body, ctx, sub)
@@ -676,6 +683,9 @@ class APIServer:
                 raise method_not_allowed()
             body = await self._read_body(request)
             force = query.get("force", "0").lower() not in ("0", "false")
+            if sub == "scale":
+                ctype = request.headers.get("Content-Type", "")
+                return answer(await scale.patch_scale(self.api, info, ns, name, ctype, body, ctx), 200, ctx.warnings)
             code, obj = await self.api.patch(
                 info, ns, name, request.headers.get("Content-Type", ""), body, ctx, sub, force
             )
