@@ -3,10 +3,15 @@
 kubectl asks for `application/json;as=Table;v=v1;g=meta.k8s.io` on list, get and watch and prints the
 cells as given, so the cells must be what kube-apiserver would compute:
 
-* built-ins with an upstream printer (Pod, Node, Namespace, ConfigMap, Secret, ServiceAccount, Event,
-  Lease, PodDisruptionBudget, Deployment) get its columns, including the priority-1 ("wide") ones, which
-  the server always fills; ages are rendered server-side the way `duration.HumanDuration` does;
-* other built-ins get the default convertor's "Name" and "Created At" (an RFC 3339 string);
+* built-ins with an upstream printer get its columns, including the priority-1 ("wide") ones, which the
+  server always fills; ages are rendered server-side the way `duration.HumanDuration` does. These are
+  Pod, Node, Namespace, ConfigMap, Secret, ServiceAccount, Event, Service, Endpoints, PodTemplate,
+  ReplicationController, PersistentVolume(Claim), ResourceQuota, Lease, PodDisruptionBudget, EndpointSlice,
+  Deployment, ReplicaSet, StatefulSet, DaemonSet, ControllerRevision, Job, CronJob, Ingress, IngressClass,
+  NetworkPolicy, PriorityClass, StorageClass, CertificateSigningRequest, (Cluster)RoleBinding, the webhook
+  configurations, ValidatingAdmissionPolicy(Binding), and APIService (kube-aggregator's own table);
+* other built-ins (LimitRange, Role, ClusterRole, CustomResourceDefinition, ...) get the default convertor's
+  "Name" and "Created At" (an RFC 3339 string), as upstream has no printer for them;
 * custom resources get "Name" plus the CRD's additionalPrinterColumns ("Age" if it lists none). A column
   shows the *first* JSONPath result only, `date` columns are turned into ages on the server, and a
   missing value is a null cell (kubectl prints it blank).
@@ -21,6 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
+
+from gpuops.accounting.quantity import canonicalize_quantity
 
 from .errors import bad_request
 from .resources import ResourceInfo
@@ -565,6 +572,199 @@ _EVENT_COLUMNS = [
     _col("Count", description="How many times the event occurred.", priority=1),
     _col("Name", "string", _NAME_DESC, fmt="name", priority=1),
 ]
+
+
+def _wide_template(selector_desc: str) -> list[Column]:
+    """The priority-1 columns of controllers with a pod template: containers, images, selector."""
+    return [_CONTAINERS, _IMAGES, _col("Selector", description=selector_desc, priority=1)]
+
+
+def _replica_columns(what: str) -> list[Column]:
+    """ReplicaSet and ReplicationController print the same desired/current/ready counts."""
+    return [
+        _NAME,
+        _col("Desired", "integer", f"Number of replicas the {what} asks for."),
+        _col("Current", "integer", f"Number of replicas the {what} has created."),
+        _col("Ready", "integer", f"Number of the {what}'s replicas that are ready."),
+        _AGE,
+        *_wide_template(f"Label query over the pods the {what} manages."),
+    ]
+
+
+def _binding_columns(what: str) -> list[Column]:
+    """RoleBinding and ClusterRoleBinding: the role, and (wide) the subjects split by kind."""
+    return [
+        _NAME,
+        _col("Role", description="The role the binding grants, as Kind/name."),
+        _AGE,
+        _col("Users", description=f"Users in the {what}", priority=1),
+        _col("Groups", description=f"Groups in the {what}", priority=1),
+        _col("ServiceAccounts", description=f"ServiceAccounts in the {what}", priority=1),
+    ]
+
+
+_SERVICE_COLUMNS = [
+    _NAME,
+    _col("Type", description="How the service is exposed: ClusterIP, NodePort, LoadBalancer or ExternalName."),
+    _col("Cluster-IP", description="The address the service has inside the cluster."),
+    _col("External-IP", description="Addresses outside the cluster that reach the service."),
+    _col("Port(s)", description="The ports the service exposes, with node ports where allocated."),
+    _AGE,
+    _col("Selector", description="Label query over the pods that back the service.", priority=1),
+]
+_ENDPOINTS_COLUMNS = [_NAME, _col("Endpoints", description="Addresses and ports that back the service."), _AGE]
+_ENDPOINTSLICE_COLUMNS = [
+    _NAME,
+    _col("AddressType", description="The kind of address every endpoint of the slice has."),
+    _col("Ports", description="The network ports the endpoints expose."),
+    _col("Endpoints", description="The addresses of the slice's endpoints."),
+    _AGE,
+]
+_PODTEMPLATE_COLUMNS = [
+    _NAME,
+    _col("Containers", description="Names of each container in the template."),
+    _col("Images", description="Images referenced by each container in the template."),
+    _col("Pod Labels", description="The labels for the pod template."),
+]
+_REPLICATIONCONTROLLER_COLUMNS = _replica_columns("replication controller")
+_REPLICASET_COLUMNS = _replica_columns("replica set")
+_STATEFULSET_COLUMNS = [
+    _NAME,
+    _col("Ready", description="Number of the pod with ready state"),
+    _AGE,
+    _CONTAINERS,
+    _IMAGES,
+]
+_DAEMONSET_COLUMNS = [
+    _NAME,
+    _col("Desired", "integer", "Number of nodes that should run the daemon pod."),
+    _col("Current", "integer", "Number of nodes that run at least one daemon pod and should."),
+    _col("Ready", "integer", "Number of nodes whose daemon pod is ready."),
+    _col("Up-to-date", "integer", "Number of nodes whose daemon pod runs the newest template."),
+    _col("Available", "integer", "Number of nodes whose daemon pod has been ready for minReadySeconds."),
+    _col("Node Selector", description="The node labels a node needs to run the daemon pod."),
+    _AGE,
+    *_wide_template("Label query over the pods the daemon set manages."),
+]
+_CRONJOB_COLUMNS = [
+    _NAME,
+    _col("Schedule", description="The schedule in Cron format."),
+    _col("Timezone", description="The time zone the schedule is read in."),
+    _col("Suspend", "boolean", "Whether later runs are suspended."),
+    _col("Active", "integer", "Number of jobs of this cron job that are running."),
+    _col("Last Schedule", description="When a job was last scheduled."),
+    _AGE,
+    *_wide_template("Label query over the pods of the jobs this cron job creates."),
+]
+_INGRESS_COLUMNS = [
+    _NAME,
+    _col("Class", description="The name of the IngressClass resource that should be used for additional configuration"),
+    _col("Hosts", description="Hosts that incoming requests are matched against before the ingress rule"),
+    _col("Address", description="Address is a list containing ingress points for the load-balancer"),
+    _col("Ports", description="Ports of TLS configurations that open"),
+    _AGE,
+]
+_INGRESSCLASS_COLUMNS = [
+    _NAME,
+    _col("Controller", description="Controller that is responsible for handling this class"),
+    _col("Parameters", description="A reference to a resource with additional parameters"),
+    _AGE,
+]
+_PERSISTENTVOLUME_COLUMNS = [
+    _NAME,
+    _col("Capacity", description="The storage capacity of the volume."),
+    _col("Access Modes", description="The ways the volume can be mounted."),
+    _col("Reclaim Policy", description="What happens to the volume when its claim is released."),
+    _col("Status", description="The phase of the volume."),
+    _col("Claim", description="The claim bound to the volume, as namespace/name."),
+    _col("StorageClass", description="StorageClass of the pv"),
+    _col("VolumeAttributesClass", description="VolumeAttributesClass of the pv"),
+    _col("Reason", description="Why the volume is in its phase."),
+    _AGE,
+    _col("VolumeMode", description="Whether the volume is a filesystem or a raw block device.", priority=1),
+]
+_PERSISTENTVOLUMECLAIM_COLUMNS = [
+    _NAME,
+    _col("Status", description="The phase of the claim."),
+    _col("Volume", description="The volume bound to the claim."),
+    _col("Capacity", description="The storage capacity of the bound volume."),
+    _col("Access Modes", description="The ways the bound volume can be mounted."),
+    _col("StorageClass", description="StorageClass of the pvc"),
+    _col("VolumeAttributesClass", description="VolumeAttributesClass of the pvc"),
+    _AGE,
+    _col("VolumeMode", description="Whether the claim wants a filesystem or a raw block device.", priority=1),
+]
+_RESOURCEQUOTA_COLUMNS = [
+    _NAME,
+    _col("Request", description="Request represents a minimum amount of cpu/memory that a container may consume."),
+    _col(
+        "Limit",
+        description="Limits control the maximum amount of cpu/memory that a container may use independent of "
+        "contention on the node.",
+    ),
+    _AGE,
+]
+_PRIORITYCLASS_COLUMNS = [
+    _NAME,
+    _col("Value", "integer", "The priority pods of this class get."),
+    _col("Global-Default", "boolean", "Whether pods without a priority class get this one."),
+    _AGE,
+    _col("PreemptionPolicy", description="Whether pods of this class may preempt lower-priority pods."),
+]
+_STORAGECLASS_COLUMNS = [
+    _NAME,
+    _col("Provisioner", description="The volume plugin that provisions volumes of this class."),
+    _col("ReclaimPolicy", description="What happens to a provisioned volume when its claim is released."),
+    _col("VolumeBindingMode", description="When volumes are provisioned and bound."),
+    _col("AllowVolumeExpansion", description="Whether claims of this class may grow."),
+    _AGE,
+]
+_CSR_COLUMNS = [
+    _NAME,
+    _AGE,
+    _col("SignerName", description="The signer asked to sign the certificate."),
+    _col("Requestor", description="The user who created the request."),
+    _col("RequestedDuration", description="How long the certificate is asked to be valid."),
+    _col("Condition", description="Whether the request is approved, denied or failed, and issued."),
+]
+_APISERVICE_COLUMNS = [
+    _NAME,
+    _col("Service", description="The reference to the service that hosts this API endpoint."),
+    _col("Available", description="Whether this service is available."),
+    _AGE,
+]
+_CONTROLLERREVISION_COLUMNS = [
+    _NAME,
+    _col("Controller", description="Controller of the object"),
+    _col("Revision", description="The revision number of the state the object holds."),
+    _AGE,
+]
+_NETWORKPOLICY_COLUMNS = [
+    _NAME,
+    _col("Pod-Selector", description="Label query over the pods the policy applies to."),
+    _AGE,
+]
+_ROLEBINDING_COLUMNS = _binding_columns("roleBinding")
+_CLUSTERROLEBINDING_COLUMNS = _binding_columns("clusterRoleBinding")
+_WEBHOOK_COLUMNS = [
+    _NAME,
+    _col("Webhooks", "integer", "Webhooks indicates the number of webhooks registered in this configuration"),
+    _AGE,
+]
+_VAP_COLUMNS = [
+    _NAME,
+    _col(
+        "Validations", "integer", "Validations indicates the number of validation rules defined in this configuration"
+    ),
+    _col("ParamKind", description="ParamKind specifies the kind of resources used to parameterize this policy"),
+    _AGE,
+]
+_VAPB_COLUMNS = [
+    _NAME,
+    _col("PolicyName", description="The policy the binding binds."),
+    _col("ParamRef", description="The parameter resource the binding configures the policy with."),
+    _AGE,
+]
 _DEFAULT_COLUMNS = [_NAME, _col("Created At", "date", _CREATED_DESC)]
 
 
@@ -812,22 +1012,33 @@ def _deployment_cells(obj: Mapping[str, Any], now: datetime) -> Cells:
         _int(status.get("updatedReplicas")),
         _int(status.get("availableReplicas")),
         _age(obj, now),
-        *_template_cells(spec),
+        *_template_cells(spec, formatted=False),
     ]
 
 
-def _template_cells(spec: Mapping[str, Any]) -> Cells:
-    """The wide columns of workload kinds: the template's container names and images, and the selector."""
-    containers = _list(_g(spec, "template", "spec", "containers"))
-    try:
-        selector = str(label_selector_from_object(spec.get("selector")))
-    except ValueError:
-        selector = "<invalid>"
+def _container_cells(pod_spec: Any) -> Cells:
+    """layoutContainerCells: the containers' names, and their images, each joined with commas."""
+    containers = _list(_g(pod_spec, "containers"))
     return [
         ",".join(_str(_g(c, "name")) for c in containers),
         ",".join(_str(_g(c, "image")) for c in containers),
-        selector,
     ]
+
+
+def _selector_text(selector: Any, *, formatted: bool = True) -> str:
+    """A label selector's string form. metav1.FormatLabelSelector (`formatted`, most workloads) prints `<none>`
+    for a selector without terms and `<error>` for a malformed one; the Deployment printer prints the bare
+    string, empty or `<invalid>`."""
+    try:
+        text = str(label_selector_from_object(selector))
+    except ValueError:
+        return "<error>" if formatted else "<invalid>"
+    return (text or "<none>") if formatted else text
+
+
+def _template_cells(spec: Mapping[str, Any], *, formatted: bool = True) -> Cells:
+    """The wide columns of workload kinds: the template's container names and images, and the selector."""
+    return [*_container_cells(_g(spec, "template", "spec")), _selector_text(spec.get("selector"), formatted=formatted)]
 
 
 def _job_cells(obj: Mapping[str, Any], now: datetime) -> Cells:
@@ -902,6 +1113,487 @@ def _event_cells(ev: Mapping[str, Any], now: datetime) -> Cells:
     ]
 
 
+# Printed the way kube-apiserver's printers print them. A few fields the apiserver always defaults on write
+# (replicas, a service port's protocol, a volume's phase, mode and reclaim policy, ...) are read as that
+# default when absent, so a row shows what the same object shows on a real cluster.
+
+
+def _labels_text(labels: Any) -> str:
+    """labels.FormatLabels: `k=v` pairs sorted by key and joined with commas, `<none>` for none."""
+    pairs = _dict(labels)
+    return ",".join(f"{k}={_str(pairs[k])}" for k in sorted(pairs)) or "<none>"
+
+
+def _quantity(value: Any) -> str:
+    """resource.Quantity.String(): canonical text ("1024Mi" is "1Gi"); an absent quantity is "0"."""
+    if value is None:
+        return "0"
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return _str(value)
+    try:
+        return canonicalize_quantity(value)
+    except ValueError:
+        return str(value)
+
+
+def _more(items: list[str], total: int, limit: int = 3) -> str:
+    """The printers' short lists: the first `limit` items, then ` + N more...` for the rest."""
+    shown = ",".join(items[:limit])
+    return f"{shown} + {total - limit} more..." if total > limit else shown
+
+
+def _host_port(host: str, port: Any) -> str:
+    """net.JoinHostPort: an IPv6 address is bracketed."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _service_ports(ports: list[Any]) -> str:
+    """`80/TCP`, or `80:30080/TCP` once a node port is allocated; `<none>` for a service without ports."""
+    pieces = []
+    for p in ports:
+        protocol = _str(_g(p, "protocol")) or "TCP"
+        node_port = _int(_g(p, "nodePort"))
+        port = _int(_g(p, "port"))
+        pieces.append(f"{port}:{node_port}/{protocol}" if node_port > 0 else f"{port}/{protocol}")
+    return ",".join(pieces) or "<none>"
+
+
+def _load_balancer_text(status: Any) -> str:
+    """The load balancer's ingress points (IP, else hostname), sorted and deduplicated. The apiserver renders
+    Tables wide, so the text is never clipped."""
+    points = {_str(_g(i, "ip")) or _str(_g(i, "hostname")) for i in _list(_g(status, "loadBalancer", "ingress"))}
+    return ",".join(sorted(points - {""}))
+
+
+def _service_external_ip(spec: Mapping[str, Any], status: Any, type_: str) -> str:
+    """getServiceExternalIP: external IPs for ClusterIP and NodePort services, the load balancer's points
+    (then the external IPs, or `<pending>` without either) for LoadBalancer, the DNS name for ExternalName."""
+    external = [_str(ip) for ip in _list(spec.get("externalIPs"))]
+    if type_ in ("ClusterIP", "NodePort"):
+        return ",".join(external) or "<none>"
+    if type_ == "LoadBalancer":
+        lb = _load_balancer_text(status)
+        if external:
+            return ",".join([*(lb.split(",") if lb else []), *external])
+        return lb or "<pending>"
+    if type_ == "ExternalName":
+        return _str(spec.get("externalName"))
+    return "<unknown>"
+
+
+def _service_cells(obj: Mapping[str, Any], now: datetime) -> Cells:
+    """printService. The apiserver copies clusterIP into clusterIPs, so either one gives the first address."""
+    spec = _dict(obj.get("spec"))
+    type_ = _str(spec.get("type")) or "ClusterIP"
+    ips = _list(spec.get("clusterIPs"))
+    cluster_ip = (_str(ips[0]) if ips else _str(spec.get("clusterIP"))) or "<none>"
+    return [
+        _name(obj),
+        type_,
+        cluster_ip,
+        _service_external_ip(spec, obj.get("status"), type_),
+        _service_ports(_list(spec.get("ports"))),
+        _age(obj, now),
+        _labels_text(spec.get("selector")),
+    ]
+
+
+def _endpoints_text(subsets: list[Any]) -> str:
+    """`ip:port` for each address and port (bare IPs for a subset without ports), the first three shown."""
+    if not subsets:
+        return "<none>"
+    shown: list[str] = []
+    total = 0
+    for subset in subsets:
+        addresses = [_str(_g(a, "ip")) for a in _list(_g(subset, "addresses"))]
+        ports = _list(_g(subset, "ports"))
+        if not ports:
+            total += len(addresses)
+            shown.extend(addresses)
+        for port in ports:
+            total += len(addresses)
+            shown.extend(_host_port(ip, _int(_g(port, "port"))) for ip in addresses)
+    return _more(shown, total)
+
+
+def _endpoint_slice_cells(obj: Mapping[str, Any], now: datetime) -> Cells:
+    """printEndpointSlice: ports by number (else name, else `*`), endpoint addresses; `<unset>` for none."""
+    ports = []
+    for p in _list(obj.get("ports")):
+        number, name = _g(p, "port"), _g(p, "name")
+        numbered = isinstance(number, int) and not isinstance(number, bool)
+        ports.append(str(number) if numbered else name if isinstance(name, str) else "*")
+    addresses = [_str(a) for e in _list(obj.get("endpoints")) for a in _list(_g(e, "addresses"))]
+    return [
+        _name(obj),
+        _str(obj.get("addressType")),
+        _more(ports, len(ports)) or "<unset>",
+        _more(addresses, len(addresses)) or "<unset>",
+        _age(obj, now),
+    ]
+
+
+def _pod_template_cells(obj: Mapping[str, Any], now: datetime) -> Cells:
+    """printPodTemplate: containers, images and the template's labels, and no Age column."""
+    template = _dict(obj.get("template"))
+    return [_name(obj), *_container_cells(template.get("spec")), _labels_text(_g(template, "metadata", "labels"))]
+
+
+def _replication_controller_cells(obj: Mapping[str, Any], now: datetime) -> Cells:
+    """printReplicationController. An absent selector defaults to the template's labels on write."""
+    spec, status = _dict(obj.get("spec")), _dict(obj.get("status"))
+    selector = spec.get("selector") or _g(spec, "template", "metadata", "labels")
+    return [
+        _name(obj),
+        _int(spec.get("replicas"), 1),
+        _int(status.get("replicas")),
+        _int(status.get("readyReplicas")),
+        _age(obj, now),
+        *_container_cells(_g(spec, "template", "spec")),
+        _labels_text(selector),
+    ]
+
+
+def _replica_set_cells(obj: Mapping[str, Any], now: datetime) -> Cells:
+    """printReplicaSet: desired (spec.replicas, 1 by default), current and ready replica counts."""
+    spec, status = _dict(obj.get("spec")), _dict(obj.get("status"))
+    return [
+        _name(obj),
+        _int(spec.get("replicas"), 1),
+        _int(status.get("replicas")),
+        _int(status.get("readyReplicas")),
+        _age(obj, now),
+        *_template_cells(spec),
+    ]
+
+
+def _stateful_set_cells(obj: Mapping[str, Any], now: datetime) -> Cells:
+    """printStatefulSet: READY is `ready/desired`; its wide columns have no selector."""
+    spec, status = _dict(obj.get("spec")), _dict(obj.get("status"))
+    return [
+        _name(obj),
+        f"{_int(status.get('readyReplicas'))}/{_int(spec.get('replicas'), 1)}",
+        _age(obj, now),
+        *_container_cells(_g(spec, "template", "spec")),
+    ]
+
+
+def _daemon_set_cells(obj: Mapping[str, Any], now: datetime) -> Cells:
+    """printDaemonSet: the five scheduling counts from status and the template's node selector."""
+    spec, status = _dict(obj.get("spec")), _dict(obj.get("status"))
+    return [
+        _name(obj),
+        *(
+            _int(status.get(k))
+            for k in (
+                "desiredNumberScheduled",
+                "currentNumberScheduled",
+                "numberReady",
+                "updatedNumberScheduled",
+                "numberAvailable",
+            )
+        ),
+        _labels_text(_g(spec, "template", "spec", "nodeSelector")),
+        _age(obj, now),
+        *_template_cells(spec),
+    ]
+
+
+def _bool_text(value: Any) -> str:
+    """printBoolPtr: `True`, `False`, or `<unset>`."""
+    return "<unset>" if not isinstance(value, bool) else "True" if value else "False"
+
+
+def _cron_job_cells(obj: Mapping[str, Any], now: datetime) -> Cells:
+    """printCronJob. `suspend` defaults to false on write, so an absent one prints False."""
+    spec, status = _dict(obj.get("spec")), _dict(obj.get("status"))
+    last = status.get("lastScheduleTime")
+    suspend, time_zone = spec.get("suspend"), spec.get("timeZone")
+    return [
+        _name(obj),
+        _str(spec.get("schedule")),
+        time_zone if isinstance(time_zone, str) else "<none>",
+        _bool_text(False if suspend is None else suspend),
+        len(_list(status.get("active"))),
+        "<none>" if last is None else _since(last, now),
+        _age(obj, now),
+        *_template_cells(_dict(_g(spec, "jobTemplate", "spec"))),
+    ]
+
+
+def _ingress_hosts(rules: list[Any]) -> str:
+    """formatHosts: the hosts of the rules that name one, `*` if none does. Three are shown; once a fourth
+    rule follows them, `+ N more...` counts every rule past the third, with a host or without."""
+    hosts: list[str] = []
+    for rule in rules:
+        if len(hosts) == 3:
+            return f"{','.join(hosts)} + {len(rules) - 3} more..."
+        if _str(_g(rule, "host")):
+            hosts.append(_str(_g(rule, "host")))
+    return ",".join(hosts) or "*"
+
+
+def _ingress_cells(obj: Mapping[str, Any], now: datetime) -> Cells:
+    """printIngress: the class (`<none>` without one), hosts, load balancer address, and `80` or `80, 443`
+    depending on whether the ingress terminates TLS."""
+    spec = _dict(obj.get("spec"))
+    class_name = spec.get("ingressClassName")
+    return [
+        _name(obj),
+        class_name if isinstance(class_name, str) else "<none>",
+        _ingress_hosts(_list(spec.get("rules"))),
+        _load_balancer_text(obj.get("status")),
+        "80, 443" if _list(spec.get("tls")) else "80",
+        _age(obj, now),
+    ]
+
+
+def _ingress_class_cells(obj: Mapping[str, Any], now: datetime) -> Cells:
+    """printIngressClass: parameters as `Kind.apiGroup/name` (`Kind/name` without a group)."""
+    spec = _dict(obj.get("spec"))
+    params = spec.get("parameters")
+    text = "<none>"
+    if isinstance(params, Mapping):
+        group = params.get("apiGroup")
+        kind = _str(params.get("kind")) + (f".{group}" if isinstance(group, str) else "")
+        text = f"{kind}/{_str(params.get('name'))}"
+    return [_name(obj), _str(spec.get("controller")), text, _age(obj, now)]
+
+
+def _access_modes(modes: Any) -> str:
+    """GetAccessModesAsString: each mode once, always in the order RWO, ROX, RWX, RWOP."""
+    present = {m for m in _list(modes) if isinstance(m, str)}
+    order = (("ReadWriteOnce", "RWO"), ("ReadOnlyMany", "ROX"), ("ReadWriteMany", "RWX"), ("ReadWriteOncePod", "RWOP"))
+    return ",".join(short for mode, short in order if mode in present)
+
+
+def _storage_class_of(obj: Mapping[str, Any], spec: Mapping[str, Any]) -> str:
+    """The beta storage-class annotation wins over spec.storageClassName, as the storage helpers read it."""
+    annotations = _dict(_g(obj, "metadata", "annotations"))
+    if "volume.beta.kubernetes.io/storage-class" in annotations:
+        return _str(annotations["volume.beta.kubernetes.io/storage-class"])
+    return _str(spec.get("storageClassName"))
+
+
+def _volume_phase(obj: Mapping[str, Any]) -> str:
+    """A volume's or claim's phase, `Terminating` once it is being deleted; phases default to Pending."""
+    if _g(obj, "metadata", "deletionTimestamp") is not None:
+        return "Terminating"
+    return _str(_g(obj, "status", "phase")) or "Pending"
+
+
+def _attributes_class(spec: Mapping[str, Any]) -> str:
+    """The VolumeAttributesClass name; `<unset>` only when the field is absent (an empty name prints blank)."""
+    name = spec.get("volumeAttributesClassName")
+    return name if isinstance(name, str) else "<unset>"
+
+
+def _persistent_volume_cells(obj: Mapping[str, Any], now: datetime) -> Cells:
+    """printPersistentVolume. Reclaim policy (Retain) and volume mode (Filesystem) default on write."""
+    spec = _dict(obj.get("spec"))
+    claim = spec.get("claimRef")
+    return [
+        _name(obj),
+        _quantity(_g(spec, "capacity", "storage")),
+        _access_modes(spec.get("accessModes")),
+        _str(spec.get("persistentVolumeReclaimPolicy")) or "Retain",
+        _volume_phase(obj),
+        f"{_str(_g(claim, 'namespace'))}/{_str(_g(claim, 'name'))}" if isinstance(claim, Mapping) else "",
+        _storage_class_of(obj, spec),
+        _attributes_class(spec),
+        _str(_g(obj, "status", "reason")),
+        _age(obj, now),
+        _str(spec.get("volumeMode")) or "Filesystem",
+    ]
+
+
+def _persistent_volume_claim_cells(obj: Mapping[str, Any], now: datetime) -> Cells:
+    """printPersistentVolumeClaim: capacity and access modes only once the claim names its volume."""
+    spec, status = _dict(obj.get("spec")), _dict(obj.get("status"))
+    volume = _str(spec.get("volumeName"))
+    return [
+        _name(obj),
+        _volume_phase(obj),
+        volume,
+        _quantity(_g(status, "capacity", "storage")) if volume else "",
+        _access_modes(status.get("accessModes")) if volume else "",
+        _storage_class_of(obj, spec),
+        _attributes_class(spec),
+        _age(obj, now),
+        _str(spec.get("volumeMode")) or "Filesystem",
+    ]
+
+
+def _resource_quota_cells(obj: Mapping[str, Any], now: datetime) -> Cells:
+    """printResourceQuota: `name: used/hard` for each hard limit in status, sorted by resource name;
+    `limits.*` resources go to the Limit column, every other one to Request."""
+    hard, used = _dict(_g(obj, "status", "hard")), _dict(_g(obj, "status", "used"))
+    requests: list[str] = []
+    limits: list[str] = []
+    for resource in sorted(hard):
+        pieces = resource.split(".")
+        column = limits if len(pieces) > 1 and pieces[0] == "limits" else requests
+        column.append(f"{resource}: {_quantity(used.get(resource))}/{_quantity(hard[resource])}")
+    return [_name(obj), ", ".join(requests), ", ".join(limits), _age(obj, now)]
+
+
+def _priority_class_cells(obj: Mapping[str, Any], now: datetime) -> Cells:
+    """printPriorityClass. The preemption policy defaults to PreemptLowerPriority on write."""
+    return [
+        _name(obj),
+        _int(obj.get("value")),
+        obj.get("globalDefault") is True,
+        _age(obj, now),
+        _str(obj.get("preemptionPolicy")) or "PreemptLowerPriority",
+    ]
+
+
+_DEFAULT_CLASS_ANNOTATIONS = (
+    "storageclass.kubernetes.io/is-default-class",
+    "storageclass.beta.kubernetes.io/is-default-class",
+)
+
+
+def _storage_class_cells(obj: Mapping[str, Any], now: datetime) -> Cells:
+    """printStorageClass: `(default)` after the name of the default class (either annotation, "true")."""
+    annotations = _dict(_g(obj, "metadata", "annotations"))
+    default = any(annotations.get(a) == "true" for a in _DEFAULT_CLASS_ANNOTATIONS)
+    return [
+        _name(obj) + (" (default)" if default else ""),
+        _str(obj.get("provisioner")),
+        _str(obj.get("reclaimPolicy")) or "Delete",
+        _str(obj.get("volumeBindingMode")) or "Immediate",
+        obj.get("allowVolumeExpansion") is True,
+        _age(obj, now),
+    ]
+
+
+def _csr_condition(obj: Mapping[str, Any]) -> str:
+    """Denied before Approved before Pending, then `,Failed` and `,Issued` (a certificate was written)."""
+    types = {_str(_g(c, "type")) for c in _list(_g(obj, "status", "conditions"))}
+    text = "Denied" if "Denied" in types else "Approved" if "Approved" in types else "Pending"
+    if "Failed" in types:
+        text += ",Failed"
+    if _str(_g(obj, "status", "certificate")):
+        text += ",Issued"
+    return text
+
+
+def _csr_cells(obj: Mapping[str, Any], now: datetime) -> Cells:
+    """printCertificateSigningRequest: note Age comes second, and the requested duration is an age-like text."""
+    spec = _dict(obj.get("spec"))
+    seconds = spec.get("expirationSeconds")
+    duration = human_duration(timedelta(seconds=seconds)) if isinstance(seconds, int) else "<none>"
+    return [
+        _name(obj),
+        _age(obj, now),
+        _str(spec.get("signerName")) or "<none>",
+        _str(spec.get("username")),
+        duration,
+        _csr_condition(obj),
+    ]
+
+
+def _api_service_cells(obj: Mapping[str, Any], now: datetime) -> Cells:
+    """kube-aggregator's APIService table: the backing service (`Local` for none) and the Available
+    condition, with its reason when it is not True."""
+    service = _g(obj, "spec", "service")
+    where = f"{_str(_g(service, 'namespace'))}/{_str(_g(service, 'name'))}" if isinstance(service, Mapping) else "Local"
+    available = "Unknown"
+    for c in _list(_g(obj, "status", "conditions")):
+        if _g(c, "type") == "Available":
+            status, reason = _str(_g(c, "status")), _str(_g(c, "reason"))
+            available = f"{status} ({reason})" if status != "True" and reason else status
+            break
+    return [_name(obj), where, available, _age(obj, now)]
+
+
+def _controller_of(obj: Mapping[str, Any]) -> str:
+    """The controlling owner as `kind.group/name` in lower case (`kind/name` for the core group)."""
+    for ref in _list(_g(obj, "metadata", "ownerReferences")):
+        if _g(ref, "controller") is not True:
+            continue
+        api_version, kind = _str(_g(ref, "apiVersion")), _str(_g(ref, "kind"))
+        group = api_version.split("/")[0] if "/" in api_version else ""
+        group_kind = f"{kind}.{group}" if group else kind
+        return f"{group_kind.lower()}/{_str(_g(ref, 'name'))}" if group_kind else _str(_g(ref, "name"))
+    return "<none>"
+
+
+def _controller_revision_cells(obj: Mapping[str, Any], now: datetime) -> Cells:
+    """printControllerRevision: the controlling owner and the revision number."""
+    return [_name(obj), _controller_of(obj), _int(obj.get("revision")), _age(obj, now)]
+
+
+def _binding_cells(obj: Mapping[str, Any], now: datetime) -> Cells:
+    """printRoleBinding / printClusterRoleBinding: `Kind/name` of the role, then the subjects by kind."""
+    users: list[str] = []
+    groups: list[str] = []
+    accounts: list[str] = []
+    for s in _list(obj.get("subjects")):
+        kind, name = _g(s, "kind"), _str(_g(s, "name"))
+        if kind == "ServiceAccount":
+            accounts.append(f"{_str(_g(s, 'namespace'))}/{name}")
+        elif kind == "User":
+            users.append(name)
+        elif kind == "Group":
+            groups.append(name)
+    ref = _dict(obj.get("roleRef"))
+    return [
+        _name(obj),
+        f"{_str(ref.get('kind'))}/{_str(ref.get('name'))}",
+        _age(obj, now),
+        ", ".join(users),
+        ", ".join(groups),
+        ", ".join(accounts),
+    ]
+
+
+def _go_selector_struct(selector: Mapping[str, Any]) -> str:
+    """A LabelSelector as its generated String() method prints it (the form a binding's paramRef shows)."""
+    labels = _dict(selector.get("matchLabels"))
+    label_text = "".join(f"{k}: {_str(labels[k])}," for k in sorted(labels))
+    exprs = "".join(
+        f"LabelSelectorRequirement{{Key:{_str(_g(e, 'key'))},Operator:{_str(_g(e, 'operator'))},"
+        f"Values:[{' '.join(_str(v) for v in _list(_g(e, 'values')))}],}},"
+        for e in _list(selector.get("matchExpressions"))
+    )
+    return (
+        f"&LabelSelector{{MatchLabels:map[string]string{{{label_text}}},"
+        f"MatchExpressions:[]LabelSelectorRequirement{{{exprs}}},}}"
+    )
+
+
+def _param_ref_text(ref: Any) -> str:
+    """`namespace/name`, `*/name` when the namespace is left to the request, the selector, or `<unset>`."""
+    if not isinstance(ref, Mapping):
+        return "<unset>"
+    name, namespace = _str(ref.get("name")), _str(ref.get("namespace"))
+    if name:
+        return f"{namespace or '*'}/{name}"
+    selector = ref.get("selector")
+    return _go_selector_struct(selector) if isinstance(selector, Mapping) else "<unset>"
+
+
+def _webhook_cells(obj: Mapping[str, Any], now: datetime) -> Cells:
+    """Mutating and validating webhook configurations print how many webhooks they hold."""
+    return [_name(obj), len(_list(obj.get("webhooks"))), _age(obj, now)]
+
+
+def _policy_cells(obj: Mapping[str, Any], now: datetime) -> Cells:
+    """printValidatingAdmissionPolicy: the number of validations and the param kind as `apiVersion/Kind`."""
+    spec = _dict(obj.get("spec"))
+    kind = spec.get("paramKind")
+    param_kind = f"{_str(kind.get('apiVersion'))}/{_str(kind.get('kind'))}" if isinstance(kind, Mapping) else "<unset>"
+    return [_name(obj), len(_list(spec.get("validations"))), param_kind, _age(obj, now)]
+
+
+def _policy_binding_cells(obj: Mapping[str, Any], now: datetime) -> Cells:
+    """printValidatingAdmissionPolicyBinding: the policy and the parameter reference."""
+    spec = _dict(obj.get("spec"))
+    return [_name(obj), _str(spec.get("policyName")), _param_ref_text(spec.get("paramRef")), _age(obj, now)]
+
+
 _PRINTERS: dict[tuple[str, str], tuple[list[Column], Callable[[Mapping[str, Any], datetime], Cells]]] = {
     ("", "Node"): (_NODE_COLUMNS, _node_cells),
     ("", "Namespace"): (
@@ -937,6 +1629,38 @@ _PRINTERS: dict[tuple[str, str], tuple[list[Column], Callable[[Mapping[str, Any]
     ),
     ("apps", "Deployment"): (_DEPLOYMENT_COLUMNS, _deployment_cells),
     ("batch", "Job"): (_JOB_COLUMNS, _job_cells),
+    ("", "Service"): (_SERVICE_COLUMNS, _service_cells),
+    ("", "Endpoints"): (
+        _ENDPOINTS_COLUMNS,
+        lambda o, now: [_name(o), _endpoints_text(_list(o.get("subsets"))), _age(o, now)],
+    ),
+    ("discovery.k8s.io", "EndpointSlice"): (_ENDPOINTSLICE_COLUMNS, _endpoint_slice_cells),
+    ("", "PodTemplate"): (_PODTEMPLATE_COLUMNS, _pod_template_cells),
+    ("", "ReplicationController"): (_REPLICATIONCONTROLLER_COLUMNS, _replication_controller_cells),
+    ("", "PersistentVolume"): (_PERSISTENTVOLUME_COLUMNS, _persistent_volume_cells),
+    ("", "PersistentVolumeClaim"): (_PERSISTENTVOLUMECLAIM_COLUMNS, _persistent_volume_claim_cells),
+    ("", "ResourceQuota"): (_RESOURCEQUOTA_COLUMNS, _resource_quota_cells),
+    ("apps", "ReplicaSet"): (_REPLICASET_COLUMNS, _replica_set_cells),
+    ("apps", "StatefulSet"): (_STATEFULSET_COLUMNS, _stateful_set_cells),
+    ("apps", "DaemonSet"): (_DAEMONSET_COLUMNS, _daemon_set_cells),
+    ("apps", "ControllerRevision"): (_CONTROLLERREVISION_COLUMNS, _controller_revision_cells),
+    ("batch", "CronJob"): (_CRONJOB_COLUMNS, _cron_job_cells),
+    ("networking.k8s.io", "Ingress"): (_INGRESS_COLUMNS, _ingress_cells),
+    ("networking.k8s.io", "IngressClass"): (_INGRESSCLASS_COLUMNS, _ingress_class_cells),
+    ("networking.k8s.io", "NetworkPolicy"): (
+        _NETWORKPOLICY_COLUMNS,
+        lambda o, now: [_name(o), _selector_text(_g(o, "spec", "podSelector") or {}), _age(o, now)],
+    ),
+    ("scheduling.k8s.io", "PriorityClass"): (_PRIORITYCLASS_COLUMNS, _priority_class_cells),
+    ("storage.k8s.io", "StorageClass"): (_STORAGECLASS_COLUMNS, _storage_class_cells),
+    ("certificates.k8s.io", "CertificateSigningRequest"): (_CSR_COLUMNS, _csr_cells),
+    ("apiregistration.k8s.io", "APIService"): (_APISERVICE_COLUMNS, _api_service_cells),
+    ("rbac.authorization.k8s.io", "RoleBinding"): (_ROLEBINDING_COLUMNS, _binding_cells),
+    ("rbac.authorization.k8s.io", "ClusterRoleBinding"): (_CLUSTERROLEBINDING_COLUMNS, _binding_cells),
+    ("admissionregistration.k8s.io", "MutatingWebhookConfiguration"): (_WEBHOOK_COLUMNS, _webhook_cells),
+    ("admissionregistration.k8s.io", "ValidatingWebhookConfiguration"): (_WEBHOOK_COLUMNS, _webhook_cells),
+    ("admissionregistration.k8s.io", "ValidatingAdmissionPolicy"): (_VAP_COLUMNS, _policy_cells),
+    ("admissionregistration.k8s.io", "ValidatingAdmissionPolicyBinding"): (_VAPB_COLUMNS, _policy_binding_cells),
 }
 
 
