@@ -42,9 +42,18 @@ def _apiserver_warnings_are_failures(
         pytest.fail(f"the API server answered {len(unexpected)} unexpected warning(s):\n  {listed}", pytrace=False)
 
 
+def _options(request: pytest.FixtureRequest) -> dict[str, object]:
+    """Server options a test asks for with `@pytest.mark.apiserver_options(...)` (e.g. root_ca_publisher=False
+    for a test that counts the ConfigMaps of a namespace)."""
+    out: dict[str, object] = {}
+    for mark in request.node.iter_markers("apiserver_options"):
+        out.update(mark.kwargs)
+    return out
+
+
 @pytest.fixture
-def apiserver(tmp_path: Path) -> Iterator[RunningServer]:
-    rs = RunningServer(tmp_path / "kubeconfig", bookmark_interval=1.0)
+def apiserver(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[RunningServer]:
+    rs = RunningServer(tmp_path / "kubeconfig", bookmark_interval=1.0, **_options(request))
     rs.start()
     try:
         yield rs
@@ -53,8 +62,8 @@ def apiserver(tmp_path: Path) -> Iterator[RunningServer]:
 
 
 @pytest.fixture
-def rbac_apiserver(tmp_path: Path) -> Iterator[RunningServer]:
-    rs = RunningServer(tmp_path / "kubeconfig", authorization="RBAC", bookmark_interval=1.0)
+def rbac_apiserver(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[RunningServer]:
+    rs = RunningServer(tmp_path / "kubeconfig", authorization="RBAC", bookmark_interval=1.0, **_options(request))
     rs.start()
     try:
         yield rs

@@ -101,7 +101,8 @@ def test_match_conditions_variables_and_message_expressions(server: RunningServe
     install(a, policy(
         "sized", [{"expression": "variables.size <= variables.limit",
                    "messageExpression": "'size ' + string(variables.size) + ' is over ' + string(variables.limit)"}],
-        matchConditions=[{"name": "labelled", "expression": "'checked' in object.metadata.labels"}],
+        matchConditions=[{"name": "labelled",
+                         "expression": "has(object.metadata.labels) && 'checked' in object.metadata.labels"}],
         variables=[{"name": "limit", "expression": "2"},
                    {"name": "size", "expression": "size(object.data) + variables.limit - 2"}]),
         binding("sized-b", "sized", ["Deny"]))

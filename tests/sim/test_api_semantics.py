@@ -170,6 +170,7 @@ class Api:
 @asynccontextmanager
 async def serve(**kwargs: Any) -> AsyncIterator[Api]:
     kwargs.setdefault("bookmark_interval", 0.5)
+    kwargs.setdefault("root_ca_publisher", False)  # these tests count the ConfigMaps of a namespace
     async with APIServer(**kwargs) as s:
         headers = {"Authorization": f"Bearer {s.admin_token}"}
         async with aiohttp.ClientSession(headers=headers) as session:

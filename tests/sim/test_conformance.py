@@ -345,6 +345,7 @@ def test_kubectl_get_watch_prints_table_rows(apiserver: RunningServer, admin: Ad
 # ------------------------------------------------------------------------------------------ 3.B reads
 
 
+@pytest.mark.apiserver_options(root_ca_publisher=False)  # counts the ConfigMaps of a namespace
 def test_list_pagination(client: Client, admin: Admin) -> None:
     """Paging with limit=2 over 5 objects: continue tokens, remainingItemCount, one snapshot."""
     ns = "paging"
@@ -374,6 +375,7 @@ def test_list_pagination(client: Client, admin: Admin) -> None:
     assert last["metadata"]["resourceVersion"] == snapshot_rv
 
 
+@pytest.mark.apiserver_options(root_ca_publisher=False)  # counts the ConfigMaps of a namespace
 def test_label_and_field_selectors(client: Client, admin: Admin) -> None:
     """Equality and set-based label selectors, field selectors, 400 on bad selectors."""
     admin.create(CONFIGMAPS, configmap("s1", labels={"tier": "web", "team": "a"}))
@@ -478,6 +480,7 @@ def test_watch_bookmarks(client: Client, admin: Admin) -> None:
     ]
 
 
+@pytest.mark.apiserver_options(root_ca_publisher=False)  # counts the ConfigMaps of a namespace
 def test_watch_too_old_gives_410_then_relist(
     client: Client, admin: Admin, apiserver: RunningServer
 ) -> None:
@@ -823,6 +826,7 @@ def test_admission_webhooks(client: Client, admin: Admin, apiserver: RunningServ
 # ------------------------------------------------------------------------------------------ RBAC
 
 
+@pytest.mark.apiserver_options(root_ca_publisher=False)  # counts the ConfigMaps of a namespace
 def test_rbac_allow_and_deny(rbac_apiserver: RunningServer, client_kind: str, tmp_path: Path) -> None:
     """RBAC: a ServiceAccount bound to a read-only Role can list ConfigMaps and nothing more (403)."""
     admin = Admin(rbac_apiserver.url, rbac_apiserver.token)

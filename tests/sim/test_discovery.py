@@ -140,7 +140,9 @@ def test_item4_core_resource_list_has_subresources_with_kinds() -> None:
     assert by_name["namespaces"]["namespaced"] is False
     # A subresource follows its parent in the listing.
     names = [r["name"] for r in doc["resources"]]
-    assert names.index("pods/eviction") == names.index("pods") + 2
+    subs = ["pods/attach", "pods/binding", "pods/eviction", "pods/exec", "pods/log", "pods/portforward", "pods/proxy",
+            "pods/status"]
+    assert names[names.index("pods") + 1:names.index("pods") + 9] == subs
     deserialize(doc, "V1APIResourceList")
 
 

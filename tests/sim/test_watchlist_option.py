@@ -38,7 +38,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 async def server() -> AsyncIterator[APIServer]:
-    async with APIServer(watch_list=False, bookmark_interval=0.5) as s:
+    async with APIServer(watch_list=False, bookmark_interval=0.5, root_ca_publisher=False) as s:
         yield s
 
 

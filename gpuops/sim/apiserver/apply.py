@@ -24,6 +24,8 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from . import schema as structural
+from .builtin_schemas import kind_schema
 from .errors import Cause, StatusError, bad_request
 from .patch import builtin_always_present, builtin_ssa_shape, is_builtin_kind, json_equal
 from .store import clone
@@ -344,6 +346,19 @@ class SchemaHints:
         items = (self._at(path) or {}).get("items")
         return isinstance(items, dict) and items.get("x-kubernetes-map-type") == "atomic"
 
+    def named_field(self, path: tuple[str, ...], name: str) -> bool:
+        """Whether `name` is a declared property of the object at `path`. A field set lists a declared property
+        only when its value is empty, but a key of a map (additionalProperties, a free-form object) always, so
+        that the key is pruned, kept or conflicted on as one item. Without a schema every field counts as
+        declared."""
+        if not self.schema:
+            return True
+        node = self._at(path) if path else self.schema
+        while isinstance(node, dict) and isinstance(node.get("items"), dict):
+            node = node["items"]
+        props = node.get("properties") if isinstance(node, dict) else None
+        return isinstance(props, dict) and name in props
+
     def key_defaults(self, path: tuple[str, ...]) -> dict[str, Any]:
         """Schema defaults of list-map key fields: an item that omits a key gets its default."""
         items = (self._at(path) or {}).get("items")
@@ -403,6 +418,15 @@ class _Schema:
             return s is not None and s[0] == "atomic"
         fn = getattr(self.list_keys, "map_atomic", None)
         return bool(fn(names)) if callable(fn) else False
+
+    def named_field(self, names: tuple[str, ...], name: str) -> bool:
+        """Whether `name` under `names` is a declared field rather than a map key. The object's own top-level
+        fields and ObjectMeta's are declared whatever a CRD schema spells out; built-in maps hold scalars,
+        whose keys are members either way."""
+        if self.builtin or (not names and name in ("apiVersion", "kind", "metadata")) or names[:1] == ("metadata",):
+            return True
+        fn = getattr(self.list_keys, "named_field", None)
+        return bool(fn(names, name)) if callable(fn) else True
 
     def skeleton(self, v: Any, names: tuple[str, ...] = ()) -> Any:
         """`v` with the empty structs a typed built-in object always carries (comparison only)."""
@@ -485,7 +509,7 @@ class _Walker:
             for k, cv in v.items():
                 cp = (*path, ("f", k))
                 self._fs(cv, cp, (*names, k), False, out, strict)
-                if cv is None or (isinstance(cv, dict) and not cv):
+                if cv is None or (isinstance(cv, dict) and not cv) or not self.schema.named_field(names, k):
                     out.add(cp)
         elif isinstance(v, list):
             shape = self.schema.list_shape(names)
@@ -685,14 +709,25 @@ class _Walker:
 
     # -- RemoveItems --------------------------------------------------------------------------
 
-    def remove(self, v: Any, paths: set[Path]) -> Any:
+    def remove(self, v: Any, paths: set[Path], owned: set[Path] | frozenset[Path] = frozenset()) -> Any:
+        """`v` without the members of `paths`. A map or list the removal empties goes too, as upstream's null
+        does once the object is stored, unless it is itself a member of `owned`: then it stays, empty, for
+        its owner (upstream keeps it as null, which this emulator never stores)."""
         if not paths:
             return v
-        out = self._remove(v, _trie(paths), (), False)
+        out = self._remove(v, _trie(paths), (), (), False, owned)
         return {} if out is _M else out
 
-    def _remove(self, v: Any, node: dict[PathElement, list[Any]], names: tuple[str, ...], item: bool) -> Any:
-        """`v` without the members of `node`; _M when removal emptied a map or list."""
+    def _remove(
+        self,
+        v: Any,
+        node: dict[PathElement, list[Any]],
+        path: Path,
+        names: tuple[str, ...],
+        item: bool,
+        owned: set[Path] | frozenset[Path],
+    ) -> Any:
+        """`v` without the members of `node`; _M when removal emptied a map or list nobody owns."""
         if isinstance(v, dict):
             if names and not item and self.schema.map_atomic(names):
                 return v
@@ -702,10 +737,10 @@ class _Walker:
                 if entry is None:
                     out[k] = cv
                 elif not entry[0]:
-                    nv = self._remove(cv, entry[1], (*names, k), False)
+                    nv = self._remove(cv, entry[1], (*path, ("f", k)), (*names, k), False, owned)
                     if nv is not _M:
                         out[k] = nv
-            return out if out or not v else _M
+            return out if out or not v or path in owned else _M
         if isinstance(v, list):
             shape = self.schema.list_shape(names)
             if shape.rel == "atomic":
@@ -716,9 +751,9 @@ class _Walker:
                 if entry is None:
                     items.append(child)
                 elif not entry[0]:
-                    nv = self._remove(child, entry[1], names, True)
+                    nv = self._remove(child, entry[1], (*path, pe), names, True, owned)
                     items.append({} if nv is _M else nv)
-            return items if items or not v else _M
+            return items if items or not v or path in owned else _M
         return v
 
 
@@ -1022,6 +1057,54 @@ def _drop_paths(obj: dict[str, Any], paths: Iterable[tuple[str, ...]]) -> dict[s
     return out
 
 
+def _with_named_ancestors(schema: _Schema, paths: set[Path]) -> set[Path]:
+    """`paths` and the declared fields above them: whoever owns a field inside a struct owns the struct too
+    when pruning is decided (upstream's EnsureNamedFieldsAreMembers). So an applier that once applied a struct
+    empty (`spec: {}`) and now leaves it out does not prune what others, or its own new configuration, set
+    inside; and a struct the applier leaves that nobody else holds goes as a whole, unowned fields in it
+    too. A map key or a list item is not held this way: an item goes with its last owner, whatever others
+    own inside it."""
+    out = set(paths)
+    for p in paths:
+        for i in range(1, len(p)):
+            kind, name = p[i - 1]
+            names = tuple(v for k, v in p[: i - 1] if k == "f")
+            if kind == "f" and schema.named_field(names, name):
+                out.add(p[:i])
+    return out
+
+
+def _structural_schema(schema: _Schema, api_version: str, list_keys: ListKeys | None) -> dict[str, Any] | None:
+    """The structural schema an applied configuration is typed against: the built-in kind's, or the CRD's
+    that SchemaHints carries; None when neither is known."""
+    if schema.builtin:
+        group, _, version = api_version.rpartition("/")
+        return kind_schema(group, version, schema.kind)
+    found = getattr(list_keys, "schema", None)
+    return found if isinstance(found, dict) and found else None
+
+
+def _undeclared(walker: _Walker, applied: dict[str, Any], schema: dict[str, Any]) -> list[Path]:
+    """Fields of the configuration the schema does not declare, the outermost of each, one per map (upstream's
+    typed conversion stops at a map's first undeclared key). Pruning would drop their values after the
+    applier had been recorded as their owner, so upstream refuses the whole apply instead."""
+    gone = walker.compare(structural.prune(schema, applied), applied).added
+    first: dict[Path, Path] = {}
+    for p in _iterate(gone):
+        if not any(p[:i] in gone for i in range(1, len(p))):
+            first.setdefault(p[:-1], p)
+    return list(first.values())
+
+
+def _undeclared_error(where: str, paths: list[Path]) -> StatusError:
+    """Upstream's message for an applied configuration that does not fit the schema. Upstream sends it with
+    a 500, as its typed conversion error is no Status (a change to 400 is pending there); this answers 400,
+    as for any other mistake in a request."""
+    errs = [f"{path_string(p)}: field not declared in schema" for p in paths]
+    detail = errs[0] if len(errs) == 1 else "\n".join(["errors:", *("  " + e for e in errs)])
+    return StatusError(400, "BadRequest", f"failed to create typed patch object ({where}): {detail}")
+
+
 def server_side_apply(
     live: dict[str, Any] | None,
     config: dict[str, Any],
@@ -1036,11 +1119,12 @@ def server_side_apply(
 ) -> dict[str, Any]:
     """Apply `config` for `manager` onto `live` (None = create); returns the new object with managedFields.
 
-    Conflicts (a field the config changes that another manager owns) raise 409 unless `force`. Built-in
-    kinds use their list types; other kinds use `list_keys(path) -> (list type, map key(s))`, which may
-    also offer map_atomic(path), item_atomic(path) and key_defaults(path) (SchemaHints reads all four
-    from a CRD schema); without it lists are atomic and maps granular. `reset_fields` are field paths
-    the endpoint ignores (upstream's reset fields: ("status",) on a main resource with a status
+    Conflicts (a field the config changes that another manager owns) raise 409 unless `force`; a field the
+    kind's schema does not declare raises 400. Built-in kinds use their list types; other kinds use
+    `list_keys(path) -> (list type, map key(s))`, which may also offer map_atomic(path), item_atomic(path),
+    key_defaults(path) and named_field(path, name) (SchemaHints reads all five from a CRD schema, and
+    carries it); without it lists are atomic, maps granular and every field declared. `reset_fields` are
+    field paths the endpoint ignores (upstream's reset fields: ("status",) on a main resource with a status
     subresource); by default the status subresource ignores everything but status.
     """
     if not isinstance(config, dict):
@@ -1062,12 +1146,17 @@ def server_side_apply(
         managers = _decode((live or {}).get("metadata", {}).get("managedFields"))
     except _DecodeError as err:
         raise StatusError(500, "", f"failed to decode managed fields: {err}") from err
+    meta: dict[str, Any] = cmeta if isinstance(cmeta, dict) else {}
+    where = f"{_gvk_string(api_version, kind)} {meta.get('namespace', '')}/{meta.get('name', '')}"
     try:
-        new_set = walker.field_set(applied, True) - _STRIP
+        config_set = walker.field_set(applied, True)
     except _TypedError as err:
-        meta: dict[str, Any] = cmeta if isinstance(cmeta, dict) else {}
-        where = f"{_gvk_string(api_version, kind)} {meta.get('namespace', '')}/{meta.get('name', '')}"
         raise StatusError(500, "", f"failed to create typed patch object ({where}): {err}") from err
+    typed_against = _structural_schema(schema, api_version, list_keys)
+    undeclared = _undeclared(walker, applied, typed_against) if typed_against is not None else []
+    if undeclared:
+        raise _undeclared_error(where, undeclared)
+    new_set = config_set - _STRIP
     if live is not None and not managers:
         c = walker.compare(schema.skeleton({}), schema.skeleton(base))
         owned = (c.added | c.modified) - _STRIP
@@ -1079,11 +1168,13 @@ def server_side_apply(
     last = managers.get(me)
     merged = walker.merge(base, applied)
     if last is not None and last.fields:
-        owned_now = set(new_set)
+        # The configuration's metadata.name holds metadata here: it is stripped from the sets only afterwards.
+        owned_now = set(config_set)
         for ident, e in managers.items():
             if ident != me:
                 owned_now |= e.fields
-        merged = walker.remove(merged, last.fields - owned_now)
+        held = _with_named_ancestors(schema, owned_now)
+        merged = walker.remove(merged, _with_named_ancestors(schema, last.fields) - held, held)
     c = walker.compare(schema.skeleton(base), schema.skeleton(merged))
     changed = c.added | c.modified
     conflicts = {i: e.fields & changed for i, e in managers.items() if i != me and e.fields & changed}

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from . import defaults
 from .encodingmemo import EncodingsBySchema
 from .errors import Cause, StatusError, invalid
 
@@ -136,38 +137,16 @@ _NOT_READY_TOLERATIONS = [
 ]
 
 
-def _default_container(c: dict[str, Any]) -> None:
-    c.setdefault("terminationMessagePath", "/dev/termination-log")
-    c.setdefault("terminationMessagePolicy", "File")
-    image = str(c.get("image", ""))
-    tag = image.rsplit("/", 1)[-1]
-    c.setdefault(
-        "imagePullPolicy", "Always" if (":" not in tag or tag.endswith(":latest")) else "IfNotPresent"
-    )
-    res = c.setdefault("resources", {})
-    limits = res.get("limits") or {}
-    if limits:
-        requests = res.setdefault("requests", {})
-        for k, v in limits.items():
-            requests.setdefault(k, v)
-
-
-def default_pod_spec(spec: dict[str, Any]) -> None:
-    spec.setdefault("restartPolicy", "Always")
-    spec.setdefault("terminationGracePeriodSeconds", 30)
-    spec.setdefault("dnsPolicy", "ClusterFirst")
-    spec.setdefault("securityContext", {})
-    spec.setdefault("schedulerName", "default-scheduler")
-    spec.setdefault("enableServiceLinks", True)
+def _pod_admission_defaults(spec: dict[str, Any]) -> None:
+    """What the Priority, ServiceAccount and DefaultTolerationSeconds admission plugins add to a new Pod."""
     spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
     if not spec.get("priorityClassName"):
         spec.setdefault("priority", 0)
-    for c in spec.get("containers") or []:
-        if isinstance(c, dict):
-            _default_container(c)
-    for c in spec.get("initContainers") or []:
-        if isinstance(c, dict):
-            _default_container(c)
+    spec.setdefault("serviceAccountName", "default")
+    tol = spec.setdefault("tolerations", [])
+    if isinstance(tol, list):
+        keys = {t.get("key") for t in tol if isinstance(t, dict)}
+        tol.extend(dict(t) for t in _NOT_READY_TOLERATIONS if t["key"] not in keys)
 
 
 def _qos(spec: dict[str, Any]) -> str:
@@ -351,8 +330,7 @@ def validate_pod_update(old: dict[str, Any], new: dict[str, Any]) -> list[Cause]
 def redefault(group: str, kind: str, obj: dict[str, Any]) -> None:
     """Defaults again after a mutating webhook's patch (kube-apiserver runs the defaulter on the patched object):
     a container a webhook added gets its defaults, a limit-only extended resource its request."""
-    if (group, kind) == ("", "Pod") and isinstance(obj.get("spec"), dict):
-        default_pod_spec(obj["spec"])
+    defaults.apply(group, kind, obj)
 
 
 def _default_match_resources(match: Any) -> None:
@@ -371,15 +349,11 @@ def _default_match_resources(match: Any) -> None:
 def prepare_create(group: str, kind: str, obj: dict[str, Any]) -> None:
     """Defaults and server-owned fields set on create, in place (obj is the handler's private copy)."""
     meta = obj["metadata"]
+    defaults.apply(group, kind, obj)
     if (group, kind) == ("", "Pod"):
         spec = obj.setdefault("spec", {})
         if isinstance(spec, dict):
-            default_pod_spec(spec)
-            spec.setdefault("serviceAccountName", "default")
-            tol = spec.setdefault("tolerations", [])
-            if isinstance(tol, list):
-                keys = {t.get("key") for t in tol if isinstance(t, dict)}
-                tol.extend(dict(t) for t in _NOT_READY_TOLERATIONS if t["key"] not in keys)
+            _pod_admission_defaults(spec)
             obj["status"] = {"phase": "Pending", "qosClass": _qos(spec)}
     elif (group, kind) == ("", "Namespace"):
         # `null` decodes to an empty map in Go, so a null spec or labels gets the same defaults as none.
@@ -415,8 +389,6 @@ def prepare_create(group: str, kind: str, obj: dict[str, Any]) -> None:
                 # SetDefaults_Job: a Job without labels takes its template's; with none given, defaulting on
                 # read copies the generated ones (controller-uid, job-name), as `kubectl get job -o yaml` shows.
                 meta["labels"] = user_labels or dict(labels)
-            if isinstance(tmpl.get("spec"), dict):
-                default_pod_spec(tmpl["spec"])
             obj["status"] = {}
     elif (group, kind) == ("admissionregistration.k8s.io", "ValidatingAdmissionPolicy"):
         spec = obj.get("spec")
@@ -427,8 +399,6 @@ def prepare_create(group: str, kind: str, obj: dict[str, Any]) -> None:
         spec = obj.get("spec")
         if isinstance(spec, dict):
             _default_match_resources(spec.get("matchResources"))
-    elif (group, kind) == ("", "Secret"):
-        obj.setdefault("type", "Opaque")
     elif (group, kind) == ("", "Service"):
         spec = obj.setdefault("spec", {})
         if isinstance(spec, dict):
@@ -439,11 +409,11 @@ def prepare_create(group: str, kind: str, obj: dict[str, Any]) -> None:
                     p.setdefault("protocol", "TCP")
                     p.setdefault("targetPort", p.get("port"))
         obj["status"] = {"loadBalancer": {}}
-    elif (group, kind) in (("apps", "Deployment"), ("apps", "DaemonSet")):
-        spec = obj.setdefault("spec", {})
-        template = spec.get("template") if isinstance(spec, dict) else None
-        if isinstance(template, dict) and isinstance(template.get("spec"), dict):
-            default_pod_spec(template["spec"])
+    elif group in ("apps", "batch", "policy", "networking.k8s.io", "certificates.k8s.io"):
+        obj["status"] = {}  # status is the controllers' to write: a create starts from none
+    elif (group, kind) in (("", "PersistentVolume"), ("", "PersistentVolumeClaim")):
+        obj["status"] = {"phase": "Pending"}
+    elif (group, kind) in (("", "ReplicationController"), ("", "ResourceQuota")):
         obj["status"] = {}
 
 

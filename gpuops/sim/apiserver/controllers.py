@@ -18,6 +18,7 @@ import structlog
 
 from .auth import UserInfo
 from .errors import StatusError
+from .namespace_content import CONFIG_MAPS, DEFAULT_SERVICE_ACCOUNT, ROOT_CA_CONFIGMAP, SERVICE_ACCOUNTS
 from .objects import CORE_NS, CRD_CLEANUP, CRD_GR, PDB_GR, PODS_GR, ObjectAPI, WriteContext, rfc3339
 from .resources import ResourceInfo
 from .selectors import label_selector_from_object
@@ -27,6 +28,7 @@ log = structlog.get_logger("gpuops.sim.controllers")
 
 SYSTEM = UserInfo("system:kube-controller-manager", groups=("system:masters", "system:authenticated"))
 Ref = tuple[GroupResource, str, str]
+_PER_NAMESPACE = {(SERVICE_ACCOUNTS, DEFAULT_SERVICE_ACCOUNT), (CONFIG_MAPS, ROOT_CA_CONFIGMAP)}
 
 
 def _ready(pod: dict[str, Any]) -> bool:
@@ -108,6 +110,7 @@ class ControllerLoops:
         self._namespaces: set[str] = set()
         self._pdb_namespaces: set[str] = set()
         self._crds: set[str] = set()
+        self._refill: set[str] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.store.add_listener(self._on_event)
@@ -136,6 +139,8 @@ class ControllerLoops:
         if new_refs:
             self._check.add(ref)
         if ev.type == "DELETED":
+            if (ev.gr, ev.key[1]) in _PER_NAMESPACE:
+                self._refill.add(ev.key[0])
             if meta.get("uid") in self._dependents:
                 self._gone_owners.add(meta["uid"])
             if ev.gr == CRD_GR:
@@ -216,7 +221,17 @@ class ControllerLoops:
         await self._namespace_cleanup()
         await self._crd_cleanup()
         await self._pod_gc()
+        self._refill_namespaces()
         self._disruption()
+
+    def _refill_namespaces(self) -> None:
+        """The ServiceAccount controller and root-CA publisher put back what was deleted from a live namespace."""
+        refill, self._refill = self._refill, set()
+        for ns in refill:
+            live = self.store.get(CORE_NS, "", ns)
+            if live is not None and not live.obj["metadata"].get("deletionTimestamp"):
+                for hook in self.api.on_namespace_created:
+                    hook(ns)
 
     # ---------------------------------------------------------------- pod GC
 

@@ -43,8 +43,12 @@ class StatusError(Exception):
         causes: list[Cause] | None = None,
         retry_after: int | None = None,
         headers: dict[str, str] | None = None,
+        empty_details: bool = False,
     ) -> None:
+        """`empty_details`: answer `"details":{}` though there is nothing to detail, as upstream's generic
+        NotFound for an unknown path does."""
         super().__init__(message)
+        self.empty_details = empty_details
         self.code = code
         self.reason = reason
         self.message = message
@@ -67,18 +71,19 @@ class StatusError(Exception):
             details["causes"] = [c.to_dict() for c in self.causes]
         if self.retry_after is not None:
             details["retryAfterSeconds"] = self.retry_after
+        # metav1.Status's field order, as Go prints it: TypeMeta, metadata, status, message, reason, details, code.
         body: dict[str, Any] = {
             "kind": "Status",
             "apiVersion": "v1",
             "metadata": {},
             "status": "Failure",
             "message": self.message,
-            "code": self.code,
         }
         if self.reason:
             body["reason"] = self.reason
-        if details:
+        if details or self.empty_details:
             body["details"] = details
+        body["code"] = self.code
         return body
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from . import builtin, crds, schema
+from . import builtin, crds, defaults, schema, services
 from . import policies as policies_
 from .admission import AdmissionRequest, WebhookCaller
 from .apply import SchemaHints, server_side_apply, update_managed_fields
@@ -24,12 +24,15 @@ from .auth import UserInfo
 from .builtin_schemas import builtin_schema
 from .errors import Cause, StatusError, bad_request, conflict, invalid, not_found, unsupported_media_type
 from .patch import apply_json_patch, apply_merge_patch, apply_strategic_merge_patch
+from .protobuf import gojson
 from .registry import Registry
 from .resources import ResourceInfo
 from .selectors import label_selector_from_object
 from .store import Store, Stored, clone
 
 CORE_NS: tuple[str, str] = ("", "namespaces")
+SERVICES_GR: tuple[str, str] = ("", "services")
+SERVICE_ACCOUNTS_GR: tuple[str, str] = ("", "serviceaccounts")
 MUTATING = ("admissionregistration.k8s.io", "mutatingwebhookconfigurations")
 VALIDATING = ("admissionregistration.k8s.io", "validatingwebhookconfigurations")
 CRD_GR = ("apiextensions.k8s.io", "customresourcedefinitions")
@@ -77,7 +80,7 @@ def _without(obj: dict[str, Any], *keys: str) -> dict[str, Any]:
 
 
 def _meta_sans_volatile(meta: dict[str, Any]) -> dict[str, Any]:
-    return _without(meta, "resourceVersion", "managedFields", "generation")
+    return _without(meta, "resourceVersion", "generation")
 
 
 class ObjectAPI:
@@ -94,6 +97,8 @@ class ObjectAPI:
         self.clock = clock or (lambda: datetime.now(UTC))
         # Called with (info, stored) after a CRD is written so the server can (re)register its resources.
         self.on_crd_change: list[Callable[[dict[str, Any], bool], None]] = []
+        # Called with a namespace's name once it is created (what its controllers put in every namespace).
+        self.on_namespace_created: list[Callable[[str], None]] = []
 
     # ------------------------------------------------------------------------------------ reads
 
@@ -178,6 +183,9 @@ class ObjectAPI:
                 ctx.warnings.extend(schema.check_field_validation(unknown, ctx.field_validation))
             pruned = schema.prune(bschema, part)
             obj = pruned if part is obj else {**obj, **pruned}
+            defaults.apply(info.group, info.kind, obj)
+            if old is not None:  # a create is put in Go's form after its defaults (create())
+                obj = gojson.canonical(info.api_version, info.kind, obj, only=part.keys())
         builtin.normalize(info.group, info.kind, obj)
         builtin.check_valid(info.group, info.kind, obj, old)
         if info.storage_key == CRD_GR:
@@ -270,6 +278,18 @@ class ObjectAPI:
                 hook(stored.obj, False)
         return stored.obj
 
+    def _check_service_account(self, pod: dict[str, Any]) -> None:
+        """The ServiceAccount admission plugin: a pod runs as an existing service account of its namespace."""
+        meta = pod["metadata"]
+        account = str((pod.get("spec") or {}).get("serviceAccountName") or "default")
+        if self.store.get(SERVICE_ACCOUNTS_GR, meta.get("namespace", ""), account) is None:
+            raise StatusError(
+                403, "Forbidden",
+                f'pods "{meta.get("name", "")}" is forbidden: error looking up service account '
+                f'{meta.get("namespace", "")}/{account}: serviceaccount "{account}" not found',
+                name=meta.get("name", ""), kind="pods",
+            )
+
     @staticmethod
     def _list_keys(info: ResourceInfo) -> SchemaHints | None:
         """List and map types for ownership tracking: CRD schema markers for CRs, built-in tables otherwise."""
@@ -349,6 +369,14 @@ class ObjectAPI:
         if info.has_generation:
             meta["generation"] = 1
         builtin.prepare_create(info.group, info.kind, obj)
+        if info.storage_key == SERVICES_GR:
+            services.allocate(obj, (s.obj for s in self.store.iter(SERVICES_GR)))
+        if info.storage_key == PODS_GR:
+            self._check_service_account(obj)
+        if not info.is_custom:
+            obj = gojson.canonical(info.api_version, info.kind, obj)
+            builtin.normalize(info.group, info.kind, obj)
+            meta = obj["metadata"]
         if info.storage_key == CRD_GR:
             obj["status"] = crds.crd_established_status(obj, rfc3339(now))
             fins = meta.setdefault("finalizers", [])
@@ -368,8 +396,9 @@ class ObjectAPI:
                 kind=info.resource,
             )
         obj["metadata"].pop("managedFields", None)
-        if applied_fields is not None:
-            obj["metadata"]["managedFields"] = applied_fields  # created by server-side apply
+        if applied_fields is not None:  # created by server-side apply, which may own nothing
+            if applied_fields:
+                obj["metadata"]["managedFields"] = applied_fields
         else:
             obj = update_managed_fields(
                 None,
@@ -380,7 +409,11 @@ class ObjectAPI:
                 now=rfc3339(now),
                 list_keys=self._list_keys(info),
             )
-        return self._persist(info, obj, ctx)
+        created = self._persist(info, obj, ctx)
+        if info.storage_key == CORE_NS and not ctx.dry_run:
+            for hook in self.on_namespace_created:
+                hook(name)
+        return created
 
     # ------------------------------------------------------------------------------------ update
 
@@ -485,6 +518,8 @@ class ObjectAPI:
                     ],
                 )
         new = self._validate(info, new, old, ctx, check_unknown=check_unknown)
+        if info.storage_key == SERVICES_GR and not subresource:
+            services.keep_allocated(old, new, (s.obj for s in self.store.iter(SERVICES_GR)))
         admitted = await self._admit(info, "UPDATE", new, old, ctx, subresource)
         assert admitted is not None
         new = admitted
@@ -653,7 +688,7 @@ class ObjectAPI:
                 namespace,
                 obj,
                 WriteContext(ctx.user, ctx.dry_run, ctx.field_manager, "Ignore", ctx.warnings),
-                applied_fields=obj["metadata"].get("managedFields"),
+                applied_fields=obj["metadata"].get("managedFields") or [],
             )
             return 201, created
         old = live.obj

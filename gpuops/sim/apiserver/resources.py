@@ -59,6 +59,8 @@ class ResourceInfo:
 
 
 _STD_SUB = ("get", "patch", "update")
+_PROXY_VERBS = ("create", "delete", "get", "patch", "update")
+STREAMING_SUBRESOURCES = ("exec", "attach", "portforward", "proxy")
 
 
 def _r(
@@ -113,9 +115,16 @@ def builtin_resources() -> list[ResourceInfo]:
                 "status": ("Pod", _STD_SUB),
                 "eviction": ("Eviction", ("create",)),
                 "binding": ("Binding", ("create",)),
+                "log": ("Pod", ("get",)),
+                # Served only to say why not: no container runs a process (see podlog.refused).
+                "exec": ("PodExecOptions", ("create", "get")),
+                "attach": ("PodAttachOptions", ("create", "get")),
+                "portforward": ("PodPortForwardOptions", ("create", "get")),
+                "proxy": ("PodProxyOptions", _PROXY_VERBS),
             },
         ),
-        _r("", "v1", "nodes", "Node", False, short=("no",), sub={"status": ("Node", _STD_SUB)}),
+        _r("", "v1", "nodes", "Node", False, short=("no",),
+           sub={"status": ("Node", _STD_SUB), "proxy": ("NodeProxyOptions", _PROXY_VERBS)}),
         _r("", "v1", "events", "Event", True, short=("ev",)),
         _r("", "v1", "configmaps", "ConfigMap", True, short=("cm",)),
         _r("", "v1", "secrets", "Secret", True),
@@ -127,7 +136,7 @@ def builtin_resources() -> list[ResourceInfo]:
             True,
             short=("svc",),
             categories=("all",),
-            sub={"status": ("Service", _STD_SUB)},
+            sub={"status": ("Service", _STD_SUB), "proxy": ("ServiceProxyOptions", _PROXY_VERBS)},
         ),
         # token: TokenRequest (`kubectl create token`), create only
         _r("", "v1", "serviceaccounts", "ServiceAccount", True, short=("sa",),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import secrets
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
@@ -18,7 +19,7 @@ import msgspec
 import structlog
 from aiohttp import web
 
-from . import answered_warnings, auth, discovery, openapi, protobuf, scale, tables
+from . import answered_warnings, auth, discovery, namespace_content, openapi, podlog, protobuf, scale, tables
 from .admission import WebhookCaller
 from .controllers import ControllerLoops
 from .crds import crd_resource_infos
@@ -27,7 +28,7 @@ from .faults import Faults
 from .lists import Lister, Page
 from .objects import CRD_GR, ObjectAPI, WriteContext, decode_json, scrub_surrogates
 from .registry import Registry
-from .resources import ResourceInfo
+from .resources import STREAMING_SUBRESOURCES, ResourceInfo
 from .routing import Route, parse_path
 from .store import Store
 from .tls import make_serving_cert
@@ -67,13 +68,18 @@ class _StoreRBAC:
         return s.obj if s else None
 
 
+def _now_text() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _json(
     body: Any, status: int = 200, warnings: list[str] | None = None, content_type: str = "application/json"
 ) -> web.Response:
     headers = {"Content-Type": content_type}
-    resp = web.Response(
-        body=_encode(body) if not isinstance(body, bytes) else body, status=status, headers=headers
-    )
+    data = _encode(body) if not isinstance(body, bytes) else body
+    if content_type.startswith("application/json"):
+        data += b"\n"  # Go's json.Encoder ends every document with a newline, and clients compare bodies
+    resp = web.Response(body=data, status=status, headers=headers)
     for w in warnings or []:
         resp.headers.add("Warning", '299 - "' + w.replace('"', '\\"') + '"')
     return resp
@@ -112,10 +118,14 @@ class APIServer:
         terminated_pod_gc_threshold: int | None = None,
         tls: bool = False,
         watch_list: bool = True,
+        root_ca_publisher: bool = True,
     ) -> None:
         """`watch_list`: serve streaming lists (watch with `sendInitialEvents`), as kube-apiserver does with its
         WatchList feature gate on; False refuses them as a server with the gate off does (the `watch_list`
-        property switches it while the server runs)."""
+        property switches it while the server runs). `root_ca_publisher=False` leaves namespaces without the
+        kube-root-ca.crt ConfigMap, as kube-controller-manager does with
+        `--controllers=*,-root-ca-cert-publisher` (for tests that count a namespace's ConfigMaps)."""
+        self.root_ca_publisher = root_ca_publisher
         if authorization not in ("AlwaysAllow", "RBAC"):
             raise ValueError("authorization: must be 'AlwaysAllow' or 'RBAC'")
         self.host = host
@@ -136,6 +146,7 @@ class APIServer:
         self.webhooks = WebhookCaller(self._resolve_service)
         self.api = ObjectAPI(self.store, self.registry, self.webhooks)
         self.api.on_crd_change.append(self._crd_changed)
+        self.api.on_namespace_created.append(self.fill_namespace)
         self.lister = Lister(self.store, continue_ttl=continue_ttl)
         self.watch_settings = WatchSettings(bookmark_interval, watch_timeout, watch_list)
         self.controllers = ControllerLoops(self.api, terminated_pod_gc_threshold)
@@ -152,8 +163,20 @@ class APIServer:
 
     # ------------------------------------------------------------------------------------ lifecycle
 
+    @functools.cached_property
+    def cluster_ca_pem(self) -> str:
+        """The CA a pod would trust for the API server (published in every namespace's kube-root-ca.crt):
+        the serving CA over TLS, else a CA of its own, as every cluster has one."""
+        cert = self.serving_cert or make_serving_cert(["localhost"])
+        return cert.ca_pem.decode()
+
+    def fill_namespace(self, namespace: str) -> None:
+        """The default ServiceAccount and kube-root-ca.crt of a namespace (see namespace_content)."""
+        ca = self.cluster_ca_pem if self.root_ca_publisher else None
+        namespace_content.fill_namespace(self.store, namespace, ca, _now_text())
+
     def _seed(self, namespaces: Iterable[str]) -> None:
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = _now_text()
         import uuid
 
         for ns in namespaces:
@@ -172,6 +195,8 @@ class APIServer:
                     "status": {"phase": "Active"},
                 },
             )
+        for ns in namespaces:
+            self.fill_namespace(ns)
         roles, bindings = auth.bootstrap_policy()
         for r in roles:
             r["metadata"].setdefault("uid", str(uuid.uuid4()))
@@ -203,6 +228,8 @@ class APIServer:
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         await self._listen()
+        if self.store.get(("", "namespaces"), "", "default") is not None:
+            namespace_content.seed_kubernetes_service(self.store, self.port, _now_text())
         self.controllers.start()
         self._housekeeping = asyncio.get_running_loop().create_task(self._housekeep())
 
@@ -621,6 +648,8 @@ class APIServer:
         sub = route.subresource
         if sub and sub not in info.subresources and not (info.resource == "namespaces" and sub == "finalize"):
             raise not_found_path()
+        if sub in STREAMING_SUBRESOURCES and sub in info.subresources:
+            raise bad_request(podlog.refused(info.resource, sub))
         if sub in info.subresources:
             # Each subresource serves only its own verbs (eviction/binding: create; status: get/update/patch);
             # anything else must not fall through to the main resource's handler.
@@ -649,6 +678,9 @@ class APIServer:
                 if sub == "scale":
                     return self._answerer(request, info)(scale.scale_of(info, self.api.get(info, ns, name).obj),
                                                          200, None)
+                if sub == "log":
+                    text = podlog.pod_log(self.api.get(info, ns, name).obj, query)
+                    return web.Response(text=text, content_type="text/plain")
                 return self._get(request, info, ns, name)
             return await self._list(request, info, ns if route.namespaced_path else None, query)
         ctx = self._context(request, user, query)
@@ -929,4 +961,4 @@ def _table_ctype(fmt: str) -> str:
 
 
 def not_found_path() -> StatusError:
-    return StatusError(404, "NotFound", "the server could not find the requested resource")
+    return StatusError(404, "NotFound", "the server could not find the requested resource", empty_details=True)
