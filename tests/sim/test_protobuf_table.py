@@ -13,9 +13,15 @@ from typing import Any
 
 import pytest
 
-from gpuops.sim.apiserver.protobuf import derive
+from gpuops.sim.apiserver import protobuf
+from gpuops.sim.apiserver.protobuf.derive import FORMAT, NOTE
+from gpuops.sim.apiserver.protobuf.derive_common import LABELS, SCALARS, DeriveError
+from gpuops.sim.apiserver.protobuf.idl_go import GoPackage, build_constraint_holds, go_file_included, parse_go_file
+from gpuops.sim.apiserver.protobuf.idl_proto import parse_proto
+from gpuops.sim.apiserver.protobuf.kubectl_tags import check_binary
+from gpuops.sim.apiserver.protobuf.table_text import render
 
-TABLE_PATH = Path(derive.__file__).with_name("k8s_1_37.json")
+TABLE_PATH = Path(protobuf.__file__).with_name("k8s_1_37.json")
 KUBECTL = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "kubectl"
 CORE = "k8s.io.api.core.v1"
 META = "k8s.io.apimachinery.pkg.apis.meta.v1"
@@ -45,7 +51,7 @@ def fields(table: dict[str, Any], message: str) -> dict[str, list[Any]]:
 
 
 def test_table_header(table: dict[str, Any]) -> None:
-    assert table["format"] == derive.FORMAT and table["note"] == derive.NOTE
+    assert table["format"] == FORMAT and table["note"] == NOTE
     assert table["sources"]["k8s.io/api"].startswith("10b39a39")
     assert {"k8s.io/api", "k8s.io/apimachinery", "k8s.io/apiextensions-apiserver"} <= set(table["sources"])
     assert "1.37" in table["describes"]
@@ -53,7 +59,7 @@ def test_table_header(table: dict[str, Any]) -> None:
 
 def test_table_is_in_the_writers_layout(table: dict[str, Any]) -> None:
     """One message per line, exactly as the script writes it: a hand edit shows up here."""
-    assert derive.render(table) == TABLE_PATH.read_text(encoding="utf-8")
+    assert render(table) == TABLE_PATH.read_text(encoding="utf-8")
 
 
 def test_every_row_is_well_formed(table: dict[str, Any]) -> None:
@@ -64,8 +70,8 @@ def test_every_row_is_well_formed(table: dict[str, Any]) -> None:
         assert len(set(numbers)) == len(numbers) and all(isinstance(n, int) and n > 0 for n in numbers), name
         for _number, proto_name, json_name, label, kind, flags in rows:
             where = f"{name}.{proto_name}"
-            assert label in derive.LABELS, where
-            assert kind in derive.SCALARS or kind in messages, f"{where}: type {kind} not in the table"
+            assert label in LABELS, where
+            assert kind in SCALARS or kind in messages, f"{where}: type {kind} not in the table"
             assert FLAGS.fullmatch(flags), f"{where}: flags {flags!r}"
             assert "v" not in flags or (label == "o" and kind in messages and "p" not in flags), where
             assert "i" not in flags or (json_name == "" and "v" in flags), where
@@ -76,7 +82,7 @@ def test_every_row_is_well_formed(table: dict[str, Any]) -> None:
 def test_map_values_and_custom_entries_exist(table: dict[str, Any]) -> None:
     messages = table["messages"]
     map_values = {row[4] for rows in messages.values() for row in rows if row[2] and row[3] == "m"}
-    assert map_values <= derive.SCALARS | set(messages)
+    assert map_values <= SCALARS | set(messages)
     assert {"string", "bytes", "k8s.io.apimachinery.pkg.api.resource.Quantity"} <= map_values
     assert set(table["custom"]) <= set(messages) and table["custom"] == sorted(table["custom"])
 
@@ -145,7 +151,7 @@ def test_custom_types_are_listed(table: dict[str, Any]) -> None:
 
 
 def test_kubectl_binary_carries_every_linked_field(table: dict[str, Any], kubectl_bytes: bytes) -> None:
-    report = derive.check_binary(table, kubectl_bytes)
+    report = check_binary(table, kubectl_bytes)
     assert report.missing == [] and report.json_mismatched == [] and report.json_unwitnessed == []
     assert report.ok and report.fields_checked > 2000 and report.json_checked > 2000
     assert set(report.packages_skipped) == {APIEXT, "k8s.io.kube_aggregator.pkg.apis.apiregistration.v1"}
@@ -157,7 +163,7 @@ def test_kubectl_check_notices_a_wrong_number_or_json_fact(table: dict[str, Any]
     meta = broken["messages"][f"{META}.ObjectMeta"]
     meta[1] = [99, *meta[1][1:]]  # generateName
     meta[2] = [*meta[2][:5], ""]  # namespace without omitempty
-    report = derive.check_binary(broken, kubectl_bytes)
+    report = check_binary(broken, kubectl_bytes)
     assert f"{META}.ObjectMeta.generateName = 99" in report.missing
     assert any(item.startswith(f"{META}.ObjectMeta.namespace = 3") for item in report.json_mismatched)
     assert not report.ok
@@ -179,13 +185,13 @@ PROTO_HEAD = 'syntax = "proto2";\n\npackage k8s.io.api.demo.v1;\n\noption go_pac
     "message A {\n  optional string a = 1;\n",
 ])
 def test_proto_parser_refuses_what_the_generator_never_writes(body: str) -> None:
-    with pytest.raises(derive.DeriveError, match=r"demo\.proto"):
-        derive.parse_proto(PROTO_HEAD + body, "demo.proto")
+    with pytest.raises(DeriveError, match=r"demo\.proto"):
+        parse_proto(PROTO_HEAD + body, "demo.proto")
 
 
 def test_proto_parser_reads_fields_in_file_order() -> None:
-    parsed = derive.parse_proto(PROTO_HEAD + "/*\nheader\n*/\nmessage A {\n  // doc\n  optional string b = 2;\n\n"
-                                "  repeated .k8s.io.x.B a = 1;\n  map<string, bytes> m = 3;\n}\n", "demo.proto")
+    parsed = parse_proto(PROTO_HEAD + "/*\nheader\n*/\nmessage A {\n  // doc\n  optional string b = 2;\n\n"
+                         "  repeated .k8s.io.x.B a = 1;\n  map<string, bytes> m = 3;\n}\n", "demo.proto")
     rows = [(f.number, f.name, f.label, f.type) for f in parsed.messages["A"].fields]
     assert rows == [(2, "b", "o", "string"), (1, "a", "r", ".k8s.io.x.B"), (3, "m", "m", "bytes")]
     assert (parsed.package, parsed.go_package) == ("k8s.io.api.demo.v1", "k8s.io/api/demo/v1")
@@ -217,8 +223,8 @@ func (t Thing) MarshalJSON() ([]byte, error) { return nil, nil }
 
 
 def test_go_parser_reads_struct_fields_and_types() -> None:
-    pkg = derive.GoPackage("k8s.io/api/demo/v1")
-    derive.parse_go_file(pkg, Path("types.go"), GO_SOURCE)
+    pkg = GoPackage("k8s.io/api/demo/v1")
+    parse_go_file(pkg, Path("types.go"), GO_SOURCE)
     thing = pkg.structs["Thing"]
     assert [(f.name, f.type, f.embedded) for f in thing] == [
         ("TypeMeta", "metav1.TypeMeta", True), ("Source", "Source", True), ("Count", "*int32", False),
@@ -230,7 +236,7 @@ def test_go_parser_reads_struct_fields_and_types() -> None:
 
 
 def test_build_constraints_follow_the_release_target() -> None:
-    assert derive.build_constraint_holds("!fieldsv1string") and not derive.build_constraint_holds("fieldsv1string")
-    assert derive.build_constraint_holds("linux && (amd64 || arm64)") and derive.build_constraint_holds("go1.24")
-    assert not derive.build_constraint_holds("windows || cgo")
-    assert not derive.go_file_included(Path("x_windows.go"), "package v1\n")
+    assert build_constraint_holds("!fieldsv1string") and not build_constraint_holds("fieldsv1string")
+    assert build_constraint_holds("linux && (amd64 || arm64)") and build_constraint_holds("go1.24")
+    assert not build_constraint_holds("windows || cgo")
+    assert not go_file_included(Path("x_windows.go"), "package v1\n")
