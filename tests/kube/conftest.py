@@ -18,7 +18,8 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 async def emulator(tmp_path: Path) -> AsyncIterator[tuple[APIServer, Client]]:
-    async with APIServer(bookmark_interval=0.5) as s:
+    # The informer and controller tests count the ConfigMaps of a namespace: no kube-root-ca.crt publisher.
+    async with APIServer(bookmark_interval=0.5, root_ca_publisher=False) as s:
         path = tmp_path / "kubeconfig"
         s.write_kubeconfig(path)
         client = await Client.from_kubeconfig(str(path))

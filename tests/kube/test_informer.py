@@ -46,7 +46,8 @@ def kubeconfig(tmp_path: Path) -> Iterator[Path]:
 
 @pytest.fixture
 async def emulator(kubeconfig: Path) -> AsyncIterator[tuple[APIServer, Client]]:
-    async with APIServer(bookmark_interval=0.2) as s:
+    # These tests count the ConfigMaps of a namespace: no kube-root-ca.crt publisher.
+    async with APIServer(bookmark_interval=0.2, root_ca_publisher=False) as s:
         s.write_kubeconfig(kubeconfig)
         client = await Client.from_kubeconfig(str(kubeconfig))
         try:

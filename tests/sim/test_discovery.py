@@ -78,8 +78,8 @@ def deserialize(data: Any, klass: str) -> Any:
 
 def test_item1_version() -> None:
     v = version_info()
-    assert (v["major"], v["minor"]) == ("1", "32")
-    assert v["gitVersion"].startswith("v1.32.0")
+    assert (v["major"], v["minor"]) == ("1", "37")
+    assert v["gitVersion"].startswith("v1.37.0")
     for key in ("platform", "goVersion", "buildDate", "compiler", "gitCommit", "gitTreeState"):
         assert isinstance(v[key], str) and v[key]
     assert deserialize(v, "VersionInfo").git_version == v["gitVersion"]

@@ -153,6 +153,15 @@ def test_create_token_for_the_default_service_account(cluster: Kubectl) -> None:
     out = json.loads(cluster.run("create", "--raw", "/apis/authentication.k8s.io/v1/tokenreviews", "-f", "-",
                                  stdin=json.dumps(review)).stdout)
     assert out["status"]["user"]["username"] == "system:serviceaccount:by-protobuf:default"
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "anchor", "namespace": "by-protobuf"}}
+    cluster.run("create", "-f", "-", stdin=json.dumps(secret))
+    uid = cluster.json("get", "secret", "anchor", "-n", "by-protobuf")["metadata"]["uid"]
+    bound = cluster.run("create", "token", "default", "-n", "by-protobuf", "--bound-object-kind=Secret",
+                        "--bound-object-name=anchor", f"--bound-object-uid={uid}").stdout.strip()
+    review["spec"]["token"] = bound
+    out = json.loads(cluster.run("create", "--raw", "/apis/authentication.k8s.io/v1/tokenreviews", "-f", "-",
+                                 stdin=json.dumps(review)).stdout)
+    assert out["status"]["authenticated"] is True
 
 
 def test_default_service_account_and_root_ca_in_every_namespace(cluster: Kubectl) -> None:
@@ -219,3 +228,37 @@ def test_exec_and_attach_are_refused_with_the_reason_and_logs_tell_the_lifecycle
                      "2026-01-01T00:01:00Z container c exited with code 0 (Completed)"]
     tail = cluster.run("logs", "p", "-n", "by-protobuf", "--tail=1").stdout
     assert tail == "container c exited with code 0 (Completed)\n"
+
+
+@pytest.mark.parametrize("mode", ["evict", "delete"])
+def test_drain_evicts_or_deletes_the_pods_of_a_node(cluster: Kubectl, mode: str) -> None:
+    node = f"drain-{mode}"
+    cluster.run("create", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}))
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"on-{node}", "namespace": "by-protobuf"},
+           "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]}}
+    cluster.run("create", "-f", "-", stdin=json.dumps(pod))
+    # --disable-eviction deletes through the typed client, which sends DeleteOptions in protobuf
+    extra = ["--disable-eviction"] if mode == "delete" else []
+    out = cluster.run("drain", node, "--force", "--grace-period=0", "--timeout=30s", *extra).stdout
+    assert f"node/{node} drained" in out
+    assert cluster.run("get", "pod", f"on-{node}", "-n", "by-protobuf", check=False).returncode != 0
+    assert cluster.json("get", "node", node)["spec"]["unschedulable"] is True
+
+
+def test_serviceaccount_admission(cluster: Kubectl) -> None:
+    def pod(name: str, **spec: Any) -> str:
+        return json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "by-protobuf"},
+                           "spec": {"containers": [{"name": "c", "image": "busybox"}], **spec}})
+
+    missing = cluster.run("create", "-f", "-", stdin=pod("nobody", serviceAccountName="ghost"), check=False)
+    assert missing.returncode != 0
+    assert 'error looking up service account by-protobuf/ghost: serviceaccount "ghost" not found' in missing.stderr
+    cluster.run("create", "-f", "-", stdin=pod("mounted"))
+    spec = cluster.json("get", "pod", "mounted", "-n", "by-protobuf")["spec"]
+    (volume,) = spec["volumes"]
+    assert volume["name"].startswith("kube-api-access-") and volume["projected"]["defaultMode"] == 420
+    assert spec["containers"][0]["volumeMounts"] == [
+        {"name": volume["name"], "readOnly": True, "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}]
+    assert spec["serviceAccountName"] == spec["serviceAccount"] == "default"
+    cluster.run("create", "-f", "-", stdin=pod("opted-out", automountServiceAccountToken=False))
+    assert "volumes" not in cluster.json("get", "pod", "opted-out", "-n", "by-protobuf")["spec"]

@@ -265,6 +265,28 @@ def limit_range(obj: dict[str, Any]) -> None:
                 request.setdefault(key, value)
 
 
+def _webhooks(mutating: bool) -> Callable[[dict[str, Any]], None]:
+    """SetDefaults_{Mutating,Validating}Webhook: fail closed, equivalent matching, select everything, ten
+    seconds, rules of any scope, services on 443."""
+    def default(obj: dict[str, Any]) -> None:
+        for hook in _items(obj, "webhooks"):
+            _set(hook, "failurePolicy", "Fail")
+            _set(hook, "matchPolicy", "Equivalent")
+            for key in ("namespaceSelector", "objectSelector"):
+                if hook.get(key) is None:
+                    hook[key] = {}
+            _set(hook, "timeoutSeconds", 10)
+            if mutating:
+                _set(hook, "reinvocationPolicy", "Never")
+            for rule in _items(hook, "rules"):
+                _set(rule, "scope", "*")
+            service = _obj(_obj(hook, "clientConfig"), "service")
+            if service is not None:
+                _set(service, "port", 443)
+
+    return default
+
+
 def _ports_protocol(*path: str) -> Callable[[dict[str, Any]], None]:
     def default(obj: dict[str, Any]) -> None:
         groups: list[Any] = [obj]
@@ -304,6 +326,8 @@ DEFAULTERS: dict[tuple[str, str], Callable[[dict[str, Any]], None]] = {
     ("", "LimitRange"): limit_range,
     ("", "Endpoints"): _ports_protocol("subsets", "ports"),
     ("", "Secret"): _fields(type="Opaque"),
+    ("admissionregistration.k8s.io", "MutatingWebhookConfiguration"): _webhooks(mutating=True),
+    ("admissionregistration.k8s.io", "ValidatingWebhookConfiguration"): _webhooks(mutating=False),
     ("apps", "Deployment"): deployment,
     ("apps", "DaemonSet"): daemon_set,
     ("apps", "StatefulSet"): stateful_set,

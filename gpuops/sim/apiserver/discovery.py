@@ -13,7 +13,7 @@ from typing import Any
 from gpuops.sim.apiserver.errors import StatusError
 from gpuops.sim.apiserver.resources import ResourceInfo
 
-SERVER_VERSION = "v1.32.0-gpuops"
+SERVER_VERSION = "v1.37.0-gpuops"  # the wire format (protobuf table) and behaviour it emulates
 AGGREGATED_V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 AGGREGATED_V2BETA1 = "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList"
 JSON = "application/json"
@@ -37,8 +37,8 @@ def version_info() -> dict[str, Any]:
         "gitVersion": SERVER_VERSION,
         "gitCommit": "0000000000000000000000000000000000000000",
         "gitTreeState": "clean",
-        "buildDate": "2024-12-11T00:00:00Z",
-        "goVersion": "go1.23.3",
+        "buildDate": "2026-08-01T00:00:00Z",
+        "goVersion": "go1.25.0",
         "compiler": "gc",
         "platform": "linux/amd64",
     }

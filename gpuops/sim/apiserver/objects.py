@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from . import builtin, crds, defaults, schema, services
+from . import builtin, crds, defaults, schema, serviceaccount_admission, services
 from . import policies as policies_
 from .admission import AdmissionRequest, WebhookCaller
 from .apply import SchemaHints, server_side_apply, update_managed_fields
@@ -278,18 +278,6 @@ class ObjectAPI:
                 hook(stored.obj, False)
         return stored.obj
 
-    def _check_service_account(self, pod: dict[str, Any]) -> None:
-        """The ServiceAccount admission plugin: a pod runs as an existing service account of its namespace."""
-        meta = pod["metadata"]
-        account = str((pod.get("spec") or {}).get("serviceAccountName") or "default")
-        if self.store.get(SERVICE_ACCOUNTS_GR, meta.get("namespace", ""), account) is None:
-            raise StatusError(
-                403, "Forbidden",
-                f'pods "{meta.get("name", "")}" is forbidden: error looking up service account '
-                f'{meta.get("namespace", "")}/{account}: serviceaccount "{account}" not found',
-                name=meta.get("name", ""), kind="pods",
-            )
-
     @staticmethod
     def _list_keys(info: ResourceInfo) -> SchemaHints | None:
         """List and map types for ownership tracking: CRD schema markers for CRs, built-in tables otherwise."""
@@ -372,7 +360,9 @@ class ObjectAPI:
         if info.storage_key == SERVICES_GR:
             services.allocate(obj, (s.obj for s in self.store.iter(SERVICES_GR)))
         if info.storage_key == PODS_GR:
-            self._check_service_account(obj)
+            account = (obj.get("spec") or {}).get("serviceAccountName") or "default"
+            found = self.store.get(SERVICE_ACCOUNTS_GR, obj["metadata"].get("namespace", ""), str(account))
+            serviceaccount_admission.admit(obj, found.obj if found is not None else None)
         if not info.is_custom:
             obj = gojson.canonical(info.api_version, info.kind, obj)
             builtin.normalize(info.group, info.kind, obj)

@@ -23,13 +23,19 @@ from ..cloud import CloudOptions, CloudServer, InstanceType
 from ..scenario import Fault, NodeGroup, Scenario
 from ..workload import WorkloadDriver
 from .access import BUDGETS, JOBS, NAMESPACES, NODES, PODS, ClusterAccess
+from .cronjobs import CronJobController, CronJobOptions
+from .daemonsets import DaemonSetController, DaemonSetOptions
+from .deployments import DeploymentController, DeploymentOptions
+from .endpoints import EndpointsController
 from .jobs import JobController, JobOptions
 from .kubelet import KubeletOptions, Kubelets
 from .loop import Loop
 from .machines import Fleet, Machine
 from .nodelifecycle import NodeLifecycle, NodeLifecycleOptions
+from .replicasets import ReplicaSetController, ReplicaSetOptions
 from .scheduler import Scheduler, SchedulerOptions
 from .spotagent import SpotNoticeAgent
+from .statefulsets import StatefulSetController, StatefulSetOptions
 
 log = structlog.get_logger("gpuops.sim.cluster")
 
@@ -145,6 +151,11 @@ class SimCluster:
             ),
         )
         self.jobs = JobController(self.server, JobOptions(events=k.events))
+        self.deployments = DeploymentController(self.server, DeploymentOptions(events=k.events))
+        self.replicasets = ReplicaSetController(self.server, ReplicaSetOptions(events=k.events))
+        self.daemonsets = DaemonSetController(self.server, DaemonSetOptions(events=k.events))
+        self.statefulsets = StatefulSetController(self.server, StatefulSetOptions(events=k.events))
+        self.cronjobs = CronJobController(self.server, CronJobOptions(events=k.events))
         c = scenario.cloud
         self.cloud = CloudServer(
             self.fleet,
@@ -167,7 +178,11 @@ class SimCluster:
         self.cloud.spot.notice_subscribers.append(self.spot_agent.on_notice)
         self.workload = WorkloadDriver(self.access, scenario.workload, scenario.seed) if workload else None
         self.fault_plan = FaultPlan(self, scenario.faults) if faults and scenario.faults else None
-        self._loops: list[Loop] = [self.kubelets, self.node_lifecycle, self.scheduler, self.jobs]
+        self._loops: list[Loop] = [self.kubelets, self.node_lifecycle, self.scheduler, self.jobs, self.deployments,
+                                   self.replicasets]
+        self._loops += [self.daemonsets, self.statefulsets, self.cronjobs]
+        self.endpoints = EndpointsController(self.server)
+        self._loops.append(self.endpoints)
 
     # ------------------------------------------------------------------------------------ lifecycle
 
