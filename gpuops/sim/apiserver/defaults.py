@@ -309,6 +309,13 @@ def persistent_volume(obj: dict[str, Any]) -> None:
     _set(_sub(obj, "spec"), "persistentVolumeReclaimPolicy", "Retain")
 
 
+def node(obj: dict[str, Any]) -> None:
+    """SetDefaults_NodeStatus: what a node reports no allocatable for is all allocatable."""
+    status = _obj(obj, "status")
+    if status is not None and status.get("allocatable") is None and isinstance(status.get("capacity"), dict):
+        status["allocatable"] = dict(status["capacity"])
+
+
 def _fields(**values: Any) -> Callable[[dict[str, Any]], None]:
     def default(obj: dict[str, Any]) -> None:
         for key, value in values.items():
@@ -319,6 +326,7 @@ def _fields(**values: Any) -> Callable[[dict[str, Any]], None]:
 
 DEFAULTERS: dict[tuple[str, str], Callable[[dict[str, Any]], None]] = {
     ("", "Pod"): pod,
+    ("", "Node"): node,
     ("", "PodTemplate"): lambda obj: pod_template(_obj(obj, "template")),
     ("", "ReplicationController"): replication_controller,
     ("", "PersistentVolume"): persistent_volume,

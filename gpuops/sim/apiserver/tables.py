@@ -27,8 +27,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from gpuops.accounting.quantity import canonicalize_quantity
-
+from . import quantity
 from .errors import bad_request
 from .resources import ResourceInfo
 from .selectors import label_selector_from_object
@@ -1131,7 +1130,7 @@ def _quantity(value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         return _str(value)
     try:
-        return canonicalize_quantity(value)
+        return quantity.canonical(value if isinstance(value, str) else str(value))
     except ValueError:
         return str(value)
 

@@ -16,6 +16,7 @@ from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import Any
 
+from .. import quantity
 from .special import APIEXT, META, QUANTITY, SCHEMA
 from .table import Field, Message, table
 
@@ -115,6 +116,8 @@ def _value(name: str, value: Any) -> Any:
         return _time(value, micro=False)
     if name == f"{META}.MicroTime":
         return _time(value, micro=True)
+    if name in (QUANTITY, f"{QUANTITY}Value"):
+        return _quantity(value)
     if name in _UNIONS:
         return _union(value)
     if name == SCHEMA:
@@ -122,6 +125,18 @@ def _value(name: str, value: Any) -> Any:
     if name in table().custom or name in _ZERO_SPECIAL:
         return value
     return _message(table().message(name), value)
+
+
+def _quantity(value: Any) -> Any:
+    """Quantities print in canonical form; a number (JSON allows one) is read as its decimal text. Text that
+    is no quantity is left for validation to refuse."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        return value
+    text = value if isinstance(value, str) else repr(value) if isinstance(value, float) else str(value)
+    try:
+        return quantity.canonical(text)
+    except ValueError:
+        return value
 
 
 def _union(value: Any) -> Any:
