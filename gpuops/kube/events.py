@@ -391,7 +391,7 @@ class EventRecorder:
         clock: Clock | None = None,
         correlator: EventCorrelator | None = None,
         queue_size: int = 1000,
-        max_attempts: int = 5,
+        max_attempts: int = 12,  # client-go's recorder tries an Event 12 times: it outlives an API outage
         retry_base: float = 0.5,
         retry_cap: float = 30.0,
         request_timeout: float = 10.0,

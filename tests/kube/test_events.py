@@ -373,11 +373,11 @@ async def test_server_errors_are_retried_with_backoff(rec: EventRecorder, sink: 
 @pytest.mark.anyio
 async def test_retries_are_bounded_then_dropped(rec: EventRecorder, sink: FakeSink) -> None:
     before = dropped("write_failed")
-    sink.fail = [ServerError(503, "ServiceUnavailable", "down")] * 7
+    sink.fail = [ServerError(503, "ServiceUnavailable", "down")] * 14
     rec.record(POD, "Warning", "Doomed", "m")
     rec.record(POD | {"name": "other"}, "Warning", "Doomed", "m")
     assert await rec.flush(5)
-    assert len(sink.calls) == 8  # 5 attempts, dropped; the next event succeeds after 2 more failures
+    assert len(sink.calls) == 15  # 12 attempts, dropped; the next event succeeds after 2 more failures
     assert dropped("write_failed") - before == 1
 
 
@@ -546,12 +546,12 @@ async def test_emulator_write_failures_retried_then_dropped(emulator: tuple[APIS
     assert await rec.flush(10)
     assert s.faults.injected == 2
     assert [e["count"] for e in await _events(client, "default") if e["reason"] == "Recovered"] == [1]
-    # the server keeps failing: 5 attempts, then dropped and counted; the caller never noticed
+    # the server keeps failing: 12 attempts, then dropped and counted; the caller never noticed
     before = dropped("write_failed")
     s.faults.add_error(500, verbs=["create"], resources=["events"])
     rec.record(NODE, "Warning", "Lost", "never written")
     assert await rec.flush(10)
-    assert s.faults.injected == 2 + 5
+    assert s.faults.injected == 2 + 12
     assert dropped("write_failed") - before == 1
     s.faults.clear()
     assert not [e for e in await _events(client, "default") if e["reason"] == "Lost"]
