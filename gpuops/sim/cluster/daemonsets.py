@@ -29,8 +29,8 @@ from ..apiserver.store import WatchEvent, clone
 from .access import CONTROLLER_REVISIONS, DAEMONSETS, NODES, PODS, ClusterAccess
 from .fit import constraints
 from .jobs import merge_diff
-from .loop import Loop
 from .nodelifecycle import tolerates
+from .pod_owners import PodOwnerController
 from .revisions import (
     CONTROLLER_REVISION_HASH,
     Orphans,
@@ -271,10 +271,14 @@ def _set(status: dict[str, Any], key: str, value: int) -> None:
 # ------------------------------------------------------------------------------------------ controller
 
 
-class DaemonSetController(Loop):
+class DaemonSetController(PodOwnerController):
     """apps/v1 DaemonSet controller, writing as the daemon-set-controller service account."""
 
     name = "daemonset-controller"
+    kind = KIND
+    resource = DAEMONSETS
+    timer_tag = "ds"
+    retry_seconds = RETRY_SECONDS
 
     def __init__(self, server: APIServer, options: DaemonSetOptions | None = None) -> None:
         super().__init__()
@@ -359,63 +363,6 @@ class DaemonSetController(Loop):
         self._fits.clear()
         self._dirty.update(self.store.sorted_keys(DAEMONSETS))
         self.wake()
-
-    def _scan(self) -> None:
-        """The informers' initial list: pods and DaemonSets that existed before this controller started."""
-        self._scanned = True
-        for pod in self.access.iter(PODS):
-            uid = controller_uid(pod, KIND)
-            if uid:
-                meta = pod["metadata"]
-                self._pods.setdefault(uid, set()).add((meta.get("namespace", ""), meta["name"]))
-        for ds in self.access.iter(DAEMONSETS):
-            self._dirty.add((ds["metadata"].get("namespace", ""), ds["metadata"]["name"]))
-            self._orphans.scan(ds["metadata"].get("namespace", ""))
-
-    def _requeue(self, key: Key, delay: float) -> None:
-        when = self.clock() + max(0.0, delay)
-        cur = self._wake_at.get(key)
-        if cur is None or when < cur - 1e-3 or cur < self.clock():
-            self._wake_at[key] = when
-            self.at(("ds", key), when)
-
-    # ------------------------------------------------------------------------------------ loop
-
-    async def step(self) -> None:
-        if not self._scanned:
-            self._scan()
-        now = self.clock()
-        for item in self.due(now):
-            if isinstance(item, tuple) and item[0] == "ds":
-                key: Key = item[1]
-                if self._wake_at.get(key, now + 1) <= now:
-                    del self._wake_at[key]
-                self._dirty.add(key)
-        self._dirty |= self._orphans.route()
-        dirty, self._dirty = self._dirty, set()
-        for key in sorted(dirty):
-            await self._sync_one(key)
-        if self._dirty:
-            self.wake()
-
-    async def _sync_one(self, key: Key) -> None:
-        """One DaemonSet's sync; a failure is logged and retried without stopping the others."""
-        try:
-            await self._sync(key)
-        except StatusError as e:
-            if e.code == 404:
-                return
-            if e.code == 409 and e.reason != "AlreadyExists":
-                self._dirty.add(key)  # someone wrote first: read again on the next step
-                return
-            log.warning("daemonset sync failed", namespace=key[0], daemonset=key[1], code=e.code, error=str(e))
-            self._requeue(key, RETRY_SECONDS)
-        except Exception:
-            self.errors += 1
-            log.exception("daemonset sync failed", namespace=key[0], daemonset=key[1])
-            self._requeue(key, RETRY_SECONDS)
-        finally:
-            self._writing = None
 
     # ------------------------------------------------------------------------------------ sync
 

@@ -31,7 +31,7 @@ from ..apiserver.errors import StatusError
 from ..apiserver.server import APIServer
 from ..apiserver.store import WatchEvent, clone
 from .access import CONTROLLER_REVISIONS, PODS, PVCS, STATEFULSETS, ClusterAccess
-from .loop import Loop
+from .pod_owners import PodOwnerController
 from .revisions import (
     CONTROLLER_REVISION_HASH,
     REVISION_HASH_LABEL,
@@ -225,10 +225,14 @@ def _ref_ids(refs: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
 # ------------------------------------------------------------------------------------------ controller
 
 
-class StatefulSetController(Loop):
+class StatefulSetController(PodOwnerController):
     """apps/v1 StatefulSet controller, writing as the statefulset-controller service account."""
 
     name = "statefulset-controller"
+    kind = KIND
+    resource = STATEFULSETS
+    timer_tag = "sts"
+    retry_seconds = RETRY_SECONDS
 
     def __init__(self, server: APIServer, options: StatefulSetOptions | None = None) -> None:
         super().__init__()
@@ -294,63 +298,6 @@ class StatefulSetController(Loop):
             return  # our own status write
         self._dirty.add(ev.key)
         self.wake()
-
-    def _scan(self) -> None:
-        """The informers' initial list: pods and StatefulSets that existed before this controller started."""
-        self._scanned = True
-        for pod in self.access.iter(PODS):
-            uid = controller_uid(pod, KIND)
-            if uid:
-                meta = pod["metadata"]
-                self._pods.setdefault(uid, set()).add((meta.get("namespace", ""), meta["name"]))
-        for sts in self.access.iter(STATEFULSETS):
-            self._dirty.add((sts["metadata"].get("namespace", ""), sts["metadata"]["name"]))
-            self._orphans.scan(sts["metadata"].get("namespace", ""))
-
-    def _requeue(self, key: Key, delay: float) -> None:
-        when = self.clock() + max(0.0, delay)
-        cur = self._wake_at.get(key)
-        if cur is None or when < cur - 1e-3 or cur < self.clock():
-            self._wake_at[key] = when
-            self.at(("sts", key), when)
-
-    # ------------------------------------------------------------------------------------ loop
-
-    async def step(self) -> None:
-        if not self._scanned:
-            self._scan()
-        now = self.clock()
-        for item in self.due(now):
-            if isinstance(item, tuple) and item[0] == "sts":
-                key: Key = item[1]
-                if self._wake_at.get(key, now + 1) <= now:
-                    del self._wake_at[key]
-                self._dirty.add(key)
-        self._dirty |= self._orphans.route()
-        dirty, self._dirty = self._dirty, set()
-        for key in sorted(dirty):
-            await self._sync_one(key)
-        if self._dirty:
-            self.wake()
-
-    async def _sync_one(self, key: Key) -> None:
-        """One StatefulSet's sync; a failure is logged and retried without stopping the others."""
-        try:
-            await self._sync(key)
-        except StatusError as e:
-            if e.code == 404:
-                return
-            if e.code == 409 and e.reason != "AlreadyExists":
-                self._dirty.add(key)  # someone wrote first: read again on the next step
-                return
-            log.warning("statefulset sync failed", namespace=key[0], statefulset=key[1], code=e.code, error=str(e))
-            self._requeue(key, RETRY_SECONDS)
-        except Exception:
-            self.errors += 1
-            log.exception("statefulset sync failed", namespace=key[0], statefulset=key[1])
-            self._requeue(key, RETRY_SECONDS)
-        finally:
-            self._writing = None
 
     # ------------------------------------------------------------------------------------ sync
 
