@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 QUICK  ?=
 export DEMO_SECONDS
 
@@ -13,12 +14,19 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# Reinstall whenever the dependency declarations change; constraints.txt pins what CI gets.
+# Reinstall whenever the dependency declarations change; constraints.txt pins what CI gets. The full install
+# (the test toolchain too) also satisfies the demo's, which is a subset of it.
 $(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
 
 install: $(STAMP)
+
+# `make demo` installs only what the demo runs (the "demo" extra in pyproject.toml), so a first run shows the
+# live view without waiting for the test toolchain; `make test` adds the rest later.
+$(DEMO_STAMP): pyproject.toml constraints.txt | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[demo]'
+	touch $(DEMO_STAMP)
 
 lint: install
 	$(BIN)/ruff check gpuops tests bench chaos
@@ -32,7 +40,7 @@ unit: install
 
 test: lint typecheck unit
 
-demo: install
+demo: $(DEMO_STAMP)
 	$(BIN)/gpuops demo --kubeconfig $(CURDIR)/demo.kubeconfig --scenario demo
 
 # A full run (no QUICK) also refreshes the README's generated tables from the new results.
@@ -97,7 +105,9 @@ lock: | $(BIN)/python
 	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^gpuops' > constraints.txt
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache mutants demo.kubeconfig demo-operator.log demo-agents.log demo-report
+	@[ ! -e tryit.kubeconfig.pid ] || [ ! -x $(BIN)/gpuops ] || $(BIN)/gpuops sim down --kubeconfig tryit.kubeconfig
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache mutants demo.kubeconfig demo-operator.log demo-agents.log demo-report \
+	  tryit.kubeconfig tryit.kubeconfig.pid tryit.kubeconfig.log
 
 # Regenerate the committed kubelet device-plugin gRPC modules from api.proto (`make test` never needs protoc).
 DEVICEPLUGIN := gpuops/kube/deviceplugin

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from typing import Any
@@ -9,6 +10,19 @@ from typing import Any
 import structlog
 
 from .kube.redact import SECRET_VALUES
+
+
+def add_format_argument(parser: argparse.ArgumentParser) -> None:
+    """`--log-format`: the one logging flag of every command that runs something (sim apiserver, sim up, demo,
+    run, agent), so a flag learnt on one works on the others; `json_of(args)` reads it for `configure`."""
+    parser.add_argument("--log-format", choices=["json", "console"],
+                        help="log format (default: json unless stderr is a terminal)")
+
+
+def json_of(args: argparse.Namespace) -> bool | None:
+    """`configure`'s `json` from the parsed `--log-format` (None, the TTY decides, for commands without it)."""
+    log_format: str | None = getattr(args, "log_format", None)
+    return None if log_format is None else log_format == "json"
 
 
 def configure(json: bool | None = None, level: str = "INFO") -> None:

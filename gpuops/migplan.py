@@ -38,7 +38,7 @@ def build_parser(prog: str = "gpuops mig plan") -> argparse.ArgumentParser:
                "MIG 1g.10gb). Exit status: 0 placed, 1 does not fit, 2 bad input.",
     )
     p.add_argument("--gpu", required=True, metavar="MODEL",
-                   help=f"GPU model, e.g. A100-40GB or 'NVIDIA A100-SXM4-40GB' (known: {', '.join(mig.KNOWN_MODELS)})")
+                   help=f"GPU model (accepted: {mig.accepted_models_text()})")
     p.add_argument("--existing", action="append", default=[], metavar="PROFILE@START",
                    help="a slice already on the GPU (repeatable; also comma-separated or bare PROFILE@START "
                         "arguments); START is the first memory slice, as nvidia-smi mig -lgi shows it")

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 
 import pytest
 
 from gpuops import cli, migplan
+from gpuops.accounting import mig
 
 
 def plan(*argv: str) -> tuple[int, str, str]:
@@ -54,7 +56,7 @@ def test_does_not_fit_exits_1_with_a_reason() -> None:
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--gpu", "X100", "1g.5gb"], "known models: A100-40GB"),
+    (["--gpu", "X100", "1g.5gb"], "accepted models: A100-40GB"),
     (["--gpu", "A100", "1g.5gb"], "ambiguous"),
     (["--gpu", "A100-40GB", "1g.6gb"], "not offered by A100-40GB"),
     (["--gpu", "A100-40GB", "one-slice"], "not a MIG profile name"),
@@ -70,6 +72,30 @@ def test_bad_input_exits_2_with_the_error(argv: list[str], message: str) -> None
     rc, out, err = plan(*argv)
     assert rc == 2 and out == ""
     assert message in err
+
+
+MODEL_WORD = re.compile(r"\b(?:[ABH]|GH)\d{2,3}(?:-\d+GB)?\b")
+"""A GPU model or family as an error message names one (A100, GH200, H100-80GB, ...)."""
+
+
+def named_models(text: str) -> list[str]:
+    """The models `text` names outside quotes (the rejected input and examples are quoted)."""
+    return MODEL_WORD.findall(re.sub(r"'[^']*'", "", text))
+
+
+@pytest.mark.parametrize("gpu", ["X100", "GH200-144GB", "GH200 144GB", "B200-192GB", "A100"])
+def test_the_models_a_rejection_lists_are_the_ones_accepted(gpu: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every model the error names is then accepted (it named GH200, whose 144 GB version it rejects, and a bare
+    A100, which is ambiguous), and it names every accepted one; --help lists the same."""
+    rc, _, err = plan("--gpu", gpu, "1g.5gb")
+    assert rc == 2
+    named = named_models(err)
+    for model in named:
+        assert mig.normalize_model(model), model
+    assert set(mig.ACCEPTED_MODELS) <= set(named)
+    assert migplan.main(["--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert set(named_models(help_text)) == set(named)
 
 
 def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:

@@ -34,6 +34,7 @@ import msgspec
 from .errors import PlacementError, ProfileError, UnknownGPUModelError
 
 __all__ = [
+    "ACCEPTED_MODELS",
     "GPU",
     "KNOWN_MODELS",
     "GPUPlacement",
@@ -42,6 +43,7 @@ __all__ = [
     "NodePlacement",
     "Placement",
     "Profile",
+    "accepted_models_text",
     "allocate",
     "check_layout",
     "free_capacity",
@@ -55,6 +57,7 @@ __all__ = [
     "place_on_node",
     "release",
     "slice_at",
+    "usable_compute",
 ]
 
 
@@ -169,16 +172,31 @@ _FAMILIES: dict[str, dict[int | None, str]] = {
     "H200": {141: "H200-141GB", None: "H200-141GB"},
     "B200": {180: "B200-180GB", None: "B200-180GB"},
 }
+ACCEPTED_MODELS: tuple[str, ...] = tuple(
+    f"{family}-{memory}GB"
+    for family, sizes in _FAMILIES.items()
+    for memory in sorted(m for m in sizes if m is not None)
+)
+"""Every model name `normalize_model` accepts, written FAMILY-MEMORY: what its errors and `gpuops mig plan --help`
+list. Not the families: "GH200" in such a list reads as every GH200, and a GH200 144GB has no table here."""
+_DEFAULT_SIZED = tuple(family for family, sizes in _FAMILIES.items() if None in sizes)
+"""Families whose bare name (no memory) is accepted."""
 _NOISE = frozenset({"NVIDIA", "TESLA", "SXM", "SXM4", "SXM5", "PCIE", "HBM2", "HBM2E", "HBM3", "HBM3E", "NVL"})
 _MEMORY_TOKEN = re.compile(r"^(\d+)GB?$")
 _MIG_SUFFIX = re.compile(r"[\s_-]+MIG[\s_-].*$", re.IGNORECASE)
 
 
+def accepted_models_text() -> str:
+    """The models `normalize_model` accepts, for humans (an unknown model's error, `gpuops mig plan --help`):
+    every name in it is accepted, and it promises nothing broader."""
+    *most, last = _DEFAULT_SIZED
+    bare = f"{', '.join(most)} and {last}" if most else last
+    return (f"{', '.join(ACCEPTED_MODELS)}; also their NVML names and GPU feature discovery labels (such as "
+            f"'NVIDIA A100-SXM4-40GB'), and {bare} without the memory")
+
+
 def _unknown_model(model: str, why: str) -> UnknownGPUModelError:
-    return UnknownGPUModelError(
-        f"gpu model {model!r}: {why}; known models: {', '.join(KNOWN_MODELS)} "
-        "(NVML names and GPU feature discovery labels such as 'NVIDIA A100-SXM4-40GB' are accepted too)"
-    )
+    return UnknownGPUModelError(f"gpu model {model!r}: {why}; accepted models: {accepted_models_text()}")
 
 
 def normalize_model(model: str) -> str:
@@ -213,7 +231,7 @@ def _normalize(model: str) -> str:
         elif tok not in _NOISE:
             unknown.append(tok)
     if family is None:
-        raise _unknown_model(model, "not a MIG-capable GPU we have tables for (A100, A30, H100, GH200, H200, B200)")
+        raise _unknown_model(model, "not a MIG-capable GPU model gpuops has tables for")
     if unknown:
         raise _unknown_model(model, f"unrecognised part {unknown[0]!r}")
     if memory is None and nvl and family == "H100":
@@ -590,6 +608,29 @@ def free_capacity(geom: Geometry, existing: Iterable[Placement]) -> dict[str, in
     c = _compiled(geom.model)
     mask, counts = _state(geom, check_layout(geom, existing))
     return {p.name: n for p, n in zip(geom.profiles, _capacity(c, mask, counts), strict=True)}
+
+
+def usable_compute(geom: Geometry, existing: Iterable[Placement],
+                   profiles: Iterable[str | Profile] | None = None) -> int:
+    """The most compute slices that new instances of `profiles` (default: any of the model's) could still take
+    on this layout, together. Free compute beyond it is stranded by placement rules: after `1g.5gb` at 0 and at
+    4, four compute slices are free but no `3g.20gb` fits (usable 0 for it, 4 for `1g.5gb`)."""
+    c = _compiled(geom.model)
+    mask, counts = _state(geom, check_layout(geom, existing))
+    if profiles is None:
+        allowed = frozenset(range(len(geom.profiles)))
+    else:
+        allowed = frozenset(c.index[parse_profile(geom, p).name] for p in profiles)
+    return _best_compute(geom.model, mask, counts, allowed)
+
+
+@lru_cache(maxsize=4096)
+def _best_compute(model: str, mask: int, counts: tuple[int, ...], allowed: frozenset[int]) -> int:
+    """Cached: a fleet's GPUs share few states, and callers ask again every time they look."""
+    c = _compiled(model)
+    compute = [p.compute for p in c.geom.profiles]
+    return max((sum(n * compute[i] for i, n in enumerate(v)) for v in _options(c, mask, counts)
+                if all(n == 0 or i in allowed for i, n in enumerate(v))), default=0)
 
 
 # ------------------------------------------------------------------------------------------ node and cluster

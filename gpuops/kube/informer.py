@@ -21,7 +21,7 @@ Backpressure
     handler catches up, and if it stays stuck long enough the API server gives up on the stalled watch
     (the emulator and the apiserver close a watcher whose buffer overflows), after which the reflector
     re-watches from its last resourceVersion or relists on 410. Time spent waiting is
-    `gpuops_informer_handler_blocked_seconds_total`; pending notifications are `informer_queued_items`.
+    `gpuops_informer_handler_blocked_seconds_total`; pending notifications are `gpuops_informer_queued_items`.
 
 Read-your-own-writes
     `seen(key, rv)`: the store holds `key` at a resourceVersion >= `rv` (KEP-5504 ordering), or the store

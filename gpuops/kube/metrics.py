@@ -157,20 +157,22 @@ LEADER_ELECTION_SLOWPATH = Counter(
 
 # --- informer
 # Labels `name` (the informer's name), `group`, `version`, `resource` on every metric, as the component-base
-# informer metrics have them. `informer_queued_items` counts notifications waiting in handler buffers (our
-# informers have no FIFO between the watch and the store; the handler buffers are the queue);
-# `informer_processing_latency_seconds` is the time from a watch frame's arrival until it is in the store and
-# handed to every handler buffer (including any wait for room); `informer_store_resource_version` holds the
-# 15 least significant digits of the resourceVersion the store is current at. Relist reasons: initial,
-# expired (410 or an unusable resourceVersion), error, fallback (streaming list refused), continue_expired;
-# watch restart reasons: closed, very_short, transport, throttled, server_error, watchdog.
+# informer metrics have them. The names carry our prefix: client-go's alpha `informer_*` gauges count a FIFO our
+# informers do not have, so the same name would mean something else. `gpuops_informer_queued_items` counts
+# notifications waiting in handler buffers (there is no FIFO between the watch and the store; the handler buffers
+# are the queue); `gpuops_informer_processing_latency_seconds` is the time from a watch frame's arrival until it
+# is in the store and handed to every handler buffer (including any wait for room);
+# `gpuops_informer_store_resource_version` holds the 15 least significant digits of the resourceVersion the store
+# is current at. Relist reasons: initial, expired (410 or an unusable resourceVersion), error, fallback
+# (streaming list refused), continue_expired; watch restart reasons: closed, very_short, transport, throttled,
+# server_error, watchdog.
 
 INFORMER_LABELS = ["name", "group", "version", "resource"]
 INFORMER_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 """1 ms .. 10 s."""
 
 INFORMER_PROCESSING_LATENCY = Histogram(
-    "informer_processing_latency_seconds",
+    "gpuops_informer_processing_latency_seconds",
     "Time taken to process an event from the watch into the store and the handler buffers.",
     INFORMER_LABELS,
     buckets=INFORMER_LATENCY_BUCKETS,
@@ -239,10 +241,12 @@ class _InformerCollector(Collector):
     def _families(self) -> tuple[GaugeMetricFamily, ...]:
         return (
             GaugeMetricFamily(
-                "informer_queued_items", "Number of notifications waiting in handler buffers", labels=INFORMER_LABELS
+                "gpuops_informer_queued_items",
+                "Number of notifications waiting in handler buffers",
+                labels=INFORMER_LABELS,
             ),
             GaugeMetricFamily(
-                "informer_store_resource_version",
+                "gpuops_informer_store_resource_version",
                 "Resource version the store is current at (15 least significant digits)",
                 labels=INFORMER_LABELS,
             ),

@@ -191,11 +191,11 @@ METRIC_PACKAGES = ("gpuops.kube", "gpuops.controllers")
 TARGET_LABELS = frozenset({"job", "instance", "le", "quantile", "__name__"})
 """Labels Prometheus adds (job, instance) or that belong to the exposition format (le, quantile)."""
 
-_SUFFIXES = {
-    "counter": ("_total", "_created"),
-    "histogram": ("_bucket", "_sum", "_count", "_created"),
+_SUFFIXES = {  # no `_created`: gpuops turns those series off (gpuops/__init__.py)
+    "counter": ("_total",),
+    "histogram": ("_bucket", "_sum", "_count"),
     "gaugehistogram": ("_bucket", "_gsum", "_gcount"),
-    "summary": ("", "_sum", "_count", "_created"),
+    "summary": ("", "_sum", "_count"),
     "info": ("_info",),
     "stateset": ("",),
     "gauge": ("",),

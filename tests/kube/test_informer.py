@@ -469,12 +469,13 @@ async def test_metrics_describe_the_informer(emulator: tuple[APIServer, Client])
         assert await inf.wait_synced(10)
         await client.patch(CONFIGMAPS, "m0", {"data": {"v": "1"}}, namespace="default")
         await client.patch(CONFIGMAPS, "m0", {"data": {"v": "2"}}, namespace="default")
-        await eventually(lambda: sample("informer_queued_items", labels) == 1, what="one queued behind the stuck one")
+        await eventually(lambda: sample("gpuops_informer_queued_items", labels) == 1,
+                         what="one queued behind the stuck one")
         assert sample("gpuops_informer_objects", labels) == 1
         assert sample("gpuops_informer_synced", labels) == 1
-        assert sample("informer_store_resource_version", labels) == float(s.store.rv)
+        assert sample("gpuops_informer_store_resource_version", labels) == float(s.store.rv)
         assert sample("gpuops_informer_last_event_age_seconds", labels) < 5
-        assert sample("informer_processing_latency_seconds_count", labels) >= 2
+        assert sample("gpuops_informer_processing_latency_seconds_count", labels) >= 2
         assert sample("gpuops_informer_events_total", {**labels, "type": "MODIFIED"}) == 2
         assert sample("gpuops_informer_initial_sync_duration_seconds", labels) > 0
         assert sample("gpuops_informer_list_duration_seconds_count", labels) >= 1

@@ -196,6 +196,32 @@ def test_live_view_lines() -> None:
     assert "[###########################...]" in full and "PowerOnDecided" in full
 
 
+def test_live_view_event_ages_are_never_negative() -> None:
+    """An Event of the operator's start-up (before the workload's clock starts) and one recorded while a frame is
+    drawn (past the frame's `elapsed`) show kubectl-style ages, the latter 0s rather than -0.1s."""
+    now = [0.0]
+    rec = Recorder(clock=lambda: now[0])
+
+    def event(reason: str) -> None:
+        rec.record({"reportingComponent": "gpuops-spotpool-controller", "reason": reason,
+                    "involvedObject": {"kind": "SpotPool", "name": "spot"}, "message": "m"})
+
+    event("Launched")
+    now[0] = 1.9
+    rec.restart_clock()  # the workload starts: Launched is at -1.9 s
+    now[0] = 9.6
+    event("Reclaimed")  # at 7.7 s, while the frame of 7.6 s is drawn
+    summary = {"scenario": "s", "pods": {}, "unschedulable": 0, "jobs": {}, "gpus_used": 0, "gpus_total": 0,
+               "nodes": [], "machines_off": [], "faults": [], "mig_allocations": 0}
+    text = plain(summary, None, rec, elapsed=7.6, total=10, operator="running", events_from=0)
+    assert re.findall(r" event +(\S+) ago gpuops-spotpool-controller: (\w+)", text) == [("9s", "Launched"),
+                                                                                        ("0s", "Reclaimed")]
+    full = screen(summary, None, rec, elapsed=7.6, total=10, operator="running")
+    assert re.findall(r"^ +(\S+) ago  gpuops-spotpool-controller: (\w+)", full, re.M) == [("9s", "Launched"),
+                                                                                          ("0s", "Reclaimed")]
+    assert "-0" not in text and "-0" not in full and "-1" not in full
+
+
 def test_short_demo_run_writes_the_report(tmp_path: Path) -> None:
     """`gpuops demo --seconds 20` as `make demo` runs it, with the operator and the MIG agents, output to a pipe."""
     started = time.monotonic()

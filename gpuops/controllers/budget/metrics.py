@@ -7,12 +7,14 @@ reconciles and intervals sliding out of the window drop out on time. A deleted b
 its series vanish with it. Sources register while their controller runs (several managers may share one test
 process; the latest snapshot of a budget wins).
 
-The enforcement counter is an ordinary Counter labelled by action and result (no budget labels: those would
-outlive the budget).
+The enforcement counter is an ordinary Counter labelled by the budget (namespace, name), action and result; a
+deleted budget's enforcement series are removed with it (`forget_enforcement`), as its gauges vanish with its
+snapshot.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -26,14 +28,33 @@ from gpuops.accounting.gpuhours import Interval, Ledger
 from gpuops.accounting.reporting import counting_instant, reported_usage
 from gpuops.kube.sources import Sources
 
-__all__ = ["COLLECTOR", "ENFORCEMENT_ACTIONS", "BudgetCollector", "Published", "Snapshot", "SnapshotSource"]
+__all__ = [
+    "COLLECTOR", "ENFORCEMENT_ACTIONS", "BudgetCollector", "Published", "Snapshot", "SnapshotSource",
+    "count_enforcement", "forget_enforcement",
+]
+
+ACTIONS = ("AlertOnly", "Pause", "Evict")
+RESULTS = ("Alerted", "Suspended", "Marked", "Resumed", "Unmarked", "Evicted", "Blocked", "Error")
 
 ENFORCEMENT_ACTIONS = Counter(
     "gpuops_budget_enforcement_actions",
-    "Enforcement steps taken by GPUWorkloadBudgets, by action (AlertOnly, Pause, Evict) and result"
-    " (Alerted, Suspended, Marked, Resumed, Unmarked, Evicted, Blocked, Error).",
-    ["action", "result"],
+    f"Enforcement steps taken by GPUWorkloadBudgets, by budget (namespace, name), action ({', '.join(ACTIONS)})"
+    f" and result ({', '.join(RESULTS)}).",
+    ["namespace", "name", "action", "result"],
 )
+
+
+def count_enforcement(namespace: str, name: str, action: str, result: str) -> None:
+    ENFORCEMENT_ACTIONS.labels(namespace=namespace, name=name, action=action, result=result).inc()
+
+
+def forget_enforcement(namespace: str, name: str) -> None:
+    """Remove a deleted budget's enforcement series: a budget created again under its name starts from 0 rather
+    than inheriting the old one's counts, and the series of deleted budgets do not pile up."""
+    for action in ACTIONS:
+        for result in RESULTS:
+            with contextlib.suppress(KeyError):  # older prometheus_client raise it for a series never counted
+                ENFORCEMENT_ACTIONS.remove(namespace, name, action, result)
 
 
 @dataclass(slots=True)

@@ -8,12 +8,14 @@ Both only format what a `Sample`, the cluster's `summary()` and the `Recorder` a
 from __future__ import annotations
 
 from collections import Counter
+from datetime import timedelta
 from typing import Any
 
+from ..apiserver.tables import human_duration
 from .events import Recorder
 from .timeline import Sample
 
-__all__ = ["controller_lines", "plain", "progress", "screen"]
+__all__ = ["controller_lines", "event_age", "plain", "progress", "screen"]
 
 ENFORCED = ("Paused", "Evicted")
 
@@ -24,6 +26,14 @@ def progress(elapsed: float, total: float | None, width: int = 30) -> str:
     done = min(1.0, max(0.0, elapsed / total))
     filled = int(done * width)
     return f"[{'#' * filled}{'.' * (width - filled)}] {elapsed:5.0f} / {total:.0f} s"
+
+
+def event_age(elapsed: float, at: float) -> str:
+    """How long ago an Event arrived, in `kubectl get events`' age format (5s, 2m10s), clamped at 0s. An age
+    rather than the recorder's time, which counts from the workload's start and is negative for the Events of
+    the operator's start-up; the clamp because an Event recorded while a frame is drawn has a time past that
+    frame's `elapsed` (the demo loop and the recorder read the clock separately)."""
+    return human_duration(timedelta(seconds=max(0.0, elapsed - at)))
 
 
 def _budget_line(name: str, b: Any, recorder: Recorder) -> str:
@@ -63,6 +73,10 @@ def controller_lines(sample: Sample | None, recorder: Recorder, mig_pods_served:
     slices = ", ".join(f"{p} x{k}" for p, k in sample.slices.items()) or "none"
     lines.append(f"MIG slicer: slices {slices} (in use {sample.slices_in_use}); pods waiting for a slice "
                  f"{sample.mig_waiting}; pods given slices {mig_pods_served}")
+    m = sample.mig
+    if m.capacity:
+        lines.append(f"  compute slices: used {m.used}/{m.capacity}, free {m.free}, fragmented {m.fragmented}; "
+                     f"asked by pods not placed yet {m.demand}")
     return lines
 
 
@@ -94,7 +108,7 @@ def screen(summary: dict[str, Any], sample: Sample | None, recorder: Recorder, *
     if summary["faults"]:
         lines += ["", "faults: " + "; ".join(summary["faults"][-3:])]
     lines += ["", "what the controllers did (latest Events):"]
-    lines += ["  " + f"{e.t:5.0f}s " + e.line(140) for e in recorder.recent] or ["  (nothing yet)"]
+    lines += [f"  {event_age(elapsed, e.t):>6} ago  {e.line(140)}" for e in recorder.recent] or ["  (nothing yet)"]
     return "\n".join(lines)
 
 
@@ -108,5 +122,5 @@ def plain(summary: dict[str, Any], sample: Sample | None, recorder: Recorder, *,
              + f"; GPUs in use {summary['gpus_used']} of {summary['gpus_total']}"]
     lines += [f"{head} {line.strip()}" for line in controller_lines(sample, recorder,
                                                                      summary.get("mig_allocations", 0))]
-    lines += [f"{head} event {e.t:5.1f}s {e.line(160)}" for e in recorder.since(events_from)]
+    lines += [f"{head} event {event_age(elapsed, e.t):>5} ago {e.line(160)}" for e in recorder.since(events_from)]
     return "\n".join(lines)

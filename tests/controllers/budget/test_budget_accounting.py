@@ -3,6 +3,9 @@ timestamps, the ledger keeping deleted pods, overlapping budgets, and metrics co
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from fractions import Fraction
@@ -21,6 +24,7 @@ from gpuops.kube.resources import PODS
 pytestmark = pytest.mark.anyio
 
 TOLERANCE = Fraction(1, 1_000_000)  # GPU-hours
+KUBECTL = str(Path(sys.executable).parent / "kubectl")
 
 
 @pytest.fixture
@@ -65,6 +69,11 @@ async def test_zero_pods_sums_accuracy_and_scrape_time_metrics(tmp_path: Path) -
         assert (b.status.consumed_gpu_hours, b.status.remaining_gpu_hours) == ("0.000000", "0.500000")
         assert b.status.quota_gpu_hours == "0.500000" and b.status.exhausts_at is None
         assert (b.status.tracked_pods, b.status.running_pods) == (0, 0)
+        # and `kubectl get gwb` prints PODS 0 rather than a blank cell (a zero count is written, not omitted)
+        kubectl = [KUBECTL, "--kubeconfig", str(env.kubeconfig), "get", "gwb", "team-a", "-n", NS]
+        table = await asyncio.to_thread(subprocess.run, kubectl, capture_output=True, text=True, timeout=60)
+        header, row = table.stdout.splitlines()
+        assert dict(zip(header.split(), row.split(), strict=True))["PODS"] == "0", table.stdout
         assert cond.is_false(b.status.conditions, "QuotaExceeded")
         assert cond.is_false(b.status.conditions, "Degraded")
         assert b.status.observed_generation == b.metadata.generation

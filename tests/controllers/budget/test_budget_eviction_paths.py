@@ -118,9 +118,9 @@ async def rig(tmp_path: Path, names: list[str], options: EnforcementOptions, *, 
         yield r
 
 
-def actions(result: str) -> float:
+def actions(result: str, budget: str = "guard") -> float:
     return REGISTRY.get_sample_value("gpuops_budget_enforcement_actions_total",
-                                     {"action": "Evict", "result": result}) or 0.0
+                                     {"namespace": NS, "name": budget, "action": "Evict", "result": result}) or 0.0
 
 
 async def test_batches_take_the_largest_first_and_the_next_batch_waits_one_interval(tmp_path: Path) -> None:

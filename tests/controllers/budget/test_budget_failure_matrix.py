@@ -80,7 +80,7 @@ async def test_every_budget_failure_shows_as_condition_event_metric_and_log(tmp_
                 series, _, rest = seen.metric.partition("{")
                 labels = {k: v.strip('"') for k, v in (kv.split("=") for kv in rest.rstrip("}").split(","))}
                 text, _, _ = await rig.scrape()
-                if not (metric_value(text, series, labels) or 0) > 0:
+                if not (metric_value(text, series, {**labels, "namespace": NS, "name": name}) or 0) > 0:
                     missing.append(seen.metric)
                 if not any(r.get("event") == seen.log and r.get("key") == f"{NS}/{name}"
                            and r.get("level") == "warning" for r in log_lines(rig.log_path)):

@@ -8,6 +8,8 @@ import sys
 
 import structlog
 
+from gpuops import logs
+
 __all__ = ["add_arguments", "run"]
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
@@ -32,11 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="destroy a slice no claim names after this long (default: %(default)s)")
     p.add_argument("--heartbeat", type=float, default=15.0, metavar="SECONDS",
                    help="rewrite the MigNode at least this often (default: %(default)s)")
-    p.add_argument("--metrics-bind-address", default=":8081", metavar="ADDR",
+    # probes 8082, metrics 8083: clear of `gpuops run`'s 8080 and 8081, so both run on one host with their defaults
+    p.add_argument("--metrics-bind-address", default=":8083", metavar="ADDR",
                    help="metrics endpoint (0: off; default: %(default)s)")
     p.add_argument("--health-probe-bind-address", default=":8082", metavar="ADDR",
                    help="/healthz and /readyz (0: off; default: %(default)s)")
-    p.add_argument("--log-format", choices=["json", "console"], help="log format (default: json without a TTY)")
+    logs.add_format_argument(p)
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO")
 
 
