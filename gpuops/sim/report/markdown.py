@@ -14,6 +14,24 @@ from .timeline import Timeline
 __all__ = ["RunInfo", "render"]
 
 ENFORCED = ("Paused", "Evicted")
+READING = {
+    "budgets": "How to read it: one panel per budget, its GPU-hours as a share of its own quota (left axis; "
+               "GPU-hours on the right), so a tiny quota reads as clearly as a large one. Dashed red: the quota "
+               "(100 %); dotted orange: when the budget went over quota; solid black: when its enforcement first "
+               "acted (a Job paused, a pod evicted, an alert sent); triangles: each workload paused or evicted.",
+    "nodes": "How to read it: top, the pods asking for whole GPUs that no node has taken yet (what makes the "
+             "autoprovisioner power a machine on); middle, the scenario's machines stacked by power state; bottom, "
+             "each machine's power state over time.",
+    "spotpool": "How to read it: solid, the pool's Ready instances; dashed, how many it wants; shaded, the instances "
+                "live at the cloud (a reclaimed one counts until it is gone). Dotted red lines and the row below: "
+                "reclaim notices; the triangles: instance launches (xN: several at once).",
+    "mig": "How to read it: the MIG GPUs' compute slices (a 1g slice counts 1, a 3g slice 3), stacked up to the "
+           "capacity line: used by pods, free but fragmented (no slice of a waiting pod's profile fits there, by "
+           "MIG's placement rules) and free and usable. Dashed red: the compute the pods not placed yet ask for. "
+           "Demand above the usable band while a fragmented band remains means fragmented GPUs; no free band "
+           "means full ones. Below: the MIG pods without their slice yet, by why they wait.",
+}
+"""What each plot shows and how to read it, under the plot in README.md."""
 
 
 @dataclass(slots=True)
@@ -127,8 +145,29 @@ def _mig(tl: Timeline, rec: Recorder, summary: Mapping[str, Any]) -> list[str]:
               f"; FailedMigAllocation Events: "
               f"{sum(n for (_, r), n in rec.by_reason.items() if r == 'FailedMigAllocation')}. Pods waiting for a "
               f"slice: peak {max(waiting, default=0)}, at the end {waiting[-1] if waiting else 0}. "
-              f"Slices in use at the end: {last.slices_in_use if last else 0}.", ""]
+              f"Slices in use at the end: {last.slices_in_use if last else 0}.", "", *_mig_compute(tl)]
     return lines
+
+
+def _peak(tl: Timeline, values: list[int]) -> str:
+    """"N at T s" for the largest value (its first time), "0" if it never rose."""
+    top = max(values, default=0)
+    return f"{top} at {tl.samples[values.index(top)].t:.0f} s" if top else "0"
+
+
+def _mig_compute(tl: Timeline) -> list[str]:
+    """The figures of the MIG plot, in compute slices (what `MigPoint` says)."""
+    last = tl.last
+    if last is None or not last.mig.capacity:
+        return []
+    m, series = last.mig, tl.mig_series()
+    waits = tl.wait_series()
+    reasons = "; ".join(f"{r} {max(v)}" for r, v in waits.items()) or "none"
+    return [f"In compute slices (a 1g slice counts 1, a 3g slice 3; an A100 or H100 has 7): capacity "
+            f"{m.capacity} on {m.gpus} MIG-enabled GPUs. Used by pods: peak {_peak(tl, series['used'])}, "
+            f"{m.used} at the end. Free but fragmented (no waiting pod's profile fits there): peak "
+            f"{_peak(tl, series['fragmented'])}. Demand of pods not placed yet: peak {_peak(tl, series['demand'])}, "
+            f"{m.demand} at the end. Most MIG pods waiting at once, by reason: {reasons}.", ""]
 
 
 def render(info: RunInfo, tl: Timeline, rec: Recorder, plots: Mapping[str, str], no_plots: str | None = None) -> str:
@@ -159,14 +198,14 @@ def render(info: RunInfo, tl: Timeline, rec: Recorder, plots: Mapping[str, str],
 
     def plot(name: str, title: str) -> list[str]:
         if name in plots:
-            return [f"![{title}]({plots[name]})", ""]
+            return [f"![{title}]({plots[name]})", "", f"_{READING[name]}_", ""]
         return [f"_(plot not drawn: {no_plots or 'no data'})_", ""]
 
     lines += ["## Budgets (GPUWorkloadBudget)", "", *_budgets(tl, rec), *plot("budgets", "budget consumption")]
     lines += ["## Autoprovision (GPUNodeGroup)", "", *_autoprovision(tl, rec),
               *plot("nodes", "machines by power state")]
     lines += ["## Spot pool (SpotPool)", "", *_spot(tl, rec), *plot("spotpool", "spot pool size")]
-    lines += ["## MIG slicer", "", *_mig(tl, rec, s), *plot("mig", "MIG slices")]
+    lines += ["## MIG slicer", "", *_mig(tl, rec, s), *plot("mig", "MIG compute slices")]
     lines += ["## Operator Events by reason", ""]
     lines += _table(["controller", "reason", "count"],
                     [[c, r, str(n)] for (c, r), n in sorted(rec.by_reason.items(), key=lambda kv: (-kv[1], kv[0]))])
