@@ -722,6 +722,8 @@ class JobSpec(_Model):
     selector: LabelSelector | None = None
     template: PodTemplateSpec | None = None
     ttl_seconds_after_finished: int | None = None
+    managed_by: str = ""
+    """The controller that runs the Job; empty or kubernetes.io/job-controller: the built-in one."""
 
 
 class JobCondition(_Model):

@@ -25,7 +25,8 @@ What it proves:
    - MIG slicer: webhook and slices; then the node's GPU loses its slices (MIG switched off while the agent is
      stopped): a running pod's Bound claim fails (the pod is deleted), a claim planned but not yet made fails
      (it is deleted and the pod planned again); a pod that fits nowhere changes its reason and back (its
-     FailedMigAllocation Event patched).
+     FailedMigAllocation Event patched); then NVIDIA's MIG manager label on the node makes the operator write
+     the MigNode's ConflictDetected condition (mignodes/status patch) and a Warning Event on the Node.
    The four controllers run as four `gpuops run --controllers X` processes, each with its own token of the
    same ServiceAccount (TokenRequest gives each token an ID the audit log carries), so that each request is
    known to come from one controller: a controller's ClusterRole must allow all of that controller's
@@ -602,6 +603,13 @@ async def test_install_with_rbac_runs_every_controller_and_every_rule_is_needed(
                 await asyncio.wait_for(asyncio.to_thread(set_mig_mode, env, True), 30)
                 await done("huge's first reason again (Event patched)", lambda: repeated(
                     env, "Pod", "huge", "FailedMigAllocation", "fit on no single node"))
+                # NVIDIA's MIG manager acts on the node too: the MigNode says so (its status patched)
+                state = "nvidia.com/mig.config.state"
+                await merge_patch("node", MIG_NODE, {"metadata": {"labels": {state: "success"}}})
+                await done("the MigNode's ConflictDetected and the Node's Event", lambda: has_condition(
+                    stored_one(env, "gpuops.io", "mignodes", "", MIG_NODE), "ConflictDetected")
+                    and events_about(env, "Node", MIG_NODE, "MigManagerOnNode"))
+                await merge_patch("node", MIG_NODE, {"metadata": {"labels": {state: None}}})
 
             await asyncio.gather(
                 done("the budget controller evicts over quota", budget_evicted),

@@ -214,14 +214,17 @@ class GroupStatus(_Api):
     conditions: Annotated[tuple[Condition, ...] | None, crd(list_type="map", list_map_keys=("type",))] = None
     """Ready (True while state is Ready; when False, the reason says why, e.g. Observed, BootTimeout, PoweredOff,
     InvalidSpec, SecretNotAllowed or InsecureTransport), WebhookFailing (True with reason Retrying or Refused while
-    a power webhook call fails; False with reason Accepted once one succeeds) and InsecureTransport (True while a
-    token goes over plain HTTP, as insecureAllowHTTP allows). metav1.Condition."""
+    a power webhook call fails; False with reason Accepted once one succeeds), InsecureTransport (True while a
+    token goes over plain HTTP, as insecureAllowHTTP allows) and ConflictDetected (True while the node must not be
+    powered off because another autoscaler manages it or an annotation protects it: reason KarpenterManagedNode,
+    ClusterAutoscalerScaleDown or NodeProtected; False once that is over). metav1.Condition."""
 
 
 class GPUNodeGroup(_Api):
-    """GPUNodeGroup is one power-managed GPU machine (the seed's "node group"). gpuops powers it on when pending
-    GPU pods need it (smallest sufficient machine first) and off once it has had no GPU pods for
-    scaleDownUnneededSeconds (largest idle machine first), by POSTing to the webhooks below."""
+    """GPUNodeGroup is one power-managed GPU machine (a "node group" of dseif0x/k8s-gpu-autoprovision, the
+    autoprovisioner gpuops replaces). gpuops powers it on when pending GPU pods need it (smallest sufficient machine
+    first) and off once it has had no GPU pods for scaleDownUnneededSeconds (largest idle machine first), by POSTing
+    to the webhooks below."""
 
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     spec: Annotated[GroupSpec, crd(required=True)] = msgspec.field(default_factory=GroupSpec)

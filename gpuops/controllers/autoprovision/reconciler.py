@@ -12,7 +12,8 @@ Two kinds of work items share the controller's queue:
                        allocatable (a Ready node with 0 GPUs is still booting); past bootDeadline -> Failed.
            Failed      backs off (5 min doubling to 30 min), then Off: offered to the planner again.
            Draining    taint NoSchedule, evict the node's remaining non-DaemonSet pods (Eviction API), then POST
-                       scale-down -> PoweringOff; a GPU pod landing meanwhile aborts back to Ready.
+                       scale-down -> PoweringOff; a GPU pod landing meanwhile aborts back to Ready, and so does a
+                       mark of another autoscaler or a do-not-remove annotation (`power_off_hold`).
            PoweringOff Off once the Node is NotReady or gone.
            Off/Ready   follow the Node (powered on or off by someone else).
 """
@@ -37,6 +38,7 @@ from gpuops.accounting.capacity import (
     plan_scale_up,
 )
 from gpuops.accounting.quantity import parse_quantity
+from gpuops.controllers.coexistence import CONDITION, DO_NOT_DISRUPT, NO_CONFLICT, power_off_hold
 from gpuops.controllers.scheduling import INDEX_UNSCHEDULABLE, unschedulable
 from gpuops.controllers.secretscope import SecretScope
 from gpuops.kube import conditions as cond
@@ -78,8 +80,6 @@ PLAN = Request("", "~plan")
 """The planner's work item ("~" cannot start a group name, so it never collides with one)."""
 DRAIN_TAINT = "gpuops.io/power-off"
 SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
-DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
-SCALE_DOWN_DISABLED = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
 INDEX_GROUP_NODE = "gpuops.io/group-node"
 _SECOND = 1_000_000
 _STATE = {"Off": NodeState.OFF, "PoweringOn": NodeState.POWERING_ON, "Ready": NodeState.READY,
@@ -220,9 +220,9 @@ class Autoprovisioner:
 
     def blocker(self, group: GPUNodeGroup) -> str | None:
         """Why this idle node must not be drained (cluster-autoscaler's and Karpenter's rules), or None."""
-        node = self.nodes.store.get(group.spec.node_name)
-        if node is not None and (node.metadata.annotations or {}).get(SCALE_DOWN_DISABLED) == "true":
-            return f"node annotation {SCALE_DOWN_DISABLED}=true"
+        hold = power_off_hold(self.nodes.store.get(group.spec.node_name))
+        if hold is not None:
+            return hold[1]
         for pod in self.pods.store.by_index(INDEX_NODE, group.spec.node_name):
             if pod.status.phase in ("Succeeded", "Failed") or _daemon(pod):
                 continue
@@ -267,6 +267,8 @@ class Autoprovisioner:
                                f" {owner.metadata.name}, created earlier; give this group another spec.nodeName"
                                " or delete one of the two")
             return None
+        if group.status.state and await self._report_conflict(group):
+            return Result(requeue=True)  # a condition-only write wakes no one: drive on the written version
         self._conflicts.discard(group.metadata.name)
         result = await self.drive(group)
         if group.metadata.name in self._conflicts:
@@ -275,6 +277,26 @@ class Autoprovisioner:
             self._conflicts.discard(group.metadata.name)
             return Result(requeue=True)
         return result
+
+    async def _report_conflict(self, group: GPUNodeGroup) -> bool:
+        """ConflictDetected from the marks other autoscalers (or users) put on the node (`power_off_hold`), with a
+        Warning Event when it starts or changes. True when the status was written."""
+        hold = power_off_hold(self.nodes.store.get(group.spec.node_name))
+        current = cond.get_condition(group.status.conditions, CONDITION)
+        if hold is None:
+            if current is None or current.status == "False":
+                return False
+            value, reason, message = "False", NO_CONFLICT, "nothing keeps the node from being powered off when idle"
+        else:
+            value, (reason, message) = "True", hold
+        if current is not None and (current.status, current.reason, current.message) == (value, reason, message):
+            return False
+        if not await self._write(group, self._with_condition(group, CONDITION, value, reason, message)):
+            return False
+        if value == "True":
+            self.recorder.record(group, "Warning", reason, message, kind=KIND, api_version=API_VERSION)
+            log.warning("node kept powered on for another controller", group=group.metadata.name, reason=reason)
+        return True
 
     def _refusal(self, group: GPUNodeGroup) -> tuple[str, str] | None:
         """(reason, message) when the group's credentials may not be used: a Secret outside the operator's
@@ -531,6 +553,12 @@ class Autoprovisioner:
 
     async def _drain(self, group: GPUNodeGroup, obs: Observed, now: int) -> Result | None:
         tr = group.status.transition
+        hold = power_off_hold(obs.node)
+        if hold is not None:  # marked after the decision: the mark wins, the machine stays on
+            await self._untaint(obs.node)
+            await self._become(group, now, "Ready", "PowerOffAborted", f"{group.spec.node_name} stays on: {hold[1]}",
+                               transition=None)
+            return None
         if obs.gpu_pods > 0:  # a GPU pod got there first: keep the node
             await self._untaint(obs.node)
             await self._become(group, now, "Ready", "PowerOffAborted",

@@ -243,7 +243,9 @@ class BudgetStatus(_Api):
     last_enforcement: LastEnforcement | None = None
     """The latest enforcement step."""
     conditions: Annotated[tuple[Condition, ...] | None, crd(list_type="map", list_map_keys=("type",))] = None
-    """Ready, QuotaExceeded and Degraded (metav1.Condition)."""
+    """Ready, QuotaExceeded, Degraded and, once Pause has met a Job another controller owns, ConflictDetected
+    (True with reason ExternallyManagedJobs naming the Jobs left running, e.g. Kueue's; False once none is).
+    metav1.Condition."""
 
 
 class GPUWorkloadBudget(_Api):

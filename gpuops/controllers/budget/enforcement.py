@@ -8,6 +8,8 @@ Every action is idempotent and checks state before acting, so a retried reconcil
   controller then deletes its active pods) and annotated `gpuops.io/paused-by: <ns>/<budget>`; other matched
   pods only get the annotation (a cooperating workload controller can act on it). Once the budget is back
   under quota, or its action changes, or it is deleted, exactly what carries our annotation is resumed.
+  A Job another controller owns (Kueue's queue-name label, a spec.managedBy naming another controller) is
+  left alone: it is listed in `Outcome.left_alone` and the reconciler reports it (`gpuops.controllers.coexistence`).
 * Evict: policy/v1 Evictions of the running matched pods, largest in-window usage first, at most
   `evictions_per_batch` every `eviction_interval`. A PodDisruptionBudget's 429 backs that pod off
   exponentially (never a hot loop) and shows as Degraded/EvictionBlocked plus an Event. Evicted pods keep
@@ -27,6 +29,7 @@ from typing import Any
 import structlog
 
 from gpuops.accounting.gpuhours import format_gpu_hours
+from gpuops.controllers.coexistence import kueue_owner
 from gpuops.kube.client import Client
 from gpuops.kube.errors import ApiError, Conflict, NotFound, TooManyRequests
 from gpuops.kube.events import EventRecorder, EventType
@@ -45,7 +48,7 @@ from .api import (
     format_time,
     parse_time,
 )
-from .metrics import ENFORCEMENT_ACTIONS
+from .metrics import count_enforcement, forget_enforcement
 
 __all__ = ["INDEX_PAUSED_BY", "EnforcementOptions", "Enforcer", "Outcome", "Situation", "Target", "controlling_job"]
 
@@ -107,6 +110,8 @@ class Outcome:
     degraded: tuple[str, str] | None = None
     """(reason, message) for the Degraded condition, None when enforcement is healthy."""
     wake_at: int | None = None
+    left_alone: list[tuple[str, str]] = field(default_factory=list)
+    """(Job name, why) of the Jobs Pause would have suspended but another controller owns (Kueue, a managedBy)."""
 
     def wake(self, at: int) -> None:
         self.wake_at = at if self.wake_at is None else min(self.wake_at, at)
@@ -133,8 +138,10 @@ def controlling_job(pod: Pod) -> str | None:
     return None
 
 
-def _count(action: str, result: str) -> None:
-    ENFORCEMENT_ACTIONS.labels(action=action, result=result).inc()
+def _count(ref: str, action: str, result: str) -> None:
+    """Count an enforcement step of budget `ref` ("namespace/name")."""
+    namespace, _, name = ref.partition("/")
+    count_enforcement(namespace, name, action, result)
 
 
 class Enforcer:
@@ -171,6 +178,12 @@ class Enforcer:
 
     def forget(self, key: str) -> None:
         self._evictions.pop(key, None)
+
+    @staticmethod
+    def forget_series(key: str) -> None:
+        """Drop the enforcement series of budget `key` ("namespace/name"), once it is deleted."""
+        namespace, _, name = key.partition("/")
+        forget_enforcement(namespace, name)
 
     def vanished_end(self, uid: str) -> int | None:
         """Where a pod we evicted without grace ends if it leaves the API still running (no finishedAt exists):
@@ -239,7 +252,7 @@ class Enforcer:
             f" in the last {sit.window_hours}h{who}. Action AlertOnly: no pod is touched."
         )
         self.event(budget, "Warning", "QuotaExceeded", message)
-        _count("AlertOnly", "Alerted")
+        _count(f"{budget.metadata.namespace}/{budget.metadata.name}", "AlertOnly", "Alerted")
         out.last = LastEnforcement(
             action="AlertOnly", pod=top.pod.metadata.name if top else "", time=format_time(sit.now),
             result="Alerted", message=message,
@@ -264,18 +277,22 @@ class Enforcer:
                 job = self.jobs.store.get(f"{ns}/{job_name}")
                 if job is None or job.spec.suspend:  # not in the cache yet, or already suspended (ours or not)
                     continue
+                owner = kueue_owner(job)
+                if owner is not None:  # its spec.suspend is another controller's: writing it would fight that one
+                    out.left_alone.append((job_name, owner))
+                    continue
                 patch: dict[str, Any] = {
                     "metadata": {"annotations": {PAUSED_BY: ref, PAUSED_AT: stamp}},
                     "spec": {"suspend": True},
                 }
                 what, result = f"Job {job_name}", "Suspended"
-                ok = await self._write(JOBS, job_name, ns, patch, "Pause", out, sit.now, what)
+                ok = await self._write(JOBS, job_name, ns, patch, ref, "Pause", out, sit.now, what)
             else:
                 if (pod.metadata.annotations or {}).get(PAUSED_BY) == ref:
                     continue
                 patch = {"metadata": {"annotations": {PAUSED_BY: ref, PAUSED_AT: stamp}}}
                 what, result = f"pod {pod.metadata.name}", "Marked"
-                ok = await self._write(PODS, pod.metadata.name, ns, patch, "Pause", out, sit.now, what)
+                ok = await self._write(PODS, pod.metadata.name, ns, patch, ref, "Pause", out, sit.now, what)
             if not ok:
                 continue
             message = (
@@ -283,7 +300,7 @@ class Enforcer:
                 f" budget over quota ({format_gpu_hours(sit.consumed)} of {format_gpu_hours(sit.quota)} GPU-hours)"
             )
             self.event(budget, "Warning", "Paused", message)
-            _count("Pause", result)
+            _count(ref, "Pause", result)
             out.last = LastEnforcement(
                 action="Pause", pod=pod.metadata.name, job=job_name or "", time=stamp, result=result, message=message
             )
@@ -299,8 +316,8 @@ class Enforcer:
                 "spec": {"suspend": False},
             }
             name = job.metadata.name
-            if await self._write(JOBS, name, namespace, patch, "Pause", out, None, f"Job {name}"):
-                _count("Pause", "Resumed")
+            if await self._write(JOBS, name, namespace, patch, ref, "Pause", out, None, f"Job {name}"):
+                _count(ref, "Pause", "Resumed")
                 message = f"resumed Job {name}: budget {ref} is under quota, changed its action or is gone"
                 log.info("resumed job", job=f"{namespace}/{name}", budget=ref)
                 if budget is not None:
@@ -310,8 +327,8 @@ class Enforcer:
         for pod in self.pods.store.by_index(INDEX_PAUSED_BY, ref):
             patch = {"metadata": {"annotations": {PAUSED_BY: None, PAUSED_AT: None}}}
             name = pod.metadata.name
-            if await self._write(PODS, name, namespace, patch, "Pause", out, None, f"pod {name}"):
-                _count("Pause", "Unmarked")
+            if await self._write(PODS, name, namespace, patch, ref, "Pause", out, None, f"pod {name}"):
+                _count(ref, "Pause", "Unmarked")
 
     async def resume_orphans(self, namespace: str, live_budgets: set[str]) -> None:
         """Resume what budgets that no longer exist paused (deleted while we were down, say)."""
@@ -321,6 +338,7 @@ class Enforcer:
             if ns != namespace or name in live_budgets:
                 continue
             await self.resume(namespace, ref, Outcome())
+            self.forget_series(ref)  # the budget is gone: so go the series the resume just counted
 
     # ------------------------------------------------------------------------------------------ Evict
 
@@ -403,7 +421,7 @@ class Enforcer:
             message = f"eviction of pod {name} refused ({why}); attempt {attempts}, next try in {delay:g}s"
             state.blocked[uid] = _Blocked(attempts, now + round(delay * _SECOND), reason, message)
             self.event(budget, "Warning", reason, message)
-            _count("Evict", "Blocked" if pdb else "Error")
+            _count(key, "Evict", "Blocked" if pdb else "Error")
             out.last = LastEnforcement(action="Evict", pod=name, time=format_time(now),
                                        result="Blocked" if pdb else "Failed", message=message)
             log.warning("eviction refused", pod=f"{pod.metadata.namespace}/{name}", reason=reason,
@@ -420,22 +438,23 @@ class Enforcer:
         with contextlib.suppress(ValueError):
             self.recorder.record(pod, "Warning", "EvictedByBudget",
                                  f"evicted by GPUWorkloadBudget {budget.metadata.name}: the budget is over quota")
-        _count("Evict", "Evicted")
+        _count(key, "Evict", "Evicted")
         out.last = LastEnforcement(action="Evict", pod=name, time=format_time(now), result="Evicted", message=message)
         log.info("evicted pod", pod=f"{pod.metadata.namespace}/{name}", usage_gpu_hours=usage)
 
     # ------------------------------------------------------------------------------------------ writes
 
     async def _write(
-        self, rt: Any, name: str, namespace: str, patch: dict[str, Any], action: str, out: Outcome,
+        self, rt: Any, name: str, namespace: str, patch: dict[str, Any], ref: str, action: str, out: Outcome,
         now: int | None, what: str,
     ) -> bool:
+        """Patch an object for budget `ref` ("namespace/name"); False when it is gone or the write failed."""
         try:
             await self.client.patch(rt, name, patch, namespace=namespace)
         except NotFound:
             return False
         except ApiError as e:
-            _count(action, "Error")
+            _count(ref, action, "Error")
             log.warning("enforcement write failed", target=f"{namespace}/{name}", action=action, error=str(e))
             out.degraded = ("EnforcementFailed", f"{action} could not update {what}: {e.status} {e.reason}: {e}")
             if now is not None:

@@ -54,6 +54,7 @@ window), the end of the enforcement delay, and enforcement's own timers; events 
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
@@ -83,6 +84,7 @@ from gpuops.accounting.reporting import (
     settle_end,
 )
 from gpuops.accounting.requests import Container, PodSpecRequests, pod_request
+from gpuops.controllers.coexistence import CONDITION, NO_CONFLICT
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
 from gpuops.kube.controller import Controller, Request, Result, requeue_at
@@ -417,6 +419,44 @@ def _conditions(items: list[dict[str, Any]]) -> tuple[Condition, ...]:
     return msgspec.convert(items, tuple[Condition, ...])
 
 
+JOBS_LEFT_ALONE = "ExternallyManagedJobs"
+"""ConflictDetected reason (and Event reason) of a budget whose Pause left Jobs to the controller owning them."""
+
+
+def _with_conflict(budget: GPUWorkloadBudget, desired: BudgetStatus, left_alone: list[tuple[str, str]],
+                   now: int) -> tuple[BudgetStatus, str | None]:
+    """`desired` with ConflictDetected set from the Jobs Pause left alone, and the message to send as a Warning
+    Event when that is news (None otherwise). A budget that never had a conflict gets no such condition."""
+    current = cond.get_condition(budget.status.conditions, CONDITION)
+    if left_alone:
+        names = sorted({name for name, _ in left_alone})
+        shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+        value, reason = "True", JOBS_LEFT_ALONE
+        message = (f"over quota, but Pause did not suspend Job(s) {shown}: {left_alone[0][1]}. Stop them through "
+                   "that controller (Kueue: a ClusterQueue or LocalQueue stopPolicy, a smaller quota, or the "
+                   "Workload's spec.active=false), or use the Evict action, which works on any pod")
+    elif current is not None and current.status != "False":
+        value, reason = "False", NO_CONFLICT
+        message = "no Job this budget would pause is owned by another controller"
+    else:
+        return desired, None
+    items = cond.set_condition(desired.conditions, CONDITION, value, reason, message[:1024],
+                               budget.metadata.generation, now=format_time(now - now % _SECOND))
+    # news: the conflict starts, or a Job joins it (one that finished or went leaves quietly)
+    news = value == "True" and (current is None or current.status != "True"
+                                or bool({n for n, _ in left_alone} - _jobs_named(current.message)))
+    return msgspec.structs.replace(desired, conditions=_conditions(items)), message if news else None
+
+
+_NAMED = re.compile(r"did not suspend Job\(s\) (.*?)(?: and \d+ more)?: ")
+
+
+def _jobs_named(message: str) -> set[str]:
+    """The Jobs a ConflictDetected message of ours names (beyond the first ten: not listed, so taken as news)."""
+    found = _NAMED.search(message)
+    return set(found.group(1).split(", ")) if found else set()
+
+
 # ---------------------------------------------------------------------------------------------- reconciler
 
 
@@ -669,6 +709,7 @@ class BudgetReconciler:
         if budget is None or budget.metadata.deletion_timestamp:
             self._forget(req.key)
             await self._sweep(req.namespace)
+            self.enforcer.forget_series(req.key)  # after the sweep, whose resumes count under the budget too
             return None
         now = self.now()
         spec = self.spec_of(budget)
@@ -775,8 +816,12 @@ class BudgetReconciler:
         # 3. status (one merge patch of what changed), then what may only follow a durable ledger
         desired = self._status(budget, spec, usage, book, width, over_since, outcome.last or prev.last_enforcement,
                                outcome.degraded, members, at)
+        desired, conflict_news = _with_conflict(budget, desired, outcome.left_alone, at)
         if not await self._write_status(budget, desired, at):
             return None
+        if conflict_news is not None:  # once per change of what is left alone, not once per reconcile
+            self.enforcer.event(budget, "Warning", JOBS_LEFT_ALONE, conflict_news)
+            log.warning("pause left jobs to another controller", budget=key, message=conflict_news)
         pending = self._departed.get(key)
         if pending is not None:
             for uid, item in departed.items():

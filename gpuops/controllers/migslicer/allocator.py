@@ -6,7 +6,8 @@ One pod, from admission to its container holding the slices:
   2. Plan: the MigNodes' slices plus every live claim (and the claims this process created that the cache has
      not shown yet) are the occupancy; `gpuops.accounting.mig.place_in_cluster` picks node, GPUs and starts
      among the nodes that admit the pod (nodeSelector, required affinity, taints; Ready, schedulable, agent
-     alive). One AllocationClaim per slice, owned by the pod, labelled with the node for its agent.
+     alive, no other MIG manager: `gpuops.controllers.coexistence`). One AllocationClaim per slice, owned by the
+     pod, labelled with the node for its agent.
      Nothing fits: the pod stays gated with the condition `gpuops.io/MigSlices=False` and a
      FailedMigAllocation Event saying why; any change of MigNodes or claims wakes it.
   3. The agent creates each slice and reports the claim Created (device UUID).
@@ -36,6 +37,7 @@ import structlog
 
 from gpuops.accounting import mig
 from gpuops.accounting.errors import AccountingError
+from gpuops.controllers.coexistence import mig_manager_conflict
 from gpuops.controllers.scheduling import gpu_request, node_admits
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
@@ -228,7 +230,7 @@ class Allocator:
         now = self.clock()
         self._seen_waiting.setdefault((pod.metadata.namespace, pod.metadata.name), now)
         live = [c for c in claims if c.status.phase in _LIVE]
-        broken = [c for c in claims if c.status.phase == "Failed" or self._stuck(c, now)]
+        broken = [c for c in claims if c.status.phase == "Failed" or self._stuck(c, now) or self._held(c)]
         missing = _missing(profiles, live)
         if not broken and live and missing and await self._complete(pod, live, missing):
             return None
@@ -302,6 +304,13 @@ class Allocator:
                 cached.setdefault(name, c)
         return list(cached.values())
 
+    def _held(self, claim: AllocationClaim) -> bool:
+        """A claim still Pending on a node another MIG manager took over: its agent will not make it."""
+        if claim.status.phase != "Pending":
+            return False
+        node = self.nodes.store.get(claim.spec.node_name)
+        return node is not None and mig_manager_conflict(node.metadata.labels) is not None
+
     def _stuck(self, claim: AllocationClaim, now: int) -> bool:
         if claim.status.phase != "Pending":
             return False
@@ -346,6 +355,9 @@ class Allocator:
             beat = parse_time_or_none(mn.status.heartbeat)
             if node is not None and not node_admits(pod, name, node.metadata.labels or {}, node.spec.taints or ()):
                 why[NOT_FOR_POD] += 1  # not a node this pod may use: its state is no reason for the wait
+                continue
+            if node is not None and mig_manager_conflict(node.metadata.labels) is not None:
+                why[OTHER_MIG_MANAGER] += 1  # two owners of one GPU's geometry would undo each other's slices
                 continue
             if mn.metadata.name in refused:
                 why[REPORT_REFUSED] += 1
@@ -724,14 +736,16 @@ MIG_DISABLED = "MIG disabled on its GPUs"
 RESET_PENDING = "MIG mode change waiting for a GPU reset"
 UNKNOWN_MODEL = "only GPUs of a model without MIG tables (or a layout gpuops cannot read)"
 REPORT_REFUSED = "agent report contradicting another (see the MigNode's ReportRefused Event)"
+OTHER_MIG_MANAGER = "another MIG manager or MIG device plugin on the node (see the MigNode's ConflictDetected)"
 _SPECIFIC = {AGENT_SILENT: "AgentNotReporting", NO_AGENT: "AgentNotRegistered", MIG_DISABLED: "MigDisabled",
-             RESET_PENDING: "MigResetPending", UNKNOWN_MODEL: "UnknownGPUModel", REPORT_REFUSED: "AgentReportRefused"}
+             RESET_PENDING: "MigResetPending", UNKNOWN_MODEL: "UnknownGPUModel", REPORT_REFUSED: "AgentReportRefused",
+             OTHER_MIG_MANAGER: "MigManagerConflict"}
 
 
 def waiting_reason(why: Counter[str]) -> str:
     """The MigSlices reason for a pod no node may take now: when every node it may use is held back by the same
     configuration cause, that cause (AgentNotRegistered, AgentNotReporting, AgentReportRefused, MigDisabled,
-    MigResetPending, UnknownGPUModel), which no freed slice will end; else NoCapacity."""
+    MigResetPending, UnknownGPUModel, MigManagerConflict), which no freed slice will end; else NoCapacity."""
     causes = {w for w, n in why.items() if n and w != NOT_FOR_POD}
     if len(causes) == 1:
         return _SPECIFIC.get(causes.pop(), "NoCapacity")

@@ -167,7 +167,10 @@ class MigNodeStatus(_Api):
     ))] = ()
     """Every GPU on the node, in NVML index order, as read from the driver."""
     conditions: Annotated[tuple[Condition, ...] | None, crd(list_type="map", list_map_keys=("type",))] = None
-    """metav1.Conditions. Reserved: the agent sets none today, so use heartbeat to tell whether the agent is alive."""
+    """metav1.Conditions, written by the operator (the agent writes none; use heartbeat to tell whether the agent
+    is alive). ConflictDetected is True (reason MigManagerOnNode or DevicePluginMigStrategy) while another
+    component manages or advertises the node's MIG geometry: no slice is planned there, and the agent makes and
+    destroys none; False once that is over."""
 
 
 class MigNode(_Api):

@@ -9,9 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpuops.controllers.coexistence import mig_manager_conflict
 from gpuops.kube.controller import Controller, Predicate, resource_version_changed
 from gpuops.kube.events import EventRecorder
-from gpuops.kube.informer import INDEX_NODE, pods_by_node
+from gpuops.kube.informer import INDEX_NODE, Informer, pods_by_node
 from gpuops.kube.manager import Manager
 from gpuops.kube.objects import Node
 from gpuops.kube.ownnamespace import own_namespace
@@ -29,6 +30,7 @@ from .allocator import (
     gated,
 )
 from .api import CLAIMS, MIG_NODES, OUR_PREFIX, MigNode
+from .conflicts import MigConflicts
 from .metrics import STATE_COLLECTOR
 
 __all__ = ["COMPONENT", "CONTROLLER_NAME", "MigAllocatorController", "install", "setup"]
@@ -48,7 +50,12 @@ def _mig_allocatable_changed(old: Node, new: Node) -> bool:
     def mig(n: Node) -> dict[str, object]:
         return {k: v for k, v in (n.status.allocatable or {}).items() if k.startswith(OUR_PREFIX)}
 
-    return mig(old) != mig(new)
+    return mig(old) != mig(new) or _conflict_changed(old, new)
+
+
+def _conflict_changed(old: Node, new: Node) -> bool:
+    """Another MIG manager's labels came or went: the node is held, or may be planned on again."""
+    return mig_manager_conflict(old.metadata.labels) != mig_manager_conflict(new.metadata.labels)
 
 
 def _slices_changed(old: MigNode, new: MigNode) -> bool:
@@ -83,6 +90,7 @@ def install(
     controller.watch(nodes, allocator.map_capacity, predicates=[Predicate(update=_mig_allocatable_changed)])
     allocator.controller = controller
     manager.add(controller)
+    _install_conflicts(manager, nodes, mig_nodes, recorder)
 
     def _gated() -> int:
         return len(pods.store.by_index(INDEX_GATED, ""))
@@ -98,6 +106,23 @@ def install(
 
     manager.add_runnable(f"{CONTROLLER_NAME}-events-and-metrics", side_tasks)
     return MigAllocatorController(allocator, controller, recorder)
+
+
+def _install_conflicts(manager: Manager, nodes: Informer[Node], mig_nodes: Informer[MigNode],
+                       recorder: EventRecorder) -> Controller:
+    """The MigNodes' ConflictDetected condition (conflicts.py), a controller of its own: the allocator's single
+    worker is for placements, and a label change must not wait behind them."""
+    conflicts = MigConflicts(manager.client, nodes, mig_nodes, recorder)
+    controller = Controller(f"{CONTROLLER_NAME}-conflicts", conflicts.reconcile, client=manager.client)
+    controller.watch(nodes, conflicts.map_node, predicates=[Predicate(update=_conflict_changed)])
+    controller.watch(mig_nodes, conflicts.map_mig_node, predicates=[Predicate(update=_conditions_or_node_changed)])
+    manager.add(controller)
+    return controller
+
+
+def _conditions_or_node_changed(old: MigNode, new: MigNode) -> bool:
+    """Heartbeats alone change nothing here; a new MigNode's first report, or its conditions edited, do."""
+    return old.status.conditions != new.status.conditions or old.spec != new.spec
 
 
 async def setup(manager: Manager) -> None:

@@ -293,8 +293,10 @@ class PoolStatus(_Api, omit_defaults=False):
     conditions: Annotated[tuple[Condition, ...] | None, crd(list_type="map", list_map_keys=("type",))] = None
     """Ready (True when enough instances are Ready; False also for spec, SDK or launch problems, e.g. reason
     InvalidSpec, SecretNotAllowed, InsecureTransport or LaunchRejected), ScalingUp (True while a launch is in
-    flight or size is below desired), CapacityError, QuotaExceeded, CredentialsInvalid and InsecureTransport
-    (True while the credentials go over plain HTTP, as insecureAllowHTTP allows). metav1.Condition."""
+    flight or size is below desired), CapacityError, QuotaExceeded, CredentialsInvalid, InsecureTransport
+    (True while the credentials go over plain HTTP, as insecureAllowHTTP allows) and ConflictDetected (True with
+    reason KarpenterManagedNodes while some of the pool's nodes carry Karpenter's NodePool label; False once none
+    does). metav1.Condition."""
 
 
 class SpotPool(_Api):

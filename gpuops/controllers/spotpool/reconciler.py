@@ -29,6 +29,7 @@ import structlog
 
 from gpuops.accounting.pool import InstanceState, PoolInstance, plan_pool
 from gpuops.accounting.pool import PoolSpec as PlanSpec
+from gpuops.controllers.coexistence import CONDITION, KARPENTER_NODEPOOL, NO_CONFLICT, karpenter_nodepool
 from gpuops.controllers.errors import SpecError
 from gpuops.controllers.scheduling import (
     INDEX_UNSCHEDULABLE,
@@ -100,6 +101,8 @@ _CALL_FAILED = {
 }
 """Ready=False reasons of a failed cloud call, by its kind."""
 _BLOCKING = ("CredentialsInvalid", "QuotaExceeded", "CapacityError")
+KARPENTER_NODES = "KarpenterManagedNodes"
+"""ConflictDetected reason (and Event reason) of a pool some of whose nodes Karpenter manages too."""
 """Conditions that, while True, say why a pool short of instances is not Ready."""
 
 
@@ -625,9 +628,29 @@ class SpotPoolReconciler:
             reason, message = self._blocked(pool, step, short=len(live) < target) or (
                 "InstancesNotReady", f"{ready} of {target} instances Ready (minimum {pool.spec.minimum})")
             self._condition(step, pool, "Ready", "False", reason, message)
+        self._karpenter(pool, step, views)
         unfit = list(unfit)
         if unfit:
             log.info("pending pods larger than one instance", pool=pool.metadata.name, pods=unfit[:10])
+
+    def _karpenter(self, pool: SpotPool, step: Step, views: list[View]) -> None:
+        """ConflictDetected while some of the pool's nodes carry Karpenter's marks: Karpenter may then consolidate,
+        drift or replace them while this pool replaces them too. Said once (Event) per change; nothing is held."""
+        managed = sorted((v.node.metadata.name, owner) for v in views if v.node is not None
+                         and (owner := karpenter_nodepool(v.node)) is not None)
+        current = cond.get_condition(pool.status.conditions, CONDITION)
+        if managed:
+            shown = ", ".join(f"{n} ({o})" for n, o in managed[:10]) + (
+                f" and {len(managed) - 10} more" if len(managed) > 10 else "")
+            message = (f"Karpenter manages node(s) {shown} of this pool: both controllers would replace and remove "
+                       f"them. Keep the pool's nodes out of Karpenter (no {KARPENTER_NODEPOOL} in "
+                       "spec.template.labels, no NodePool matching its instances), or let one of the two own them")
+            self._condition(step, pool, CONDITION, "True", KARPENTER_NODES, message)
+            if current is None or (current.status, current.message) != ("True", message[:1024]):
+                step.event("Warning", KARPENTER_NODES, message)
+                log.warning("pool nodes managed by Karpenter too", pool=pool.metadata.name, nodes=len(managed))
+        elif current is not None and current.status != "False":
+            self._condition(step, pool, CONDITION, "False", NO_CONFLICT, "no node of the pool is managed by Karpenter")
 
     @staticmethod
     def _blocked(pool: SpotPool, step: Step, *, short: bool) -> tuple[str, str] | None:

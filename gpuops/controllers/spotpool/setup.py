@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpuops.controllers.coexistence import karpenter_nodepool
 from gpuops.controllers.secretscope import SecretScope
 from gpuops.kube import conditions as cond
 from gpuops.kube.controller import Controller, Predicate, resource_version_changed
@@ -42,7 +43,8 @@ def _node_facts(n: Node) -> tuple[Any, ...]:
     """What a pool reacts to on its nodes; heartbeats and other status churn are not among them."""
     return (cond.is_true(n.status.conditions, "Ready"), nd.notice_at(n), tuple(sorted((n.status.allocatable or {})
             .items())), (n.metadata.labels or {}).get(nd.POOL_LABEL), n.spec.provider_id,
-            tuple((t.key, t.effect) for t in n.spec.taints or ()), n.metadata.deletion_timestamp)
+            tuple((t.key, t.effect) for t in n.spec.taints or ()), n.metadata.deletion_timestamp,
+            karpenter_nodepool(n))
 
 
 def _node_changed(old: Node, new: Node) -> bool:

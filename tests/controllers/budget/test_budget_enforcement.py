@@ -28,9 +28,10 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def actions(action: str, result: str) -> float:
+def actions(budget: str, action: str, result: str) -> float:
     return REGISTRY.get_sample_value(
-        "gpuops_budget_enforcement_actions_total", {"action": action, "result": result}) or 0.0
+        "gpuops_budget_enforcement_actions_total",
+        {"namespace": NS, "name": budget, "action": action, "result": result}) or 0.0
 
 
 async def over(env: Env, name: str) -> GPUWorkloadBudget | None:
@@ -46,7 +47,7 @@ async def under(env: Env, name: str) -> GPUWorkloadBudget | None:
 async def test_equality_triggers_and_the_delay_holds_then_fires_once_alert_only(tmp_path: Path) -> None:
     async with environment(tmp_path) as env:
         await env.start()
-        alerted = actions("AlertOnly", "Alerted")
+        alerted = actions("alert", "AlertOnly", "Alerted")
         # 3 GPUs reach 0.0025 GPU-hours (9 GPU-seconds) exactly 3 s after their start
         await env.create_budget(budget("eq", "0.0025", labels={"kind": "eq"}, delay=3600))
         await env.create_pod(pod("eq-finished", 3, 3.0, labels={"kind": "eq"}))
@@ -107,10 +108,21 @@ async def test_equality_triggers_and_the_delay_holds_then_fires_once_alert_only(
         events = await env.events("QuotaExceeded")
         assert len(events) == 1 and events[0]["count"] == 1 and events[0]["type"] == "Warning"
         assert events[0]["involvedObject"]["name"] == "alert" and "AlertOnly" in events[0]["message"]
-        assert actions("AlertOnly", "Alerted") == alerted + 1
+        assert actions("alert", "AlertOnly", "Alerted") == alerted + 1
         p = await env.client.get(PODS, "hog", NS)
         assert p.status.phase == "Running" and p.metadata.deletion_timestamp is None
         assert PAUSED_BY not in (p.metadata.annotations or {})
+
+        # deleting the budget removes its enforcement series, as it removes its gauges
+        await env.client.delete(BUDGETS, "alert", NS)
+
+        async def series_gone() -> bool:
+            labels = {"namespace": NS, "name": "alert"}
+            counted = {**labels, "action": "AlertOnly", "result": "Alerted"}
+            return (REGISTRY.get_sample_value("gpuops_budget_over_quota", labels) is None
+                    and REGISTRY.get_sample_value("gpuops_budget_enforcement_actions_total", counted) is None)
+
+        await env.until("the deleted budget's series removed", series_gone)
 
 
 def job(name: str, runtime: float, parallelism: int = 2) -> dict[str, Any]:
@@ -128,6 +140,8 @@ async def test_pause_suspends_the_job_marks_bare_pods_and_resumes_under_quota(tm
         await env.start()
         await env.client.create(JOBS, job("train", 600.0), NS)
         await env.create_pod(pod("bare", 1, 600.0))
+        steps = ("Suspended", "Marked", "Resumed", "Unmarked")
+        before = {step: actions("pause", "Pause", step) for step in steps}  # another test's "pause" may have counted
         await env.create_budget(budget("pause", "0.0005", action="Pause"))  # 1.8 GPU-seconds
 
         async def suspended() -> dict[str, Any] | None:
@@ -179,6 +193,8 @@ async def test_pause_suspends_the_job_marks_bare_pods_and_resumes_under_quota(tm
         assert await env.events("Resumed")
         b = await env.budget("pause")
         assert b.status.observed_generation == b.metadata.generation == 2
+        # counted under the budget's own labels, the resume (which knows only the budget's key) too
+        assert {step: actions("pause", "Pause", step) - before[step] for step in steps} == dict.fromkeys(steps, 1)
 
 
 async def test_evict_largest_first_pdb_blocks_with_backoff_and_usage_never_drops(tmp_path: Path) -> None:
@@ -197,8 +213,8 @@ async def test_evict_largest_first_pdb_blocks_with_backoff_and_usage_never_drops
             return all([await env.phase(n) == "Running" for n in ("big", "small", "guarded")])
 
         await env.until("pods running", all_running)
-        blocked = actions("Evict", "Blocked")
-        evicted = actions("Evict", "Evicted")
+        blocked = actions("evict", "Evict", "Blocked")
+        evicted = actions("evict", "Evict", "Evicted")
         await env.create_budget(budget("evict", "0.001", action="Evict"))  # 3.6 GPU-seconds
 
         seen: list[Fraction] = []
@@ -232,20 +248,20 @@ async def test_evict_largest_first_pdb_blocks_with_backoff_and_usage_never_drops
 
         b = await env.until("small evicted too, guarded blocked, both in the ledger", degraded, within=20)
         assert {e["message"].split()[2] for e in await env.events("Evicted")} == {"big", "small"}
-        assert actions("Evict", "Evicted") == evicted + 2
+        assert actions("evict", "Evict", "Evicted") == evicted + 2
         assert await env.events("EvictionBlocked")
         c = cond.get_condition(b.status.conditions, "Degraded")
         assert c is not None and "guarded" in c.message and "PodDisruptionBudget" in c.message
 
         # no hot loop: the blocked pod is retried after the PDB's Retry-After (10 s), capped here at 1 s
-        start, t0 = actions("Evict", "Blocked"), time.monotonic()
+        start, t0 = actions("evict", "Evict", "Blocked"), time.monotonic()
 
         async def retried_a_few_times() -> bool:
-            return actions("Evict", "Blocked") >= start + 3
+            return actions("evict", "Evict", "Blocked") >= start + 3
 
         await env.until("a few retries", retried_a_few_times, within=10)
         assert time.monotonic() - t0 >= 2.0
-        assert actions("Evict", "Blocked") - blocked <= 8
+        assert actions("evict", "Evict", "Blocked") - blocked <= 8
         assert await env.phase("guarded") == "Running"
 
         # consumption never dropped while pods were evicted (a refused eviction only ever adds back)

@@ -14,6 +14,10 @@ the layout from the GPUs every time (the device is the truth, not memory, so a r
   orphans          slices of Released claims are destroyed at once; slices no claim names (the claim was deleted,
                    or an agent died between making a slice and its claim going away) after `grace` seconds.
   MigNode          GPUs, MIG mode, and the slices with their claims, written when they change and on heartbeats.
+  held             while the operator's answer to that write carries ConflictDetected=True (another MIG manager or
+                   MIG device plugin on the node, see `gpuops.controllers.migslicer.conflicts`), no slice is made
+                   or destroyed: Pending claims wait (the allocator plans them elsewhere), slices no claim owns are
+                   left to their owner. Offering made slices and reporting go on.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import msgspec
 import structlog
 
 from gpuops import __version__
+from gpuops.controllers.coexistence import CONDITION
+from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
 from gpuops.kube.controller import Controller, Request, Result
 from gpuops.kube.deviceplugin.server import AllocationResult, Device, DevicePluginServer
@@ -46,6 +52,7 @@ from ..api import (
     NODE_LABEL,
     AllocationClaim,
     MigGPU,
+    MigNode,
     MigNodeStatus,
     MigSlice,
     resource_of_profile,
@@ -94,6 +101,10 @@ class NodeAgent:
         self._orphans: dict[tuple[str, int], float] = {}  # (gpu, start) -> monotonic time first seen unclaimed
         self._published: MigNodeStatus | None = None
         self._published_at = 0.0
+        self.held: str | None = None
+        """The operator's ConflictDetected message while another MIG manager owns the node's geometry, else None."""
+        self.held_at: float | None = None
+        """When (monotonic) a reconcile last left the slices alone because of `held`."""
         self._lock = asyncio.Lock()
 
     def map_claim(self, _claim: AllocationClaim) -> list[Request]:
@@ -113,14 +124,18 @@ class NodeAgent:
         slices = await self._call(self.backend.slices)
         claims = sorted(self.claims.store.list(), key=lambda c: (c.metadata.creation_timestamp or "", c.metadata.name))
         retry = False
-        for c in claims:
-            if c.status.phase in ("Pending", "Created", "Bound"):
-                changed = await self._ensure(c, slices)
-                if changed is None:
-                    retry = True
-                elif changed:
-                    slices = await self._call(self.backend.slices)
-        slices = await self._clean(claims, slices)
+        if self.held is None:
+            for c in claims:
+                if c.status.phase in ("Pending", "Created", "Bound"):
+                    changed = await self._ensure(c, slices)
+                    if changed is None:
+                        retry = True
+                    elif changed:
+                        slices = await self._call(self.backend.slices)
+            slices = await self._clean(claims, slices)
+        else:
+            self._orphans.clear()  # their grace starts over once the node is ours again
+            self.held_at = time.monotonic()
         await self._advertise(claims, slices)
         await self._publish(gpus, slices, claims)
         return Result(requeue_after=self.settings.retry if retry else self.settings.heartbeat)
@@ -298,18 +313,31 @@ class NodeAgent:
         body = {"status": {**msgspec.to_builtins(report), "heartbeat": format_time(self.clock()),
                            "gpus": msgspec.to_builtins(report.gpus)}}
         try:
-            await self.client.patch(MIG_NODES, self.node, body, subresource="status")
+            written = await self.client.patch(MIG_NODES, self.node, body, subresource="status")
         except NotFound:
             with contextlib.suppress(AlreadyExists):
                 await self.client.create(MIG_NODES, {"apiVersion": "gpuops.io/v1alpha1", "kind": "MigNode",
                                                      "metadata": {"name": self.node},
                                                      "spec": {"nodeName": self.node}})
-            await self.client.patch(MIG_NODES, self.node, body, subresource="status")
+            written = await self.client.patch(MIG_NODES, self.node, body, subresource="status")
         except (Conflict, ApiError) as e:
             log.info("MigNode not written", node=self.node, error=str(e))
             return
         self._published = report
         self._published_at = time.monotonic()
+        self._follow(written)
+
+    def _follow(self, report: MigNode) -> None:
+        """Take the operator's verdict from our MigNode as the API server returned it: the agent may not read
+        Nodes, so it learns of another MIG manager on its node through the condition the operator keeps there."""
+        found = cond.get_condition(report.status.conditions, CONDITION)
+        held = found.message if found is not None and found.status == "True" else None
+        if held != self.held:
+            if held is not None:
+                log.warning("slices left alone: another MIG manager on this node", node=self.node, reason=held)
+            else:
+                log.info("slices managed again: no other MIG manager on this node", node=self.node)
+        self.held = held
 
     async def close(self) -> None:
         for plugin in self.plugins.values():
