@@ -24,6 +24,8 @@ from gpuops.accounting.errors import AccountingError
 from gpuops.accounting.quantity import parse_quantity
 from gpuops.accounting.requests import Container, PodSpecRequests, pod_requests
 
+from .spread import Spread, spread_constraints
+
 __all__ = [
     "HOSTNAME_LABEL",
     "POD_SLOTS",
@@ -205,7 +207,8 @@ class Constraints:
     """What decides whether a node passes the filters for a pod, independent of free resources.
 
     `per_node` is set when the pod names nodes individually (hostname label or metadata.name), which node
-    classes do not capture; such pods are matched node by node, among `candidates()` when those are known.
+    classes do not capture, or spreads over topology domains (`spread`, checked against the pods of its
+    `namespace`); such pods are matched node by node, among `candidates()` when those are known.
     """
 
     key: bytes
@@ -214,6 +217,8 @@ class Constraints:
     tolerations: tuple[tuple[str, str, str, str], ...]
     never_preempts: bool
     per_node: bool
+    spread: tuple[Spread, ...] = ()
+    namespace: str = ""
 
     def _affinity(self, name: str, labels: Mapping[str, str]) -> bool:
         for k, v in self.selector:
@@ -245,6 +250,9 @@ class Constraints:
         """The node-specific affinity check of a per-node pod."""
         return self._affinity(name, labels)
 
+    def tolerates(self, taints: Sequence[Taint]) -> bool:
+        return all(_tolerates(self.tolerations, t) for t in taints)
+
     def candidates(self, by_host: Mapping[str, set[str]]) -> set[str] | None:
         """Node names a per-node pod can only land on, or None when it cannot be narrowed down."""
         out: set[str] | None = None
@@ -275,7 +283,7 @@ def _term(raw: Any) -> _Term:
     return _Term(exprs, fields, names, hosts)
 
 
-def _compile(key: bytes, spec: Mapping[str, Any]) -> Constraints:
+def _compile(key: bytes, spec: Mapping[str, Any], meta: Mapping[str, Any]) -> Constraints:
     selector = tuple(sorted((str(k), str(v)) for k, v in (spec.get("nodeSelector") or {}).items()))
     required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
                 .get("requiredDuringSchedulingIgnoredDuringExecution"))
@@ -288,14 +296,19 @@ def _compile(key: bytes, spec: Mapping[str, Any]) -> Constraints:
     per_node = any(k == HOSTNAME_LABEL for k, _ in selector) or any(
         term.fields or any(e[0] == HOSTNAME_LABEL for e in term.exprs) for term in terms or ()
     )
-    return Constraints(key, selector, terms, tolerations, spec.get("preemptionPolicy") == "Never", per_node)
+    spread = spread_constraints(spec, meta.get("labels"))
+    return Constraints(key, selector, terms, tolerations, spec.get("preemptionPolicy") == "Never",
+                       per_node or bool(spread), spread, str(meta.get("namespace", "")))
 
 
 _constraints: dict[bytes, Constraints] = {}
 
 
-def constraints(spec: Mapping[str, Any]) -> Constraints:
-    """The pod's compiled filter inputs; equal for pods whose scheduling-relevant fields are equal."""
+def constraints(spec: Mapping[str, Any], meta: Mapping[str, Any] | None = None) -> Constraints:
+    """The pod's compiled filter inputs; equal for pods whose scheduling-relevant fields are equal (a pod that
+    spreads over topology domains also by its namespace and labels, which decide what it counts)."""
+    spreads = spec.get("topologySpreadConstraints")
+    meta = meta or {}
     key = _encode(
         (
             spec.get("nodeSelector"),
@@ -304,11 +317,12 @@ def constraints(spec: Mapping[str, Any]) -> Constraints:
             ),
             spec.get("tolerations"),
             spec.get("preemptionPolicy"),
+            *((spreads, meta.get("namespace"), meta.get("labels")) if spreads else ()),
         )
     )
     got = _constraints.get(key)
     if got is None:
         if len(_constraints) >= _MEMO_LIMIT:
             _constraints.clear()
-        got = _constraints[key] = _compile(key, spec)
+        got = _constraints[key] = _compile(key, spec, meta)
     return got

@@ -55,6 +55,7 @@ from .fit import (
     pod_vector,
 )
 from .loop import Loop
+from .spread import REASON_SPREAD_LABEL, EligibleNode, domain_counts, spread_reason
 
 log = structlog.get_logger("gpuops.sim.scheduler")
 
@@ -351,6 +352,7 @@ class Scheduler(Loop):
         self._dirty: set[str] = set()  # nodes with more room since the last step: retry groups there
         self._freed: list[str] = []  # the same, within a step: invalidates cached failures
         self._failures: dict[Eq, _Failure] = {}
+        self._spread_counts: dict[bytes, list[dict[str, int]]] = {}  # per constraints key, until the next binding
         self._node_gen = 0
         self._retry_armed = False
         self._retry_all = False
@@ -603,7 +605,19 @@ class Scheduler(Loop):
             return False
         if cons.per_node and not cons.node_ok(node.name, node.labels):
             return False
-        return _fits(cls.alloc, node.used, vec)
+        if not _fits(cls.alloc, node.used, vec):
+            return False
+        return not cons.spread or spread_reason(cons.spread, self._counts(cons), node.labels) is None
+
+    def _counts(self, cons: Constraints) -> list[dict[str, int]]:
+        """Matching pods per topology domain for each of the pod's spread constraints (kept until a binding)."""
+        got = self._spread_counts.get(cons.key)
+        if got is None:
+            nodes = [EligibleNode(n.name, n.labels, cons.node_ok(n.name, n.labels),
+                                  n.cls is not None and cons.tolerates(n.cls.taints)) for n in self._nodes.values()]
+            pods = list(self.access.iter(PODS, cons.namespace))
+            got = self._spread_counts[cons.key] = [domain_counts(s, nodes, pods) for s in cons.spread]
+        return got
 
     def _rank(self, cls: _Class, node: _Node, dom: tuple[str, int]) -> tuple[float, str]:
         r, p = dom
@@ -701,9 +715,13 @@ class Scheduler(Loop):
                 short_of = [res for res, amount in vec if cls.alloc.get(res, 0) - node.used.get(res, 0) < amount]
                 for res in short_of:
                     reasons[insufficient(res)] += 1
-                if unresolvable:
+                spread = None if short_of or not cons.spread else \
+                    spread_reason(cons.spread, self._counts(cons), node.labels)
+                if spread is not None:
+                    reasons[spread] += 1
+                if unresolvable or spread == REASON_SPREAD_LABEL:
                     hopeless += 1
-                elif short_of:
+                elif short_of or spread is not None:
                     victimless += 1
             reasons[REASON_AFFINITY] += n - matched
             hopeless += n - matched
@@ -749,12 +767,12 @@ class Scheduler(Loop):
             self._forget(entry)
             return
         spec = pod["spec"]
-        cons = constraints(spec)
+        cons = constraints(spec, pod["metadata"])
         vec = pod_vector(spec)
         eq = (cons.key, vec)
         failure = self._failures.get(eq)
         node = None
-        if failure is None or not self._still_failing(failure, cons, vec):
+        if failure is None or cons.spread or not self._still_failing(failure, cons, vec):
             node = self._find(cons, vec)
             if node is None:
                 failure = self._failures[eq] = _Failure(len(self._freed), self._node_gen, self._diagnose(cons, vec))
@@ -775,6 +793,7 @@ class Scheduler(Loop):
                 self._push(entry)
             return
         self.bound += 1
+        self._spread_counts.clear()
         if drain:
             group = self._groups.get(eq)
             if group is not None:
