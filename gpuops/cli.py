@@ -41,6 +41,7 @@ def _add_apiserver_args(p: argparse.ArgumentParser) -> None:
                    help="delete the oldest terminated pods beyond N (default: keep them all)")
     p.add_argument("--restore", metavar="FILE", help="start from a snapshot written by --save-on-exit")
     p.add_argument("--save-on-exit", metavar="FILE", help="write a snapshot of all objects on shutdown")
+    logs.add_format_argument(p)
 
 
 def _add_cluster_args(p: argparse.ArgumentParser, default_scenario: str) -> None:
@@ -54,6 +55,7 @@ def _add_cluster_args(p: argparse.ArgumentParser, default_scenario: str) -> None
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    default="WARNING" if default_scenario == "demo" else "INFO",
                    help="the emulated cluster's log level (default: %(default)s)")
+    logs.add_format_argument(p)
 
 
 def _load_scenario(name: str, command: str) -> object | None:
@@ -88,16 +90,27 @@ def _run_cluster(args: argparse.Namespace) -> int:
                                     report_dir=None if args.no_report else args.report_dir))
     from .sim.up import run_up
 
+    if args.kubeconfig:  # a kubeconfig of an earlier run must not pass for this cluster being up
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(args.kubeconfig)
     return asyncio.run(run_up(scenario, host=args.host, port=args.port, cloud_port=args.cloud_port,  # type: ignore[arg-type]
                               kubeconfig=args.kubeconfig, tls=args.tls, workload=not args.no_workload,
                               seconds=args.seconds, status_every=args.status_every,
-                              authorization=args.authorization))
+                              authorization=args.authorization, run_pods=args.run_pods, state_dir=args.state_dir))
+
+
+def _sim_up_detached(argv: Sequence[str], args: argparse.Namespace) -> int:
+    from .sim.detach import up_detached
+
+    if not args.kubeconfig:
+        print("gpuops sim up: --detach needs --kubeconfig (the file tells when the cluster is up)", file=sys.stderr)
+        return 2
+    return up_detached([a for a in argv if a != "--detach"], args.kubeconfig)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpuops", description="GPU cluster operators for Kubernetes.")
     parser.add_argument("--version", action="version", version=f"gpuops {__version__}")
-    parser.add_argument("--log-json", action="store_true", default=None, help="JSON logs (default: when no TTY)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sim = sub.add_parser("sim", help="the emulated Kubernetes cluster (no real cluster needed)")
     sim_sub = sim.add_subparsers(dest="sim_command", metavar="SIM_COMMAND")
@@ -112,6 +125,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="RBAC enforces Roles/ClusterRoles and their bindings (use with --tls for kubectl)")
     up.add_argument("--status-every", type=float, default=30.0, metavar="SECONDS",
                     help="print a one-line status this often; 0 = never (default: %(default)s)")
+    up.add_argument("--no-run-pods", dest="run_pods", action="store_false",
+                    help="simulate every pod; by default pods of the gpuops image (the installed operator and "
+                         "agents) run as real processes, with a pod network and the site's services")
+    up.add_argument("--state-dir", metavar="DIR",
+                    help="where running pods keep their files and logs (default: a fresh folder in /tmp, removed "
+                         "at the end)")
+    up.add_argument("--detach", action="store_true",
+                    help="run in the background; return once the cluster answers and --kubeconfig is written "
+                         "(stop it with: gpuops sim down --kubeconfig PATH)")
+    down = sim_sub.add_parser("down", help="stop a cluster started with `gpuops sim up --detach`")
+    down.add_argument("--kubeconfig", metavar="PATH", required=True,
+                      help="the kubeconfig the cluster was started with")
     demo = sub.add_parser("demo", help="the demo scenario, our operator against it and a live view (make demo)")
     _add_cluster_args(demo, default_scenario="demo")
     demo.add_argument("--no-operator", action="store_true", help="do not start `gpuops run`")
@@ -259,8 +284,7 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spotpool-resync", type=_seconds_arg, default=30.0, metavar="SECONDS",
                    help="describe every SpotPool's instances at least this often, to notice reclaims no node agent "
                         "reported (node events and pool changes describe at once; default %(default)s)")
-    p.add_argument("--log-format", choices=["json", "console"],
-                   help="log format (default: json unless stderr is a terminal)")
+    logs.add_format_argument(p)
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO",
                    help="(default: %(default)s)")
 
@@ -372,11 +396,15 @@ async def _run_apiserver(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    log_format = getattr(args, "log_format", None)
-    logs.configure(json=args.log_json if log_format is None else log_format == "json",
-                   level=getattr(args, "log_level", "INFO"))
+    logs.configure(json=logs.json_of(args), level=getattr(args, "log_level", "INFO"))
     if args.command == "sim" and args.sim_command == "apiserver":
         return asyncio.run(_run_apiserver(args))
+    if args.command == "sim" and args.sim_command == "up" and args.detach:
+        return _sim_up_detached(list(sys.argv[1:] if argv is None else argv), args)
+    if args.command == "sim" and args.sim_command == "down":
+        from .sim.detach import down
+
+        return down(args.kubeconfig)
     if (args.command == "sim" and args.sim_command == "up") or args.command == "demo":
         return _run_cluster(args)
     if args.command == "run":

@@ -37,21 +37,30 @@ async def run_up(
     status_every: float,
     out: TextIO = sys.stdout,
     authorization: str = "AlwaysAllow",
+    run_pods: bool = True,
+    state_dir: str | None = None,
 ) -> int:
     """`authorization="RBAC"` enforces Roles, ClusterRoles and their bindings (as `gpuops sim apiserver
-    --authorization RBAC`); the kubeconfig's admin token is in system:masters either way."""
+    --authorization RBAC`); the kubeconfig's admin token is in system:masters either way. `run_pods`: pods of the
+    gpuops image run as processes (see `SimCluster`). The kubeconfig is written once the cluster answers (a
+    stale one is removed first, see the CLI), so waiting for the file waits for the cluster."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     async with SimCluster(scenario, host=host, port=port, cloud_port=cloud_port, workload=workload,
-                          tls=tls, authorization=authorization) as cluster:
+                          tls=tls, authorization=authorization, run_pods=run_pods, state_dir=state_dir) as cluster:
+        await cluster.wait_ready(30.0)  # its powered-on machines are Ready nodes before anyone looks
         if kubeconfig:
-            cluster.write_kubeconfig(kubeconfig)
+            cluster.write_kubeconfig(kubeconfig)  # once up: the file's existence says the cluster answers
         print(f"gpuops sim up: scenario {scenario.name}: {scenario.description}", file=out)
         print(f"gpuops sim apiserver listening on {cluster.server.url} (port {cluster.server.port})", file=out)
-        print(usage(cluster, kubeconfig), file=out, flush=True)
+        print(usage(cluster, kubeconfig), file=out)
+        if cluster.state_dir is not None:
+            print(f"  pods of the gpuops image run as processes; their files and logs are in {cluster.state_dir}",
+                  file=out)
+        out.flush()
         start = time.monotonic()
         while not stop.is_set():
             elapsed = time.monotonic() - start

@@ -756,6 +756,17 @@ def _pod_node_extra(pod: Mapping[str, Any], bound_object: Callable[[str, str, st
     return {"authentication.kubernetes.io/node-name": (node,), "authentication.kubernetes.io/node-uid": (uid,)}
 
 
+def pod_bound_extra(pod: Mapping[str, Any], bound_object: Callable[[str, str, str], Mapping[str, Any] | None]
+                    ) -> dict[str, tuple[str, ...]]:
+    """The user extra of a token bound to `pod` (pod and node names and uids, and a credential id)."""
+    meta = pod.get("metadata") or {}
+    extra: dict[str, tuple[str, ...]] = {"authentication.kubernetes.io/pod-name": (str(meta.get("name", "")),),
+             "authentication.kubernetes.io/pod-uid": (str(meta.get("uid", "")),),
+             CREDENTIAL_ID: (f"JTI={uuid.uuid4()}",)}
+    extra.update(_pod_node_extra(pod, bound_object))
+    return extra
+
+
 def token_request(
     body: Any,
     service_account: Mapping[str, Any],

@@ -1,5 +1,6 @@
-"""`pods/log` for containers that never ran a process: the lines a kubelet could honestly report, one per
-lifecycle transition it recorded in the pod's status (created, started, restarted, terminated).
+"""`pods/log`: what a container wrote when the emulated kubelet runs it as a process (the gpuops image), else
+the lines a kubelet could honestly report for a simulated container, one per lifecycle transition it recorded
+in the pod's status (created, started, restarted, terminated).
 
 The errors are kube-apiserver's: a container must be named when a pod has several, an unknown container is
 a 400, a container that has not started yet has no log.
@@ -7,11 +8,12 @@ a 400, a container that has not started yet has no log.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from .errors import bad_request
 
+T = TypeVar("T")
 _CONTAINER_KINDS = ("initContainers", "containers", "ephemeralContainers")
 _STATUS_KINDS = {"initContainers": "initContainerStatuses", "containers": "containerStatuses",
                  "ephemeralContainers": "ephemeralContainerStatuses"}
@@ -63,11 +65,20 @@ def _lines(name: str, image: str, status: Mapping[str, Any], previous: bool) -> 
     return lines
 
 
-def pod_log(pod: Mapping[str, Any], query: Mapping[str, str]) -> str:
-    """The log text of one container (query: container, previous, timestamps, tailLines)."""
+LogSource = Callable[[str, str, str, bool], str | None]
+"""(namespace, pod, container, previous) -> what a container that really ran wrote; None when it never did."""
+
+
+def pod_log(pod: Mapping[str, Any], query: Mapping[str, str], source: LogSource | None = None) -> str:
+    """The log text of one container (query: container, previous, timestamps, tailLines): what the process
+    wrote when it runs as one (`source`), else the lifecycle lines."""
     kind, name = _container(pod, query.get("container"))
     status = _status(pod, kind, name)
     previous = query.get("previous", "false").lower() not in ("0", "false")
+    meta = pod["metadata"]
+    written = None if source is None else source(meta.get("namespace", ""), meta["name"], name, previous)
+    if written is not None:
+        return "".join(_tail(written.splitlines(keepends=True), query.get("tailLines")))
     image = next((c.get("image", "") for c in (pod.get("spec") or {}).get(kind) or [] if c.get("name") == name), "")
     state = status.get("lastState" if previous else "state") or {}
     if not state.get("running") and not state.get("terminated"):
@@ -75,18 +86,22 @@ def pod_log(pod: Mapping[str, Any], query: Mapping[str, str]) -> str:
             raise bad_request(f'previous terminated container "{name}" in pod "{pod["metadata"]["name"]}" not found')
         waiting = (state.get("waiting") or {}).get("reason") or "ContainerCreating"
         raise bad_request(f'container "{name}" in pod "{pod["metadata"]["name"]}" is waiting to start: {waiting}')
-    lines = _lines(name, image, status, previous)
-    tail = query.get("tailLines")
-    if tail is not None:
-        try:
-            lines = lines[-int(tail):] if int(tail) > 0 else []
-        except ValueError:
-            raise bad_request(f"tailLines: invalid value {tail!r}") from None
+    lines = _tail(_lines(name, image, status, previous), query.get("tailLines"))
     timestamps = query.get("timestamps", "false").lower() not in ("0", "false")
     return "".join(f"{t} {text}\n" if timestamps and t else f"{text}\n" for t, text in lines)
 
 
+def _tail(lines: list[T], tail: str | None) -> list[T]:
+    if tail is None:
+        return lines
+    try:
+        return lines[-int(tail):] if int(tail) > 0 else []
+    except ValueError:
+        raise bad_request(f"tailLines: invalid value {tail!r}") from None
+
+
 def refused(resource: str, sub: str) -> str:
     """Why a streaming subresource is not served: nothing runs in the emulated cluster's containers."""
-    return (f"{resource}/{sub} is not available in the emulated cluster: its containers run no processes, so "
-            "there is nothing to exec into, attach to, forward ports of or proxy to")
+    return (f"{resource}/{sub} is not available in the emulated cluster: its kubelets only simulate containers "
+            "(or run the gpuops image as a plain process), so there is nothing to exec into, attach to, forward "
+            "ports of or proxy to")

@@ -143,6 +143,12 @@ class APIServer:
         # emulator's audit log, e.g. to prove a ServiceAccount never met a 403 or to replay its requests.
         self.audit_hooks: list[Callable[[auth.Decision], None]] = []
         self.service_endpoints: dict[tuple[str, str], str] = {}
+        # How a webhook Service is reached when the emulated cluster routes Services itself (its pod network):
+        # (namespace, name, port) -> host:port, None when that network does not know the Service.
+        self.service_resolver: Callable[[str, str, int], str | None] | None = None
+        # The output of containers that really run (the emulated kubelet's process runtime), for pods/log:
+        # (namespace, pod, container, previous) -> text, None for a container that never ran as a process.
+        self.pod_log_source: Callable[[str, str, str, bool], str | None] | None = None
         self.webhooks = WebhookCaller(self._resolve_service)
         self.api = ObjectAPI(self.store, self.registry, self.webhooks)
         self.api.on_crd_change.append(self._crd_changed)
@@ -338,6 +344,10 @@ class APIServer:
     def _resolve_service(self, namespace: str, name: str, port: int) -> str:
         if (namespace, name) in self.service_endpoints:
             return self.service_endpoints[(namespace, name)]
+        if self.service_resolver is not None:
+            routed = self.service_resolver(namespace, name, port)
+            if routed is not None:
+                return routed
         svc = self.store.get(("", "services"), namespace, name)
         if svc is not None:
             ep = (svc.obj["metadata"].get("annotations") or {}).get(ENDPOINT_ANNOTATION)
@@ -347,6 +357,22 @@ class APIServer:
 
     def service_account_token(self, namespace: str, name: str) -> str:
         return self.authn.service_account_token(namespace, name)
+
+    def pod_token(self, pod: Mapping[str, Any]) -> str:
+        """The token a kubelet projects into a pod: its ServiceAccount's, bound to the pod and its node (so node
+        confinement policies see which node an agent runs on). Kubelet-requested tokens are extended to a year by
+        kube-apiserver, and this one does not expire either, as the process cannot re-read a rotated file."""
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        namespace, account = str(meta.get("namespace", "default")), str(spec.get("serviceAccountName") or "default")
+        found = self.store.get(("", "serviceaccounts"), namespace, account)
+        account_uid = str(found.obj["metadata"].get("uid", "")) if found is not None else ""
+
+        def bound(kind: str, ns: str, obj_name: str) -> Mapping[str, Any] | None:
+            got = self.store.get(("", "nodes") if kind == "Node" else ("", "pods"), ns, obj_name)
+            return got.obj if got is not None else None
+
+        extra = auth.pod_bound_extra(pod, bound)
+        return self.authn.service_account_token(namespace, account, account_uid, extra=extra)
 
     def _token_request(self, info: ResourceInfo, ns: str, name: str, body: Any) -> dict[str, Any]:
         """POST serviceaccounts/{name}/token: the ServiceAccount must exist (404 otherwise)."""
@@ -373,7 +399,7 @@ class APIServer:
         self._audit(attrs, allowed, reason)
         return allowed, reason
 
-    def kubeconfig(self, token: str | None = None, user: str = "admin") -> str:
+    def kubeconfig(self, token: str | None = None, user: str = "admin", namespace: str = "default") -> str:
         ca = ""
         if self.serving_cert is not None:
             ca = f"    certificate-authority-data: {base64.b64encode(self.serving_cert.ca_pem).decode()}\n"
@@ -382,14 +408,16 @@ class APIServer:
             f"clusters:\n- name: gpuops-sim\n  cluster:\n    server: {self.url}\n{ca}"
             f"users:\n- name: {user}\n  user:\n    token: {token or self.admin_token}\n"
             f"contexts:\n- name: gpuops-sim\n  context:\n    cluster: gpuops-sim\n    user: {user}\n"
-            "    namespace: default\n"
+            f"    namespace: {namespace}\n"
             "current-context: gpuops-sim\n"
         )
 
     def write_kubeconfig(self, path: str | Path, token: str | None = None) -> None:
         p = Path(path)
-        p.write_text(self.kubeconfig(token))
-        p.chmod(0o600)
+        tmp = p.with_name(f".{p.name}.tmp")
+        tmp.write_text(self.kubeconfig(token))
+        tmp.chmod(0o600)
+        tmp.replace(p)  # atomically: a reader never sees half a file
 
     # ------------------------------------------------------------------------------------ request entry
 
@@ -679,7 +707,7 @@ class APIServer:
                     return self._answerer(request, info)(scale.scale_of(info, self.api.get(info, ns, name).obj),
                                                          200, None)
                 if sub == "log":
-                    text = podlog.pod_log(self.api.get(info, ns, name).obj, query)
+                    text = podlog.pod_log(self.api.get(info, ns, name).obj, query, self.pod_log_source)
                     return web.Response(text=text, content_type="text/plain")
                 return self._get(request, info, ns, name)
             return await self._list(request, info, ns if route.namespaced_path else None, query)

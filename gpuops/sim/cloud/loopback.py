@@ -4,6 +4,8 @@ a `closing` event that releases calls an injected fault holds hung, so a stop ne
 from __future__ import annotations
 
 import asyncio
+import socket
+import ssl
 from types import TracebackType
 from typing import Self
 
@@ -41,6 +43,16 @@ class LoopbackServer:
         await site.start()
         self.port = int(self._runner.addresses[0][1])
         self.started()
+
+    async def add_tls_site(self, context: ssl.SSLContext, host: str = "127.0.0.1") -> int:
+        """Serve the same API over HTTPS on another port (picked free) as well; returns that port."""
+        assert self._runner is not None, "start() first"
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, 0))
+        site = web.SockSite(self._runner, sock, ssl_context=context)
+        await site.start()
+        return int(sock.getsockname()[1])
 
     async def stop(self) -> None:
         self._closing.set()  # releases hung calls

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
+import tempfile
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +24,7 @@ from ..apiserver.errors import StatusError
 from ..cloud import CloudOptions, CloudServer, InstanceType
 from ..scenario import Fault, NodeGroup, Scenario
 from ..workload import WorkloadDriver
+from . import site
 from .access import BUDGETS, JOBS, NAMESPACES, NODES, PODS, ClusterAccess
 from .cronjobs import CronJobController, CronJobOptions
 from .daemonsets import DaemonSetController, DaemonSetOptions
@@ -31,7 +34,9 @@ from .jobs import JobController, JobOptions
 from .kubelet import KubeletOptions, Kubelets
 from .loop import Loop
 from .machines import Fleet, Machine
+from .network import PodNetwork
 from .nodelifecycle import NodeLifecycle, NodeLifecycleOptions
+from .processes import ProcessRuntime
 from .replicasets import ReplicaSetController, ReplicaSetOptions
 from .scheduler import Scheduler, SchedulerOptions
 from .spotagent import SpotNoticeAgent
@@ -111,13 +116,27 @@ class SimCluster:
         manifests: Sequence[Path] = (),
         device_plugin_root: str | Path | None = None,
         hold_workload: bool = False,
+        run_pods: bool = False,
+        state_dir: str | Path | None = None,
     ) -> None:
         """`device_plugin_root`: MIG-capable nodes' kubelets serve device-plugin registration on
         `<root>/<node>/kubelet.sock` (where `gpuops agent --device-plugin-dir` points). `hold_workload`: the
         workload starts at `start_workload()` instead of with the cluster (once an operator is ready).
         `authorization="RBAC"`: the API server enforces RBAC on clients (serve `tls` too: kubectl sends tokens only
-        over TLS); the emulated cluster's own components act as privileged users, as the control plane's do."""
+        over TLS); the emulated cluster's own components act as privileged users, as the control plane's do.
+        `run_pods`: pods of the gpuops image run as real processes (`processes.ProcessRuntime`) on a pod network
+        (`network.PodNetwork`), and the site's services (`site`) are published: what `kubectl apply -k
+        manifests/emulated` needs to get a working operator. Their files go into `state_dir` (default: a fresh
+        folder in /tmp, removed at the end)."""
         self.hold_workload = hold_workload
+        self.state_dir = Path(state_dir) if state_dir is not None else None
+        self._own_state_dir = False
+        if run_pods and self.state_dir is None:
+            self.state_dir = Path(tempfile.mkdtemp(prefix="gpuops-sim-", dir="/tmp"))  # short unix socket paths
+            self._own_state_dir = True
+        if run_pods and device_plugin_root is None:
+            assert self.state_dir is not None
+            device_plugin_root = self.state_dir / "dp"
         self.scenario = scenario
         self.manifests = list(manifests)
         self.server = APIServer(
@@ -183,6 +202,20 @@ class SimCluster:
         self._loops += [self.daemonsets, self.statefulsets, self.cronjobs]
         self.endpoints = EndpointsController(self.server)
         self._loops.append(self.endpoints)
+        self.network: PodNetwork | None = None
+        self.runtime: ProcessRuntime | None = None
+        self._site_cert = None
+        if run_pods:
+            assert self.state_dir is not None and device_plugin_root is not None
+            self.network = PodNetwork(self.server, self.state_dir)
+            self._site_cert = site.site_cert()
+            self.runtime = ProcessRuntime(self.server, self.network, self.state_dir,
+                                          device_plugin_root=Path(device_plugin_root),
+                                          ca_pem=self._site_cert.ca_pem)
+            self.kubelets.runtime = self.runtime
+            self.server.service_resolver = self.network.resolve_service
+            self.server.pod_log_source = self.runtime.log_text
+            self._loops.append(self.network)
 
     # ------------------------------------------------------------------------------------ lifecycle
 
@@ -197,6 +230,8 @@ class SimCluster:
                 if isinstance(doc, dict) and doc.get("kind"):
                     await self._create_once(doc)
         await self.cloud.start()  # before the objects: they may name its URL
+        if self.network is not None and self._site_cert is not None:
+            await site.publish(self.access, self.cloud, self.network, self._site_cert)
         for obj in self.scenario.objects:
             await self._create_once(_with_cloud_url(obj, self.cloud.url))
         for loop in self._loops:
@@ -224,6 +259,8 @@ class SimCluster:
                 raise
 
     async def stop(self) -> None:
+        if self.runtime is not None:
+            await self.runtime.stop()  # the operator's processes first, while the API still answers them
         for loop in (self.fault_plan, self.workload, *reversed(self._loops)):
             if loop is not None:
                 await loop.stop()
@@ -232,6 +269,8 @@ class SimCluster:
             await self.cloud.stop()
         self.fleet.close()
         await self.server.stop()
+        if self._own_state_dir and self.state_dir is not None:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
 
     async def __aenter__(self) -> SimCluster:
         await self.start()

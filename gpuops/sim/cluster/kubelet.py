@@ -39,6 +39,8 @@ from ..apiserver.store import WatchEvent
 from .access import LEASES, NODE_LEASE_NAMESPACE, NODES, PODS, ClusterAccess
 from .loop import Loop
 from .machines import Fleet, FleetEvent, Machine
+from .podspec import ContainerConfigError
+from .processes import ProcessRuntime, runs_as_process
 
 log = structlog.get_logger("gpuops.sim.kubelet")
 
@@ -54,7 +56,6 @@ _GONE_DELETED = "The container could not be located when the pod was deleted.  T
 Key = tuple[str, str]
 
 
-MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 
 
 @dataclass
@@ -67,7 +68,7 @@ class KubeletOptions:
     restart_backoff_seconds: float = 10.0  # CrashLoopBackOff: first restart at once, then 10 s, 20 s, ...
     restart_backoff_max_seconds: float = 300.0
     admission: bool = True  # reject pods the node cannot hold (OutOfcpu, UnexpectedAdmissionError, ...)
-    # MIG-capable nodes get a device manager on <device_plugin_root>/<node>/kubelet.sock, where device plugins
+    # Every node gets a device manager on <device_plugin_root>/<node>/kubelet.sock, where device plugins
     # (the gpuops MIG agent) register over gRPC; None: no device plugins.
     device_plugin_root: str | None = None
 
@@ -94,6 +95,7 @@ class _Node:
     alloc_rv: str = ""
     alloc: dict[str, Fraction] = field(default_factory=dict)
     dm: Any = None  # devicemanager.KubeletDeviceManager while the kubelet runs (MIG nodes with device plugins)
+    sliced: bool = False  # a device plugin (the MIG agent) registered since the kubelet started: GPUs are its
     devices: dict[Key, dict[str, list[str]]] = field(default_factory=dict)  # pod -> resource -> device ids
 
 
@@ -121,6 +123,8 @@ class _Pod:
     needs_gpu: bool = False
     claimed: bool = False  # holds node resources and a pod IP of this kubelet incarnation
     phase: str = "Pending"
+    process: bool = False  # its containers run as processes (ProcessRuntime), not for a simulated time
+    ready: bool = True  # what its readiness probe says while it runs (simulated pods are ready when started)
 
 
 def _float_annotation(meta: dict[str, Any], name: str) -> float | None:
@@ -219,6 +223,7 @@ class Kubelets(Loop):
         self.write_seconds = 0.0  # time spent inside the emulator's write path
         self.allocations: dict[Key, dict[str, str]] = {}  # pod -> the env its device plugins' Allocate returned
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.runtime: ProcessRuntime | None = None  # runs pods of the gpuops image as processes when set
         for s in self.server.store.iter(NODES):  # keep the pod CIDRs of Nodes registered earlier
             block = self._block_of(s.obj)
             if block is not None:
@@ -419,6 +424,9 @@ class Kubelets(Loop):
         if kind == "machine":
             await self._sync_machine(tkey[1])
             return
+        if kind == "ready":
+            await self._post_readiness((tkey[1], tkey[2]))
+            return
         n = self._nodes.get(tkey[1])
         if n is None or not self._alive(n):
             return
@@ -454,6 +462,7 @@ class Kubelets(Loop):
             self._spawn(n.dm.stop())
             n.dm = None
         n.devices.clear()
+        n.sliced = False
         n.live = False
         n.adopt = False
         n.next_lease = n.next_status = math.inf
@@ -519,13 +528,13 @@ class Kubelets(Loop):
         task.add_done_callback(self._tasks.discard)
 
     async def _start_device_manager(self, n: _Node, m: Machine) -> None:
-        """The kubelet's device manager on a MIG-capable node: plugins register on its socket, their devices
-        become the node's capacity and allocatable (posted at once on every change)."""
+        """The kubelet's device manager, on every node as on a real kubelet: plugins register on its socket, their
+        devices become the node's capacity and allocatable (posted at once on every change). Until a plugin
+        registers, a GPU machine offers its whole GPUs as nvidia.com/gpu (NVIDIA's plugin, simulated); once one
+        did (the MIG agent), its GPUs are sliced and only the plugins' resources count."""
         root = self.options.device_plugin_root
-        if root is None or n.dm is not None or not m.gpu_model or not gpus.model(m.gpu_model).mig_capable:
+        if root is None or n.dm is not None:
             return
-        if m.labels.get(MIG_CONFIG_LABEL) == "all-disabled":
-            return  # MIG off on this machine (NVIDIA mig-manager's label): its whole GPUs are the resource
         from pathlib import Path
 
         from .devicemanager import KubeletDeviceManager  # grpc: only with device plugins
@@ -623,7 +632,8 @@ class Kubelets(Loop):
             "hugepages-1Gi": "0",
             "hugepages-2Mi": "0",
         }
-        if m.gpus > 0 and n.dm is None:  # a MIG node's GPUs are sliced: only its device plugins' resources count
+        n.sliced = n.sliced or bool(plugged_capacity)
+        if m.gpus > 0 and not n.sliced:  # a MIG node's GPUs are sliced: only its device plugins' resources count
             if n.plugin_ready:
                 capacity[gpus.GPU_RESOURCE] = str(m.gpus)
             elif gpus.GPU_RESOURCE in (old_status.get("capacity") or {}):
@@ -771,6 +781,9 @@ class Kubelets(Loop):
             n.pods_used -= 1
             if p.ip_host:
                 n.ips.discard(p.ip_host)
+        if p.process and self.runtime is not None:
+            self.runtime.forget(p.key, p.ip)
+            p.process = False
         p.req = {}
         p.ip_host = 0
         p.claimed = False
@@ -1008,7 +1021,7 @@ class Kubelets(Loop):
 
     def _base_status(
         self, n: _Node, p: _Pod, phase: str, *, pod: dict[str, Any], waiting: tuple[str, str] | None = None,
-        running_since: float | None = None, terminated: dict[str, Any] | None = None,
+        running_since: float | None = None, terminated: dict[str, Any] | None = None, ready: bool = True,
     ) -> dict[str, Any]:
         """A full status: exactly one of waiting / running_since / terminated describes the containers."""
         spec = pod.get("spec") or {}
@@ -1028,7 +1041,7 @@ class Kubelets(Loop):
             ready = started = False
         elif running_since is not None:
             state = {"running": {"startedAt": self._stamp(running_since)}}
-            ready = started = True
+            started = True
         else:
             assert terminated is not None
             state = {"terminated": terminated}
@@ -1136,10 +1149,12 @@ class Kubelets(Loop):
         if p.state == "backoff":
             p.restarts += 1
             self.restarts += 1
+        if self.runtime is not None and runs_as_process(pod) and not await self._start_process(n, pod, p):
+            return
         p.started = at
-        p.finish = at + p.runtime if p.runtime is not None else None
+        p.finish = at + p.runtime if p.runtime is not None and not p.process else None
         p.state = "running"
-        status = self._base_status(n, p, "Running", pod=pod, running_since=at)
+        status = self._base_status(n, p, "Running", pod=pod, running_since=at, ready=p.ready)
         if not await self._patch_status(n, p.key, status):
             return
         if p.phase != "Running":
@@ -1155,6 +1170,53 @@ class Kubelets(Loop):
                                       f'Container image "{image}" already present on machine')
                 await self._pod_event(n, pod, "Normal", "Created", f"Created container: {cname}")
                 await self._pod_event(n, pod, "Normal", "Started", f"Started container {cname}")
+
+    async def _start_process(self, n: _Node, pod: dict[str, Any], p: _Pod) -> bool:
+        """Start the pod's processes (ProcessRuntime); False, with the pod waiting in CreateContainerConfigError
+        and a retry in 10 s, when its spec cannot run as it stands."""
+        assert self.runtime is not None
+        try:
+            p.ready = await self.runtime.start(
+                pod, node=n.name, pod_ip=p.ip,
+                on_exit=lambda code: self._process_exited(p, code),
+                on_ready=lambda ready: self._process_ready(p, ready))
+        except (ContainerConfigError, OSError) as e:
+            p.state = "waiting"
+            status = self._base_status(n, p, "Pending" if p.phase == "Pending" else "Running", pod=pod,
+                                       waiting=("CreateContainerConfigError", str(e)))
+            if await self._patch_status(n, p.key, status):
+                await self._pod_event(n, pod, "Warning", "Failed", f"Error: {e}")
+                self._schedule(p, self.clock() + 10.0)
+            return False
+        p.process = True
+        return True
+
+    def _process_exited(self, p: _Pod, code: int) -> None:
+        if self._pods.get(p.key) is not p:
+            return
+        if p.state == "running":
+            p.exit_code = code
+        elif p.state == "terminating":
+            p.kill_code = code
+        else:
+            return
+        self._schedule(p, self.clock())
+        self.wake()
+
+    def _process_ready(self, p: _Pod, ready: bool) -> None:
+        if self._pods.get(p.key) is p and p.state == "running":
+            p.ready = ready
+            self.at(("ready", *p.key), self.clock())
+
+    async def _post_readiness(self, key: Key) -> None:
+        """A readiness probe changed its verdict: the pod's Ready condition follows."""
+        p = self._pods.get(key)
+        n = self._nodes.get(p.node) if p is not None else None
+        s = self.reader.store.get(PODS, *key)
+        if p is None or n is None or s is None or p.state != "running" or not p.process:
+            return
+        await self._patch_status(n, key, self._base_status(n, p, "Running", pod=s.obj, running_since=p.started,
+                                                           ready=p.ready))
 
     def _terminated(self, p: _Pod, code: int, at: float, reason: str | None = None) -> dict[str, Any]:
         return {"exitCode": code, "reason": reason or ("Completed" if code == 0 else "Error"),
@@ -1225,6 +1287,14 @@ class Kubelets(Loop):
                 p.kill_code = 137
                 self._schedule(p, now + grace)
             return
+        if p is not None and p.state == "running" and p.process and self.runtime is not None:
+            self.runtime.terminate(p.key)  # SIGTERM now; SIGKILL when the grace period ends (or it exits first)
+            p.state, p.deadline, p.kill_code = "terminating", None, 137
+            self._schedule(p, now + grace)
+            if self.options.events:
+                for c in (pod.get("spec") or {}).get("containers") or []:
+                    await self._pod_event(n, pod, "Normal", "Killing", f"Stopping container {c.get('name')}")
+            return
         if p is not None and p.state == "running":
             took = _float_annotation(meta, TERMINATION_ANNOTATION) or 0.0
             kill = now + min(took, grace)
@@ -1251,6 +1321,8 @@ class Kubelets(Loop):
         await self._confirm_delete(n, p)
 
     async def _kill(self, n: _Node, pod: dict[str, Any], p: _Pod, at: float) -> None:
+        if p.process and self.runtime is not None:
+            await self.runtime.kill(p.key)
         code = p.kill_code
         term = self._terminated(p, code, at)
         await self._write_terminal(n, pod, p, "Succeeded" if code == 0 else "Failed", term)
