@@ -186,6 +186,13 @@ def _seconds_arg(value: str) -> float:
     return seconds
 
 
+def _positive_seconds_arg(value: str) -> float:
+    seconds = _seconds_arg(value)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r}: must be more than 0 seconds")
+    return seconds
+
+
 def _workers_arg(value: str) -> int:
     count = _count_arg(value)
     if count < 1:
@@ -284,6 +291,9 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spotpool-resync", type=_seconds_arg, default=30.0, metavar="SECONDS",
                    help="describe every SpotPool's instances at least this often, to notice reclaims no node agent "
                         "reported (node events and pool changes describe at once; default %(default)s)")
+    p.add_argument("--spotpool-call-timeout", type=_positive_seconds_arg, default=15.0, metavar="SECONDS",
+                   help="how long one cloud API call of a SpotPool may take before it counts as failed (a launch "
+                        "that timed out is retried with the same client token; default %(default)s)")
     logs.add_format_argument(p)
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO",
                    help="(default: %(default)s)")
@@ -324,6 +334,7 @@ async def _run_manager(args: argparse.Namespace) -> int:
                           "autoprovision_min_warm_gpus": args.autoprovision_min_warm_gpus,
                           "autoprovision_max_concurrent_power_offs": args.autoprovision_max_concurrent_power_offs,
                           "spotpool_resync": args.spotpool_resync,
+                          "spotpool_call_timeout": args.spotpool_call_timeout,
                           "mig_webhook_port": args.mig_webhook_port,
                           "mig_webhook_host": args.mig_webhook_host or None,
                           "mig_webhook_service": args.mig_webhook_service,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any
+from typing import Any, TextIO, cast
 
 import structlog
 
@@ -48,9 +48,20 @@ def configure(json: bool | None = None, level: str = "INFO") -> None:
             _scrub_rendered,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(cast(TextIO, _CurrentStderr())),
         cache_logger_on_first_use=True,
     )
+
+
+class _CurrentStderr:
+    """Whatever `sys.stderr` is when a line is written, not when logging was configured: a host that swaps the
+    stream (a test runner capturing output, an embedding application) never leaves logs on a closed file."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 def _scrub_rendered(_: object, __: str, line: Any) -> str:

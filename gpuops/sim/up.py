@@ -60,6 +60,8 @@ async def run_up(
         if cluster.state_dir is not None:
             print(f"  pods of the gpuops image run as processes; their files and logs are in {cluster.state_dir}",
                   file=out)
+            print(f"  each node's kubelet takes device plugins at {cluster.state_dir / 'dp'}/<node>/kubelet.sock "
+                  "(for a hand-started `gpuops agent --device-plugin-dir`)", file=out)
         out.flush()
         start = time.monotonic()
         while not stop.is_set():

@@ -205,7 +205,7 @@ async def test_no_secret_value_reaches_status_events_logs_or_metrics(tmp_path: P
     canaries: dict[str, str] = {}
     async with hostile_servers() as (hostile, http, https), OperatorHarness(
             cluster, tmp_path, crds=CRDS, controllers=["autoprovision", "spotpool"], log_level="DEBUG",
-            extra_args=["--spotpool-resync", "2"]) as rig:
+            extra_args=["--spotpool-resync", "2", "--spotpool-call-timeout", "2"]) as rig:
         groups = await create_groups(rig, http, https, canaries)
         pools = await create_pools(rig, hostile, http, https, canaries)
 

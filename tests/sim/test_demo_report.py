@@ -3,6 +3,7 @@ them, and a short real run (a subprocess, as `make demo` runs it) leaving README
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -223,16 +224,22 @@ def test_live_view_event_ages_are_never_negative() -> None:
 
 
 def test_short_demo_run_writes_the_report(tmp_path: Path) -> None:
-    """`gpuops demo --seconds 20` as `make demo` runs it, with the operator and the MIG agents, output to a pipe."""
+    """`DEMO_SECONDS=20 make demo` as a user runs it, with the operator and the MIG agents, output to a pipe: the
+    live view, the short report at the end, and the report folder."""
     started = time.monotonic()
     proc = subprocess.run(
-        [str(BIN / "gpuops"), "demo", "--seconds", "20", "--report-dir", "rep", "--kubeconfig", "demo.kubeconfig"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=100,
+        [str(BIN / "gpuops"), "demo", "--report-dir", "rep", "--kubeconfig", "demo.kubeconfig"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=100, env={**os.environ, "DEMO_SECONDS": "20"},
     )
     took = time.monotonic() - started
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     assert "\x1b[" not in out, "no cursor control when stdout is not a terminal"
+    for line in ("gpuops demo report - scenario demo", "pods bound by the scheduler", "kubectl --kubeconfig",
+                 "budget team-a/team-a-training:"):
+        assert line in out, out[-3000:]
+    # the operator (gpuops run, every registered controller) ran for the whole demo against the cluster
+    assert "operator process: ran until the end" in out, (tmp_path / "demo-operator.log").read_text()[-3000:]
     assert re.search(r"^\[ *\d+/20 s\] budgets", out, re.M), out[-3000:]
     text = (tmp_path / "rep" / "README.md").read_text()
     for heading in ("## Budgets (GPUWorkloadBudget)", "## Autoprovision (GPUNodeGroup)", "## Spot pool (SpotPool)",

@@ -96,7 +96,9 @@ def install(
 
 
 async def setup(manager: Manager) -> None:
-    """The ControllerRegistry entry; reads `spotpool_resync` and `secret_namespaces` from the manager's settings
-    (`gpuops run` flags)."""
+    """The ControllerRegistry entry; reads `spotpool_resync`, `spotpool_call_timeout` and `secret_namespaces` from
+    the manager's settings (`gpuops run` flags)."""
     resync = max(1.0, float(manager.settings.get("spotpool_resync", 30.0)))
-    install(manager, settings=Settings(resync_seconds=resync, secret_scope=SecretScope.from_settings(manager.settings)))
+    timeout = float(manager.settings.get("spotpool_call_timeout", 15.0))
+    install(manager, settings=Settings(resync_seconds=resync, call_timeout=timeout,
+                                       secret_scope=SecretScope.from_settings(manager.settings)))
