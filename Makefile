@@ -105,9 +105,9 @@ lock: | $(BIN)/python
 	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^gpuops' > constraints.txt
 
 clean:
-	@[ ! -e tryit.kubeconfig.pid ] || [ ! -x $(BIN)/gpuops ] || $(BIN)/gpuops sim down --kubeconfig tryit.kubeconfig
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache mutants demo.kubeconfig demo-operator.log demo-agents.log demo-report \
-	  tryit.kubeconfig tryit.kubeconfig.pid tryit.kubeconfig.log
+	@for kc in *.kubeconfig; do [ ! -e "$$kc.pid" ] || [ ! -x $(BIN)/gpuops ] || $(BIN)/gpuops sim down --kubeconfig "$$kc"; done
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache mutants demo-operator.log demo-agents.log demo-report \
+	  *.kubeconfig *.kubeconfig.pid *.kubeconfig.log
 
 # Regenerate the committed kubelet device-plugin gRPC modules from api.proto (`make test` never needs protoc).
 DEVICEPLUGIN := gpuops/kube/deviceplugin
