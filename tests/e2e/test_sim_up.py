@@ -108,3 +108,22 @@ def test_sim_up_idle_with_kubectl(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             raise
+
+
+def test_detach_refuses_a_second_cluster_on_one_kubeconfig_and_down_is_idempotent(tmp_path: Path) -> None:
+    kc = tmp_path / "sim.kubeconfig"
+    up = [GPUOPS, "sim", "up", "--scenario", "idle", "--no-run-pods", "--kubeconfig", str(kc), "--detach"]
+    try:
+        first = subprocess.run(up, capture_output=True, text=True, timeout=120, check=False)
+        assert first.returncode == 0, first.stderr
+        assert kc.exists() and "running in the background" in first.stdout
+        second = subprocess.run(up, capture_output=True, text=True, timeout=120, check=False)
+        assert second.returncode == 1 and "still runs" in second.stderr
+        assert kc.exists(), "the refused start left the running cluster's kubeconfig alone"
+    finally:
+        down = subprocess.run([GPUOPS, "sim", "down", "--kubeconfig", str(kc)], capture_output=True, text=True,
+                              timeout=120, check=False)
+    assert down.returncode == 0 and "stopped" in down.stdout and not kc.exists()
+    again = subprocess.run([GPUOPS, "sim", "down", "--kubeconfig", str(kc)], capture_output=True, text=True,
+                           timeout=60, check=False)
+    assert again.returncode == 0 and "no cluster runs" in again.stdout

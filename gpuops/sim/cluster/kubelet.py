@@ -1173,7 +1173,7 @@ class Kubelets(Loop):
 
     async def _start_process(self, n: _Node, pod: dict[str, Any], p: _Pod) -> bool:
         """Start the pod's processes (ProcessRuntime); False, with the pod waiting in CreateContainerConfigError
-        and a retry in 10 s, when its spec cannot run as it stands."""
+        (or RunContainerError when the process could not start) and a retry in 10 s, when it cannot run."""
         assert self.runtime is not None
         try:
             p.ready = await self.runtime.start(
@@ -1182,8 +1182,9 @@ class Kubelets(Loop):
                 on_ready=lambda ready: self._process_ready(p, ready))
         except (ContainerConfigError, OSError) as e:
             p.state = "waiting"
+            reason = "CreateContainerConfigError" if isinstance(e, ContainerConfigError) else "RunContainerError"
             status = self._base_status(n, p, "Pending" if p.phase == "Pending" else "Running", pod=pod,
-                                       waiting=("CreateContainerConfigError", str(e)))
+                                       waiting=(reason, str(e)))
             if await self._patch_status(n, p.key, status):
                 await self._pod_event(n, pod, "Warning", "Failed", f"Error: {e}")
                 self._schedule(p, self.clock() + 10.0)
