@@ -61,8 +61,23 @@ def run_section(blocks: list[Block], timeout: float = 600.0) -> list[str]:
     finished = done.stdout.count(MARK)
     assert done.returncode == 0, (f"README block {finished + 1} failed (exit {done.returncode}):\n"
                                   f"{blocks[min(finished, len(blocks) - 1)].script}\n--- its output:\n"
-                                  f"{outputs[min(finished, len(outputs) - 1)][-6000:]}")
+                                  f"{outputs[min(finished, len(outputs) - 1)][-6000:]}\n--- the cluster:\n"
+                                  f"{cluster_state(env)}")
     return [out.strip("\n") for out in done.stdout.split(MARK)[:len(blocks)]]
+
+
+def cluster_state(env: dict[str, str]) -> str:
+    """What a reader would look at when a block fails: the pods, why their containers wait, recent Events."""
+    if not KUBECONFIG.exists():
+        return "(no cluster: the kubeconfig is gone)"
+    kubectl = [str(Path(sys.executable).parent / "kubectl"), "--kubeconfig", str(KUBECONFIG)]
+    waiting = "{range .items[*]}{.metadata.name}: {.status.containerStatuses[*].state}{\"\\n\"}{end}"
+    out = []
+    for args in (["get", "pods", "-A", "-o", "wide"], ["get", "pods", "-A", "-o", f"jsonpath={waiting}"],
+                 ["get", "events", "-A", "--sort-by=.lastTimestamp"]):
+        got = subprocess.run([*kubectl, *args], env=env, capture_output=True, text=True, timeout=30, check=False)
+        out.append(got.stdout[-3000:] + got.stderr[-500:])
+    return "\n".join(out)
 
 
 def check_shown(blocks: list[Block], outputs: list[str]) -> None:

@@ -113,7 +113,7 @@ class ProcessRuntime:
         run = _Run(key, str(meta.get("uid", "")))
         address = self.network.sandbox(pod_ip)
         base = self._base_env(pod, address)
-        prepared = [(c, *self._prepare(pod, c, node, base)) for c in (pod.get("spec") or {}).get("containers") or []]
+        prepared = [(c, *self.prepare(pod, c, node, base)) for c in (pod.get("spec") or {}).get("containers") or []]
         self._runs[key] = run
         for container, argv, env in prepared:
             name = str(container.get("name", ""))
@@ -160,8 +160,9 @@ class ProcessRuntime:
         Path(env["TMPDIR"]).mkdir(exist_ok=True)
         return env
 
-    def _prepare(self, pod: Mapping[str, Any], container: Mapping[str, Any], node: str,
-                 base: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    def prepare(self, pod: Mapping[str, Any], container: Mapping[str, Any], node: str,
+                base: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        """The command line and environment a container of `pod` starts with on `node` (over `base`)."""
         uid = str(pod["metadata"].get("uid", ""))
         key: Key = (str(pod["metadata"].get("namespace", "")), str(pod["metadata"]["name"]))
         own = container_env(pod, container, self._lookup)
@@ -169,8 +170,9 @@ class ProcessRuntime:
         env = {**base, **{k: rewrite_paths(v, mounts) for k, v in own.items()}}
         if "/tmp" in mounts:
             env["TMPDIR"] = str(mounts["/tmp"])
-        argv = [rewrite_paths(a, mounts) for a in command_line(container, own, self.entrypoint, ("gpuops",))]
-        return argv, env
+        argv = command_line(container, own, self.entrypoint, ("gpuops",))
+        skip = len(self.entrypoint)  # the image's own program is this machine's path, outside every volume
+        return [*argv[:skip], *(rewrite_paths(a, mounts) for a in argv[skip:])], env
 
     def _lookup(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
         gr = ("", "secrets") if kind == "Secret" else ("", "configmaps")

@@ -123,3 +123,17 @@ async def test_two_pods_listen_on_one_port_and_a_service_name_reaches_them(sim: 
         subprocess.run, [sys.executable, "-c", "import socket; socket.getaddrinfo('nope.default.svc', 80)"],
         env=env, capture_output=True, text=True, timeout=30, check=False)
     assert unknown.returncode != 0 and "gaierror" in unknown.stderr
+
+
+@pytest.mark.anyio
+async def test_paths_under_mounts_are_rewritten_but_never_the_entrypoint(sim: SimCluster, tmp_path: Any) -> None:
+    assert sim.runtime is not None
+    sim.runtime.entrypoint = ["/tmp/venv/bin/gpuops"]  # an install under /tmp, where the pod mounts an emptyDir
+    pod = _pod("paths", ["run", "--cert-dir=/tmp/certs"], volumes=[{"name": "tmp", "emptyDir": {}}],
+               container={"volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}]})
+    pod["metadata"]["uid"] = "u-paths"
+    argv, env = sim.runtime.prepare(pod, pod["spec"]["containers"][0], "cpu-0", {})
+    assert argv[0] == "/tmp/venv/bin/gpuops"
+    assert argv[2].startswith("--cert-dir=") and argv[2].endswith("/volumes/tmp/certs") and argv[2] != \
+        "--cert-dir=/tmp/certs"
+    assert env["TMPDIR"].endswith("/volumes/tmp")
