@@ -28,6 +28,7 @@ __all__ = [
     "MIG_STRATEGY",
     "NO_CONFLICT",
     "SCALE_DOWN_DISABLED",
+    "conflict_condition",
     "karpenter_nodepool",
     "kueue_owner",
     "mig_manager_conflict",
@@ -60,6 +61,20 @@ DO_NOT_DISRUPT: Final = "karpenter.sh/do-not-disrupt"
 SCALE_DOWN_DISABLED: Final = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
 CA_TAINTS: Final = ("ToBeDeletedByClusterAutoscaler", "DeletionCandidateOfClusterAutoscaler")
 """Taints cluster-autoscaler puts on a node it is about to remove, or considers removing."""
+
+
+def conflict_condition(current: tuple[str, str | None, str | None] | None, found: tuple[str, str] | None,
+                       cleared: str) -> tuple[str, str, str] | None:
+    """The ConflictDetected condition to write, as (status, reason, message), or None when the object's current
+    one (status, reason, message) already says it: True with the conflict `found`, else False with `cleared`
+    once it had been True (an object that never had a conflict never gets the condition)."""
+    if found is None:
+        if current is None or current[0] == "False":
+            return None
+        want = ("False", NO_CONFLICT, cleared)
+    else:
+        want = ("True", *found)
+    return None if current == want else want
 
 
 def kueue_owner(job: Job) -> str | None:

@@ -38,7 +38,7 @@ from gpuops.accounting.capacity import (
     plan_scale_up,
 )
 from gpuops.accounting.quantity import parse_quantity
-from gpuops.controllers.coexistence import CONDITION, DO_NOT_DISRUPT, NO_CONFLICT, power_off_hold
+from gpuops.controllers.coexistence import CONDITION, DO_NOT_DISRUPT, conflict_condition, power_off_hold
 from gpuops.controllers.scheduling import INDEX_UNSCHEDULABLE, unschedulable
 from gpuops.controllers.secretscope import SecretScope
 from gpuops.kube import conditions as cond
@@ -283,14 +283,11 @@ class Autoprovisioner:
         Warning Event when it starts or changes. True when the status was written."""
         hold = power_off_hold(self.nodes.store.get(group.spec.node_name))
         current = cond.get_condition(group.status.conditions, CONDITION)
-        if hold is None:
-            if current is None or current.status == "False":
-                return False
-            value, reason, message = "False", NO_CONFLICT, "nothing keeps the node from being powered off when idle"
-        else:
-            value, (reason, message) = "True", hold
-        if current is not None and (current.status, current.reason, current.message) == (value, reason, message):
+        want = conflict_condition(None if current is None else (current.status, current.reason, current.message),
+                                  hold, "nothing keeps the node from being powered off when idle")
+        if want is None:
             return False
+        value, reason, message = want
         if not await self._write(group, self._with_condition(group, CONDITION, value, reason, message)):
             return False
         if value == "True":

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import structlog
 
-from gpuops.controllers.coexistence import CONDITION, NO_CONFLICT, mig_manager_conflict
+from gpuops.controllers.coexistence import CONDITION, conflict_condition, mig_manager_conflict
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
 from gpuops.kube.controller import Request, Result
@@ -57,14 +57,11 @@ class MigConflicts:
         node = self.nodes.store.get(mn.spec.node_name or mn.metadata.name)
         found = mig_manager_conflict(node.metadata.labels) if node is not None else None
         current = cond.get_condition(mn.status.conditions, CONDITION)
-        if found is None:
-            if current is None or current.status == "False":
-                return None
-            value, reason, message = "False", NO_CONFLICT, "no other MIG manager or MIG device plugin on the node"
-        else:
-            value, (reason, message) = "True", found
-        if current is not None and (current.status, current.reason, current.message) == (value, reason, message):
+        want = conflict_condition(None if current is None else (current.status, current.reason, current.message),
+                                  found, "no other MIG manager or MIG device plugin on the node")
+        if want is None:
             return None
+        value, reason, message = want
         if not await self._write(mn, value, reason, message):
             return None
         if node is not None and value == "True":

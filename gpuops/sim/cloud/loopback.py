@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+from abc import ABC, abstractmethod
 from types import TracebackType
 from typing import Self
 
 from aiohttp import web
 
 
-class LoopbackServer:
+class LoopbackServer(ABC):
     """Subclasses build their routes in `app()` and may log or clean up in `started()` / `stopped()`."""
 
     def __init__(self, host: str, port: int) -> None:
@@ -25,13 +26,14 @@ class LoopbackServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    @abstractmethod
     def app(self) -> web.Application:
-        raise NotImplementedError
+        """The routes of this API."""
 
-    def started(self) -> None:
+    def started(self) -> None:  # noqa: B027 - an optional hook, not abstract
         """Called once the port is known."""
 
-    def stopped(self) -> None:
+    def stopped(self) -> None:  # noqa: B027 - an optional hook, not abstract
         """Called after the server has closed."""
 
     async def start(self) -> None:
