@@ -88,6 +88,7 @@ class ProcessRuntime:
         self.entrypoint = entrypoint or gpuops_entrypoint()
         self.ca_bundle = self._write_ca_bundle(ca_pem) if ca_pem else None
         self._runs: dict[Key, _Run] = {}
+        self._killers: set[asyncio.Task[None]] = set()
         self._logs: dict[Key, dict[str, list[Path]]] = {}
         self._closing = False  # set by stop(): a pod's restart must not outlive the cluster
 
@@ -273,7 +274,9 @@ class ProcessRuntime:
         """The pod is gone: nothing of it may keep running, and its address is free again."""
         run = self._runs.get(key)
         if run is not None:
-            asyncio.get_running_loop().create_task(self.kill(key))
+            task = asyncio.get_running_loop().create_task(self.kill(key))
+            self._killers.add(task)  # the loop keeps only a weak reference to a task
+            task.add_done_callback(self._killers.discard)
         if pod_ip:
             self.network.release(pod_ip)
 
