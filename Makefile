@@ -16,24 +16,25 @@ $(BIN)/python:
 
 # Reinstall whenever the dependency declarations change; constraints.txt pins what CI gets. The full install
 # (the test toolchain too) also satisfies the demo's, which is a subset of it.
-$(STAMP): pyproject.toml constraints.txt | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
+$(STAMP): pyproject.toml sim/pyproject.toml constraints.txt | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]' -e './sim[demo]'
 	touch $(STAMP) $(DEMO_STAMP)
 
 install: $(STAMP)
 
-# `make demo` installs only what the demo runs (the "demo" extra in pyproject.toml), so a first run shows the
-# live view without waiting for the test toolchain; `make test` adds the rest later.
-$(DEMO_STAMP): pyproject.toml constraints.txt | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[demo]'
+# `make demo` installs only what the demo runs (the operator with its MIG extra, and the emulator, sim/, with its
+# "demo" extra), so a first run shows the live view without waiting for the test toolchain; `make test` adds the
+# rest later.
+$(DEMO_STAMP): pyproject.toml sim/pyproject.toml constraints.txt | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[mig]' -e './sim[demo]'
 	touch $(DEMO_STAMP)
 
 lint: install
-	$(BIN)/ruff check gpuops tests bench chaos
+	$(BIN)/ruff check gpuops sim tests bench chaos
 	$(BIN)/hadolint --failure-threshold warning Dockerfile
 
 typecheck: install
-	$(BIN)/mypy --strict gpuops
+	$(BIN)/mypy --strict gpuops sim/gpuops_sim
 
 unit: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider

@@ -4,6 +4,8 @@ Reads the Dockerfile's own install line (extras, constraints) and USER, installs
 virtualenv (not editable, as the image does), then, as that numeric user with no writable home and the working
 directory `/` (the Deployment's read-only root filesystem leaves nothing else writable):
   - `gpuops --help`, `gpuops run --help`, `gpuops agent --help` (the entrypoints of the operator and agent);
+  - no emulator code is installed, and `gpuops sim`, `gpuops demo` and `gpuops agent --emulated` exit 2 naming
+    the distribution that brings them;
   - `gpuops run` with the Deployment's flags (leader election, --metrics-secure, the MIG webhook) against an
     emulated API server with our CRDs, until /readyz answers 200 and /metrics serves our series over HTTPS to a
     bearer token, then SIGTERM and a clean exit with no error logged.
@@ -66,6 +68,22 @@ def wait_http(url: str, within: float, proc: subprocess.Popen[bytes], token: str
     raise SystemExit(f"{url} did not answer 200 within {within} s: {last}")
 
 
+def check_no_emulator(venv: Path, gpuops: list[str], env: dict[str, str]) -> None:
+    """The image holds no emulator code, and the emulator's commands and NVML backend say how to get them."""
+    found = [str(p) for p in venv.rglob("*") if p.name in ("gpuops_sim", "fakenvml.py") or "gpuops_sim" in p.name]
+    if found:
+        raise SystemExit(f"the image contains emulator code: {found[:5]}")
+    expected = {("sim", "up"): "pip install gpuops-sim", ("demo",): "pip install gpuops-sim",
+                ("agent", "--emulated", "--node-name", "n1"): "pip install gpuops-sim"}
+    for args, hint in expected.items():
+        r = subprocess.run([*gpuops, *args], cwd="/", env=env, capture_output=True, text=True, timeout=60)
+        if r.returncode != 2 or hint not in r.stderr or "Traceback" in r.stderr:
+            raise SystemExit(f"gpuops {' '.join(args)} without the emulator: exit {r.returncode}, "
+                             f"stderr {r.stderr[-400:]!r}; expected exit 2 and {hint!r}")
+    print("image check: no emulator code; sim, demo and agent --emulated name the gpuops-sim distribution",
+          flush=True)
+
+
 def main() -> int:
     if os.geteuid() != 0:
         print("image check: needs root to run as the image's user; skipped")
@@ -89,6 +107,7 @@ def main() -> int:
             subprocess.run([*as_user, str(venv / "bin" / "gpuops"), *args], check=True, cwd="/", env=env,
                            stdout=subprocess.DEVNULL)
         print(f"image check: gpuops --help, run --help, agent --help as {uid}: ok", flush=True)
+        check_no_emulator(venv, [*as_user, str(venv / "bin" / "gpuops")], env)
 
         kubeconfig = work / "kubeconfig"
         api = subprocess.Popen([str(MAIN_BIN / "gpuops"), "sim", "apiserver", "--port", "0",

@@ -19,10 +19,10 @@ import aiohttp
 from _budget_common import BUDGETS_PATH, CRD, METRIC, NS, TARGET, ratio
 
 from gpuops.accounting.reporting import counting_instant
-from gpuops.sim.budget_workload import MICROS, budget, job, micros, pod, scenario, truth
-from gpuops.sim.cluster.access import JOBS, PODS
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.harness import OperatorHarness, metric_value, now_us, until
+from gpuops_sim.budget_workload import MICROS, budget, job, micros, pod, scenario, truth
+from gpuops_sim.cluster.access import JOBS, PODS
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.harness import OperatorHarness, metric_value, now_us, until
 
 
 @dataclass(frozen=True, slots=True)

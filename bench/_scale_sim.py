@@ -28,12 +28,12 @@ from typing import Any
 import msgspec
 
 from gpuops import logs
-from gpuops.sim.apiserver.gctune import tune_for_large_heaps
-from gpuops.sim.cluster.access import BUDGETS, GROUPS, NODES, PODS, POOLS, WatchEvent
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.demo import repo_crds
-from gpuops.sim.migfarm import MigAgentFarm
-from gpuops.sim.scenario import Scenario, load
+from gpuops.kube.gctune import tune_for_large_heaps
+from gpuops_sim.cluster.access import BUDGETS, GROUPS, NODES, PODS, POOLS, WatchEvent
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.demo import repo_crds
+from gpuops_sim.migfarm import MigAgentFarm
+from gpuops_sim.scenario import Scenario, load
 
 CRDS = repo_crds()
 RUNTIME = "sim.gpuops.io/runtime-seconds"

@@ -25,8 +25,8 @@ import msgspec
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import LoopThread, write_results
 
-from gpuops.sim.apiserver import APIServer
-from gpuops.sim.apiserver.gctune import tune_for_large_heaps
+from gpuops.kube.gctune import tune_for_large_heaps
+from gpuops_sim.apiserver import APIServer
 
 PODS = ("", "pods")
 
@@ -266,7 +266,7 @@ def main() -> int:
     mode = "quick" if args.quick else "full"
     md = f"""# Emulator throughput ({mode} run)
 
-Server: `gpuops.sim.apiserver` in-process on one event loop; readers: separate processes over HTTP on
+Server: `gpuops_sim.apiserver` in-process on one event loop; readers: separate processes over HTTP on
 loopback, decoding each event's metadata and checking resourceVersion order. Pods are ~1.5 KiB each.
 The benchmark process raises CPython's GC thresholds as `gpuops sim apiserver` does (see gctune.py).
 

@@ -60,12 +60,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_results
 
 from gpuops import logs
-from gpuops.sim.apiserver.store import WatchEvent
-from gpuops.sim.cluster.access import PODS
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.cluster.machines import Machine
-from gpuops.sim.harness import OperatorHarness, free_port, metric_value, until
-from gpuops.sim.scenario import Scenario, parse
+from gpuops_sim.apiserver.store import WatchEvent
+from gpuops_sim.cluster.access import PODS
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.cluster.machines import Machine
+from gpuops_sim.harness import OperatorHarness, free_port, metric_value, until
+from gpuops_sim.scenario import Scenario, parse
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD = ROOT / "manifests" / "crds" / "gpunodegroups.gpuops.io.yaml"

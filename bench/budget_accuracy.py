@@ -86,10 +86,10 @@ from _common import write_results
 
 from gpuops import logs
 from gpuops.accounting.reporting import counting_instant
-from gpuops.sim.budget_workload import MICROS, budget, micros, pod, scenario, truth
-from gpuops.sim.cluster.access import PODS
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.harness import OperatorHarness, cpu_seconds, metric_value, now_us, until
+from gpuops_sim.budget_workload import MICROS, budget, micros, pod, scenario, truth
+from gpuops_sim.cluster.access import PODS
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.harness import OperatorHarness, cpu_seconds, metric_value, now_us, until
 
 PODS_PATH = f"/api/v1/namespaces/{NS}/pods"
 SNAPSHOTS = (15, 30, 45)

@@ -35,7 +35,7 @@ from gpuops.kube.informer import Informer
 from gpuops.kube.reflector import ReflectorOptions
 from gpuops.kube.resources import PODS
 from gpuops.kube.workqueue import WorkQueue
-from gpuops.sim.apiserver import APIServer
+from gpuops_sim.apiserver import APIServer
 
 LOW = -100
 GR = ("", "pods")
@@ -373,8 +373,8 @@ async def _warm(kubeconfig: str, namespaces: list[str]) -> None:
 
 
 async def _create_ns(server: APIServer, names: list[str]) -> None:
-    from gpuops.sim.apiserver.auth import UserInfo
-    from gpuops.sim.apiserver.objects import WriteContext
+    from gpuops_sim.apiserver.auth import UserInfo
+    from gpuops_sim.apiserver.objects import WriteContext
 
     info = server.registry.lookup("", "v1", "namespaces")
     assert info is not None

@@ -76,12 +76,12 @@ from gpuops import logs
 from gpuops.accounting import mig
 from gpuops.controllers.migslicer.allocator import CONDITION
 from gpuops.controllers.migslicer.api import GATE, NVIDIA_PREFIX, OUR_PREFIX
-from gpuops.sim.apiserver.errors import StatusError
-from gpuops.sim.apiserver.store import GroupResource, WatchEvent
-from gpuops.sim.cluster.access import PODS
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.harness import OperatorHarness, free_port, metric_value, until
-from gpuops.sim.scenario import Scenario, parse
+from gpuops_sim.apiserver.errors import StatusError
+from gpuops_sim.apiserver.store import GroupResource, WatchEvent
+from gpuops_sim.cluster.access import PODS
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.harness import OperatorHarness, free_port, metric_value, until
+from gpuops_sim.scenario import Scenario, parse
 
 ROOT = Path(__file__).resolve().parents[1]
 CRDS = [ROOT / "manifests" / "crds" / f"{n}.gpuops.io.yaml" for n in ("mignodes", "allocationclaims")]

@@ -10,7 +10,7 @@ Processes (2 cores: the bench's own loop must not starve the emulator):
             f x 4,300 plain 8-GPU nodes, f x 200 node-group machines `ng-<i>` (one GPUNodeGroup each, webhooks at
             the emulated cloud's power API, scale-down after a day: capacity does not move under the load),
             f x 500 MIG nodes `mig-<i>` (tainted gpuops.io/mig; 8 A100-80GB each) whose MigNodes an in-process
-            agent farm (gpuops/sim/migfarm.py) keeps fresh and whose AllocationClaims it answers like the node
+            agent farm (sim/gpuops_sim/migfarm.py) keeps fresh and whose AllocationClaims it answers like the node
             agent, f x 50 SpotPools (provider sim, minimum 1, maximum 2), f x 1,000 budgets (20 per namespace,
             each selecting label team=<its name>). Filled before the operator starts: 35% of the pods run for a
             day on 1 GPU each (at most all GPUs but the churn's reserve), the rest ran for 1 s and Succeeded.
@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, write_results
 from _scale_sim import EmulatorProcess, Params, child_main, size_of
 
-from gpuops.sim.harness import cpu_seconds, free_port
+from gpuops_sim.harness import cpu_seconds, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 1 << 20

@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_results
 
 from gpuops import logs
-from gpuops.sim.apiserver.gctune import tune_for_large_heaps
-from gpuops.sim.cluster.access import PODS
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.scenario import Scenario, load
+from gpuops.kube.gctune import tune_for_large_heaps
+from gpuops_sim.cluster.access import PODS
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.scenario import Scenario, load
 
 GIB = 1 << 30
 # Watch history kept by the emulator (events, all resources; the `scale` scenario's apiserver.historySize).

@@ -65,12 +65,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_results
 
 from gpuops import logs
-from gpuops.sim.apiserver.store import WatchEvent
-from gpuops.sim.cloud.spot import Instance, LaunchRequest
-from gpuops.sim.cluster.access import NODES
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.harness import OperatorHarness, metric_value
-from gpuops.sim.scenario import Scenario, parse
+from gpuops_sim.apiserver.store import WatchEvent
+from gpuops_sim.cloud.spot import Instance, LaunchRequest
+from gpuops_sim.cluster.access import NODES
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.harness import OperatorHarness, metric_value
+from gpuops_sim.scenario import Scenario, parse
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD = ROOT / "manifests" / "crds" / "spotpools.gpuops.io.yaml"

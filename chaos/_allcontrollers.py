@@ -3,7 +3,7 @@
 Rig. One in-process `SimCluster`: 3 always-on 8-GPU nodes (`base`, where the budgets' pods run, pinned by a
 nodeSelector), powered-off 8-GPU machines `gpu-<i>` with one GPUNodeGroup each whose webhooks are the emulated
 cloud's power API, 2 MIG nodes (2 x A100-80GB, tainted) played by the in-process agent farm
-(gpuops/sim/migfarm.py: it answers AllocationClaims through in-process writes, so the faults are the operator's
+(sim/gpuops_sim/migfarm.py: it answers AllocationClaims through in-process writes, so the faults are the operator's
 alone), the emulated spot cloud selling 1-GPU instances to one SpotPool (tainted: nothing else runs there). The
 operator is `gpuops run` (all controllers, `--mig-webhook-port 0`: MIG pods are created as the webhook leaves
 them, gated) at log level INFO, whose records name every power decision, launch and eviction.
@@ -47,17 +47,17 @@ from _migslicer import Tracker
 from _spotpool import bench
 
 from gpuops.controllers.migslicer.api import GATE, OUR_PREFIX
-from gpuops.sim.apiserver.errors import StatusError
-from gpuops.sim.apiserver.faults import Faults
-from gpuops.sim.apiserver.store import WatchEvent
-from gpuops.sim.budget_workload import budget, pod
-from gpuops.sim.cloud.faults import CloudFaults
-from gpuops.sim.cluster.access import BUDGETS, GROUPS, JOBS, PODS, POOLS
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.demo import repo_crds
-from gpuops.sim.harness import OperatorHarness
-from gpuops.sim.migfarm import MigAgentFarm
-from gpuops.sim.scenario import Scenario, parse
+from gpuops_sim.apiserver.errors import StatusError
+from gpuops_sim.apiserver.faults import Faults
+from gpuops_sim.apiserver.store import WatchEvent
+from gpuops_sim.budget_workload import budget, pod
+from gpuops_sim.cloud.faults import CloudFaults
+from gpuops_sim.cluster.access import BUDGETS, GROUPS, JOBS, PODS, POOLS
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.demo import repo_crds
+from gpuops_sim.harness import OperatorHarness
+from gpuops_sim.migfarm import MigAgentFarm
+from gpuops_sim.scenario import Scenario, parse
 
 __all__ = ["BUDGETS", "CRDS", "FULL", "GROUPS", "POOL", "QUICK", "AllRig", "CountingFaults", "Plan", "Step",
            "build_script", "drive", "open_all_rig"]

@@ -39,15 +39,15 @@ from typing import Any
 from _common import command
 from aiohttp import web
 
-from gpuops.sim.apiserver.faults import Faults
-from gpuops.sim.apiserver.store import WatchEvent
-from gpuops.sim.budget_workload import pod
-from gpuops.sim.cloud.faults import CloudFaults
-from gpuops.sim.cluster.access import EVENTS, PODS
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.cluster.machines import Machine
-from gpuops.sim.harness import OperatorHarness, until
-from gpuops.sim.scenario import parse
+from gpuops_sim.apiserver.faults import Faults
+from gpuops_sim.apiserver.store import WatchEvent
+from gpuops_sim.budget_workload import pod
+from gpuops_sim.cloud.faults import CloudFaults
+from gpuops_sim.cluster.access import EVENTS, PODS
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.cluster.machines import Machine
+from gpuops_sim.harness import OperatorHarness, until
+from gpuops_sim.scenario import parse
 
 __all__ = ["CRD", "GPU", "GROUPS", "NS", "ApRig", "Call", "Sink", "burst", "group_body", "open_ap_rig", "power_report"]
 

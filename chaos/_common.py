@@ -4,7 +4,7 @@ Ground truth. `PodLog` is a synchronous listener on the emulator's store, attach
 it sees every version of every pod of the namespace, in order, including the last state of pods that are
 deleted (Job TTL + garbage collection, evictions). Unlike an HTTP watch it cannot be dropped, compacted or
 failed by the faults a scenario injects into the API server, so the truth never depends on the very
-machinery under test. Truth itself is `gpuops.sim.budget_workload.truth` (exact arithmetic on the
+machinery under test. Truth itself is `gpuops_sim.budget_workload.truth` (exact arithmetic on the
 emulator's container timestamps, none of the controller's code); a pod that disappears while one of its
 containers has no terminated state (a grace-0 eviction removes a running pod at once) is given a terminated
 state that ends at the instant the store removed it, since that is when its GPUs were taken back.
@@ -34,12 +34,12 @@ from typing import Any
 
 from gpuops import logs
 from gpuops.accounting.reporting import counting_instant
-from gpuops.sim.apiserver.faults import Faults
-from gpuops.sim.apiserver.store import WatchEvent
-from gpuops.sim.budget_workload import MICROS, budget, job, micros, scenario, truth
-from gpuops.sim.cluster.access import EVENTS, JOBS, PODS
-from gpuops.sim.cluster.cluster import BUDGETS, SimCluster
-from gpuops.sim.harness import OperatorHarness, metric_value, now_us, until
+from gpuops_sim.apiserver.faults import Faults
+from gpuops_sim.apiserver.store import WatchEvent
+from gpuops_sim.budget_workload import MICROS, budget, job, micros, scenario, truth
+from gpuops_sim.cluster.access import EVENTS, JOBS, PODS
+from gpuops_sim.cluster.cluster import BUDGETS, SimCluster
+from gpuops_sim.harness import OperatorHarness, metric_value, now_us, until
 
 __all__ = [
     "BUDGETS_PATH", "CRD", "GPU", "METRIC", "NS", "RESULTS", "TARGET", "Chaos", "PodLog", "PodRecord",

@@ -45,12 +45,12 @@ from _scale_sim import BUDGETS, GROUPS, POOLS, Emulator, Params, budget_of, pod
 from _spotpool import bench as spot_bench
 
 from gpuops import logs
-from gpuops.sim.apiserver.gctune import tune_for_large_heaps
-from gpuops.sim.budget_workload import MICROS, micros, truth
-from gpuops.sim.cluster.access import LEASES, PODS, WatchEvent
-from gpuops.sim.harness import now_us
-from gpuops.sim.migfarm import CLAIMS
-from gpuops.sim.scenario import Scenario
+from gpuops.kube.gctune import tune_for_large_heaps
+from gpuops_sim.budget_workload import MICROS, micros, truth
+from gpuops_sim.cluster.access import LEASES, PODS, WatchEvent
+from gpuops_sim.harness import now_us
+from gpuops_sim.migfarm import CLAIMS
+from gpuops_sim.scenario import Scenario
 
 __all__ = ["HA_TAINT", "HaPlan", "child_main"]
 

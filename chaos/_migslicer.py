@@ -47,16 +47,16 @@ from typing import Any
 
 from _common import command, log_records
 
-from gpuops.controllers.migslicer.agent.fakenvml import gpu_uuid
 from gpuops.controllers.migslicer.agent.gpus import MigBackend, SliceInfo
 from gpuops.controllers.migslicer.allocator import CONDITION
 from gpuops.controllers.migslicer.api import ADVERTISE, GATE, NVIDIA_PREFIX, profile_of_resource
 from gpuops.kube.times import parse_time_or_none
-from gpuops.sim.apiserver.store import WatchEvent
-from gpuops.sim.cluster.access import PODS
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.harness import OperatorHarness, free_port, until
-from gpuops.sim.scenario import parse
+from gpuops_sim.apiserver.store import WatchEvent
+from gpuops_sim.cluster.access import PODS
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.fakenvml import FakeNVML, gpu_uuid
+from gpuops_sim.harness import OperatorHarness, free_port, until
+from gpuops_sim.scenario import parse
 
 __all__ = [
     "CLAIMS", "COMMON_NOTES", "GPU_SPEC", "LIVE", "MIGNODES", "NS", "SYSTEM_NS", "Agent", "ClaimRecord",
@@ -283,7 +283,7 @@ class Tracker:
 
 def driver_slices(node: str, state_file: Path) -> list[SliceInfo]:
     """The node's slices as its driver has them (blocking: run in a thread; never while holding a DriverGate)."""
-    backend = MigBackend.emulated(GPU_SPEC, node, state_file=state_file)
+    backend = MigBackend(FakeNVML.from_spec(GPU_SPEC, node, state_file=state_file))
     backend.open()
     try:
         found: list[SliceInfo] = backend.slices()

@@ -31,11 +31,11 @@ from typing import Any
 
 from _common import command, log_records
 
-from gpuops.sim.cloud.faults import CloudFaults
-from gpuops.sim.cloud.spot import Instance
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.harness import OperatorHarness, until
-from gpuops.sim.scenario import parse
+from gpuops_sim.cloud.faults import CloudFaults
+from gpuops_sim.cloud.spot import Instance
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.harness import OperatorHarness, until
+from gpuops_sim.scenario import parse
 
 __all__ = ["NS", "POOL", "SECRETS", "SpotRig", "bench", "open_spot_rig", "sleep_until", "verdict", "wait_for"]
 

@@ -79,8 +79,8 @@ from _common import NS, command, figures_table, gpu_seconds, log_records, metric
 
 from gpuops import logs
 from gpuops.accounting.reporting import counting_instant
-from gpuops.sim.budget_workload import micros
-from gpuops.sim.cluster.access import EVENTS, JOBS
+from gpuops_sim.budget_workload import micros
+from gpuops_sim.cluster.access import EVENTS, JOBS
 
 NAME = "apiserver_all"
 TRANSIENT = frozenset({"EvictionBlocked", "EvictionFailed", "EnforcementFailed", "WebhookFailed", "LaunchLost",

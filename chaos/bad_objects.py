@@ -52,9 +52,9 @@ from apiserver_all import accuracy, canonical, differences, doubling, wait_conve
 
 from gpuops import logs
 from gpuops.controllers.migslicer.api import GATE, OUR_PREFIX
-from gpuops.sim.apiserver.errors import StatusError
-from gpuops.sim.budget_workload import budget, pod
-from gpuops.sim.cluster.access import EVENTS
+from gpuops_sim.apiserver.errors import StatusError
+from gpuops_sim.budget_workload import budget, pod
+from gpuops_sim.cluster.access import EVENTS
 
 NAME = "bad_objects"
 POISON_NS = "poison"

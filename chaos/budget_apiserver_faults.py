@@ -48,7 +48,7 @@ from _common import (
     write_results,
 )
 
-from gpuops.sim.budget_workload import MICROS, pod
+from gpuops_sim.budget_workload import MICROS, pod
 
 NAME = "budget_apiserver_faults"
 PODS, RATE, RUNTIME = 50, 10.0, 30.0

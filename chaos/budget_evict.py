@@ -53,7 +53,7 @@ from _common import (
     write_results,
 )
 
-from gpuops.sim.budget_workload import MICROS, pod
+from gpuops_sim.budget_workload import MICROS, pod
 
 NAME = "budget_evict"
 SETS = ("evict", "evict-retain")

@@ -57,7 +57,7 @@ from _common import (
     write_results,
 )
 
-from gpuops.sim.budget_workload import MICROS, micros, pod
+from gpuops_sim.budget_workload import MICROS, micros, pod
 
 NAME = "budget_operator_kill"
 FINALIZER = "gpuops.io/budget-accounting"

@@ -47,7 +47,7 @@ from _common import TARGET, figures_table, write_results  # noqa: E402 (the path
 from _ha import HaPlan, child_main  # noqa: E402
 from _scale_sim import EmulatorProcess, Params, size_of  # noqa: E402
 
-from gpuops.sim.harness import free_port  # noqa: E402
+from gpuops_sim.harness import free_port  # noqa: E402
 
 NAME = "ha_failover"
 ROOT = Path(__file__).resolve().parents[1]

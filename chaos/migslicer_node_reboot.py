@@ -21,7 +21,7 @@ from typing import Any
 from _common import cli, figures_table, run, write_results
 from _migslicer import COMMON_NOTES, ClaimRecord, MigRig, open_mig_rig, verdict, wait_for
 
-from gpuops.sim.harness import until
+from gpuops_sim.harness import until
 
 NAME = "migslicer_node_reboot"
 RUNNING = [["3g.20gb"], ["2g.10gb", "1g.5gb"]]

@@ -23,7 +23,7 @@ from typing import Any
 from _common import cli, figures_table, run, write_results
 from _migslicer import COMMON_NOTES, ClaimRecord, MigRig, is_gated, open_mig_rig, verdict, wait_for
 
-from gpuops.sim.harness import until
+from gpuops_sim.harness import until
 
 NAME = "migslicer_pod_deleted"
 WHOLE = ["7g.40gb"]

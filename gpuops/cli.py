@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import re
-import signal
 import sys
 from collections.abc import Sequence
 
@@ -24,125 +22,43 @@ CONTROLLERS.register("spotpool", "gpuops.controllers.spotpool.setup:setup")
 CONTROLLERS.register("migslicer", "gpuops.controllers.migslicer.setup:setup")
 
 
-def _add_apiserver_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback only by default)")
-    p.add_argument("--port", type=int, default=0, help="port to listen on; 0 picks a free one (printed)")
-    p.add_argument("--kubeconfig", metavar="PATH", help="write a kubeconfig with an admin bearer token here")
-    p.add_argument("--token", help="admin bearer token (default: random)")
-    p.add_argument("--authorization", choices=["AlwaysAllow", "RBAC"], default="AlwaysAllow",
-                   help="RBAC enforces Roles/ClusterRoles and their bindings")
-    p.add_argument("--history-size", type=int, default=100_000,
-                   help="watch events kept for watch-from-resourceVersion; older ones answer 410 Gone")
-    p.add_argument("--history-age", type=float, default=300.0, help="seconds a watch event is kept")
-    p.add_argument("--bookmark-interval", type=float, default=60.0, help="seconds between watch bookmarks")
-    p.add_argument("--tls", action="store_true",
-                   help="serve HTTPS with a fresh CA (in the kubeconfig); kubectl sends tokens only over TLS")
-    p.add_argument("--terminated-pod-gc-threshold", type=int, default=None, metavar="N",
-                   help="delete the oldest terminated pods beyond N (default: keep them all)")
-    p.add_argument("--restore", metavar="FILE", help="start from a snapshot written by --save-on-exit")
-    p.add_argument("--save-on-exit", metavar="FILE", help="write a snapshot of all objects on shutdown")
-    logs.add_format_argument(p)
+COMMANDS_GROUP = "gpuops.commands"
+"""Entry-point group through which other installed distributions add commands: each entry point names a
+function `register(subparsers)` that adds its parser(s) and sets `handler(args, argv) -> int` as their default
+(the emulator distribution contributes `sim` and `demo` this way)."""
+
+_OPTIONAL_COMMANDS = {"sim": "gpuops-sim", "demo": "gpuops-sim"}
+"""Commands of distributions users commonly add, so a missing one gets an install hint, not argparse's error."""
 
 
-def _add_cluster_args(p: argparse.ArgumentParser, default_scenario: str) -> None:
-    p.add_argument("--scenario", default=default_scenario, metavar="NAME|FILE",
-                   help="a shipped scenario (idle, demo, ...) or a scenario YAML file (default: %(default)s)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback only by default)")
-    p.add_argument("--port", type=int, default=0, help="API server port; 0 picks a free one (printed)")
-    p.add_argument("--kubeconfig", metavar="PATH", help="write a kubeconfig for kubectl and the operator here")
-    p.add_argument("--seconds", type=float, default=None, metavar="N",
-                   help="stop after N seconds (demo: also $DEMO_SECONDS); default: until Ctrl-C")
-    p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                   default="WARNING" if default_scenario == "demo" else "INFO",
-                   help="the emulated cluster's log level (default: %(default)s)")
-    logs.add_format_argument(p)
+def _add_contributed_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from importlib.metadata import entry_points
+
+    for ep in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
+        if ep.name in sub.choices:
+            continue  # two distributions contributing one name: the first (by sort order) wins
+        try:
+            register = ep.load()
+        except ImportError as e:
+            print(f"gpuops: command {ep.name!r} ({ep.value}) cannot be loaded: {e}", file=sys.stderr)
+            continue
+        register(sub)
 
 
-def _load_scenario(name: str, command: str) -> object | None:
-    try:
-        from .sim.scenario import ScenarioError, load
-    except ImportError as e:  # PyYAML and cel-python come with the "sim" extra only
-        print(f"gpuops {command}: the emulated cluster needs the 'sim' extra ({e.name} is missing): "
-              "pip install 'gpuops[sim]'", file=sys.stderr)
+def _missing_command(argv: Sequence[str], sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> str | None:
+    """The install hint for a well-known optional command that is not installed here, if argv asks for one."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command is None or command in sub.choices or command not in _OPTIONAL_COMMANDS:
         return None
-    try:
-        return load(name)
-    except ScenarioError as e:
-        print(f"gpuops {command}: {e}", file=sys.stderr)
-        return None
-
-
-def _run_cluster(args: argparse.Namespace) -> int:
-    from .sim.apiserver.gctune import tune_for_large_heaps
-
-    command = "demo" if args.command == "demo" else "sim up"
-    scenario = _load_scenario(args.scenario, command)
-    if scenario is None:
-        return 2
-    tune_for_large_heaps()
-    if args.command == "demo":
-        from .sim.demo import run_demo, seconds_from_env
-
-        kubeconfig = args.kubeconfig or "demo.kubeconfig"
-        return asyncio.run(run_demo(scenario, kubeconfig=kubeconfig,  # type: ignore[arg-type]
-                                    seconds=seconds_from_env(args.seconds), port=args.port,
-                                    operator=not args.no_operator,
-                                    report_dir=None if args.no_report else args.report_dir))
-    from .sim.up import run_up
-
-    if args.kubeconfig:  # a kubeconfig of an earlier run must not pass for this cluster being up
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(args.kubeconfig)
-    return asyncio.run(run_up(scenario, host=args.host, port=args.port, cloud_port=args.cloud_port,  # type: ignore[arg-type]
-                              kubeconfig=args.kubeconfig, tls=args.tls, workload=not args.no_workload,
-                              seconds=args.seconds, status_every=args.status_every,
-                              authorization=args.authorization, run_pods=args.run_pods, state_dir=args.state_dir))
-
-
-def _sim_up_detached(argv: Sequence[str], args: argparse.Namespace) -> int:
-    from .sim.detach import up_detached
-
-    if not args.kubeconfig:
-        print("gpuops sim up: --detach needs --kubeconfig (the file tells when the cluster is up)", file=sys.stderr)
-        return 2
-    return up_detached([a for a in argv if a != "--detach"], args.kubeconfig)
+    return (f"gpuops {command}: this command comes with the {_OPTIONAL_COMMANDS[command]} distribution, which is not "
+            f"installed: pip install {_OPTIONAL_COMMANDS[command]}")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpuops", description="GPU cluster operators for Kubernetes.")
     parser.add_argument("--version", action="version", version=f"gpuops {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sim = sub.add_parser("sim", help="the emulated Kubernetes cluster (no real cluster needed)")
-    sim_sub = sim.add_subparsers(dest="sim_command", metavar="SIM_COMMAND")
-    api = sim_sub.add_parser("apiserver", help="run the emulated Kubernetes API server on loopback")
-    _add_apiserver_args(api)
-    up = sim_sub.add_parser("up", help="run a whole emulated GPU cluster (API server, nodes, scheduler, cloud)")
-    _add_cluster_args(up, default_scenario="idle")
-    up.add_argument("--cloud-port", type=int, default=0, help="port of the emulated cloud API; 0 picks a free one")
-    up.add_argument("--tls", action="store_true", help="serve the API over HTTPS (kubectl sends tokens only over TLS)")
-    up.add_argument("--no-workload", action="store_true", help="start the cluster without the scenario's workload")
-    up.add_argument("--authorization", choices=["AlwaysAllow", "RBAC"], default="AlwaysAllow",
-                    help="RBAC enforces Roles/ClusterRoles and their bindings (use with --tls for kubectl)")
-    up.add_argument("--status-every", type=float, default=30.0, metavar="SECONDS",
-                    help="print a one-line status this often; 0 = never (default: %(default)s)")
-    up.add_argument("--no-run-pods", dest="run_pods", action="store_false",
-                    help="simulate every pod; by default pods of the gpuops image (the installed operator and "
-                         "agents) run as real processes, with a pod network and the site's services")
-    up.add_argument("--state-dir", metavar="DIR",
-                    help="where running pods keep their files and logs (default: a fresh folder in /tmp, removed "
-                         "at the end)")
-    up.add_argument("--detach", action="store_true",
-                    help="run in the background; return once the cluster answers and --kubeconfig is written "
-                         "(stop it with: gpuops sim down --kubeconfig PATH)")
-    down = sim_sub.add_parser("down", help="stop a cluster started with `gpuops sim up --detach`")
-    down.add_argument("--kubeconfig", metavar="PATH", required=True,
-                      help="the kubeconfig the cluster was started with")
-    demo = sub.add_parser("demo", help="the demo scenario, our operator against it and a live view (make demo)")
-    _add_cluster_args(demo, default_scenario="demo")
-    demo.add_argument("--no-operator", action="store_true", help="do not start `gpuops run`")
-    demo.add_argument("--report-dir", default="demo-report", metavar="DIR",
-                      help="write the report (README.md and PNG plots) here at the end (default: %(default)s)")
-    demo.add_argument("--no-report", action="store_true", help="write no report folder")
+    _add_contributed_commands(sub)
     run = sub.add_parser("run", help="run the controllers against a cluster (the operator's entrypoint)")
     _add_run_args(run)
     agent = sub.add_parser("agent", help="the MIG node agent (one per MIG node: slices, device plugins, MigNode)")
@@ -364,60 +280,19 @@ async def _run_manager(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _run_apiserver(args: argparse.Namespace) -> int:
-    try:
-        from .sim.apiserver import APIServer
-    except ImportError as e:  # cel-python and PyYAML come with the "sim" extra only
-        print(f"gpuops: the emulated cluster needs the 'sim' extra ({e.name} is missing): "
-              "pip install 'gpuops[sim]'", file=sys.stderr)
-        return 2
-
-    server = APIServer(
-        args.host,
-        args.port,
-        authorization=args.authorization,
-        admin_token=args.token,
-        history_size=args.history_size,
-        history_age=args.history_age,
-        bookmark_interval=args.bookmark_interval,
-        terminated_pod_gc_threshold=args.terminated_pod_gc_threshold,
-        tls=args.tls,
-    )
-    from .sim.apiserver.gctune import freeze_current_heap, tune_for_large_heaps
-
-    tune_for_large_heaps()
-    if args.restore:
-        server.restore(args.restore)
-        freeze_current_heap()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    async with server:
-        if args.kubeconfig:
-            server.write_kubeconfig(args.kubeconfig)
-        print(f"gpuops sim apiserver listening on {server.url} (port {server.port})", flush=True)
-        await stop.wait()
-        if args.save_on_exit:
-            server.save(args.save_on_exit)
-    return 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    hint = _missing_command(argv, commands)
+    if hint:
+        print(hint, file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     logs.configure(json=logs.json_of(args), level=getattr(args, "log_level", "INFO"))
-    if args.command == "sim" and args.sim_command == "apiserver":
-        return asyncio.run(_run_apiserver(args))
-    if args.command == "sim" and args.sim_command == "up" and args.detach:
-        return _sim_up_detached(list(sys.argv[1:] if argv is None else argv), args)
-    if args.command == "sim" and args.sim_command == "down":
-        from .sim.detach import down
-
-        return down(args.kubeconfig)
-    if (args.command == "sim" and args.sim_command == "up") or args.command == "demo":
-        return _run_cluster(args)
+    handler = getattr(args, "handler", None)
+    if handler is not None:
+        return int(handler(args, argv))
     if args.command == "run":
         from .kube.gctune import tune_for_large_heaps
 
@@ -431,8 +306,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         from . import migplan
 
         return migplan.main(args.plan_argv)
-    if args.command == "sim":
-        parser.parse_args(["sim", "--help"])
     if args.command == "mig":
         parser.parse_args(["mig", "--help"])
     parser.print_help()

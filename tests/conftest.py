@@ -10,7 +10,7 @@ import pytest
 import structlog
 from running_server import RunningServer
 
-from gpuops.sim.apiserver import answered_warnings
+from gpuops_sim.apiserver import answered_warnings
 
 T = TypeVar("T")
 

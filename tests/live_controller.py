@@ -25,8 +25,8 @@ from gpuops.kube.controller import Controller, Request, Result
 from gpuops.kube.errors import ApiError
 from gpuops.kube.manager import Manager
 from gpuops.kube.resources import EVENTS, ResourceType
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.scenario import parse
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.scenario import parse
 
 T = TypeVar("T")
 

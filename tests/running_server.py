@@ -9,7 +9,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gpuops.sim.apiserver import APIServer
+from gpuops_sim.apiserver import APIServer
 
 T = TypeVar("T")
 

@@ -16,7 +16,7 @@ import yaml
 from gpuops.kube.client import Client
 from gpuops.kube.errors import ApiError
 from gpuops.kube.resources import ResourceType
-from gpuops.sim.apiserver import APIServer
+from gpuops_sim.apiserver import APIServer
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[1]

@@ -31,7 +31,7 @@ import pytest
 import yaml
 
 if TYPE_CHECKING:  # imported lazily at run time (see OperatorRig._main)
-    from gpuops.sim.apiserver.auth import Decision
+    from gpuops_sim.apiserver.auth import Decision
 
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "manifests" / "monitoring"
@@ -433,11 +433,11 @@ class OperatorRig:
             self.reviews.append(a.resource)
 
     async def _main(self) -> None:
-        from gpuops.sim.cluster.cluster import SimCluster
-        from gpuops.sim.demo import repo_crds
-        from gpuops.sim.demo_mig import WEBHOOK_CONFIG, WEBHOOK_SERVICE, MigSide
-        from gpuops.sim.harness import OperatorHarness, now_us
-        from gpuops.sim.scenario import parse
+        from gpuops_sim.cluster.cluster import SimCluster
+        from gpuops_sim.demo import repo_crds
+        from gpuops_sim.demo_mig import WEBHOOK_CONFIG, WEBHOOK_SERVICE, MigSide
+        from gpuops_sim.harness import OperatorHarness, now_us
+        from gpuops_sim.scenario import parse
 
         rig = self
 

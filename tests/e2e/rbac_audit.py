@@ -14,8 +14,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuops.sim.apiserver import APIServer
-from gpuops.sim.apiserver.auth import CREDENTIAL_ID, Attributes, Decision, ObjectsRBAC, authorize
+from gpuops_sim.apiserver import APIServer
+from gpuops_sim.apiserver.auth import CREDENTIAL_ID, Attributes, Decision, ObjectsRBAC, authorize
 
 RBAC_GROUP = "rbac.authorization.k8s.io"
 

@@ -67,10 +67,10 @@ import yaml
 from rbac_audit import AuditLog, PolicySet, describe, edits_of, narrowed, snapshot
 from waiting import until
 
-from gpuops.controllers.migslicer.agent.fakenvml import FakeNVML
-from gpuops.sim.apiserver.auth import CREDENTIAL_ID, Attributes
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.scenario import load
+from gpuops_sim.apiserver.auth import CREDENTIAL_ID, Attributes
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.fakenvml import FakeNVML
+from gpuops_sim.scenario import load
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -34,7 +34,7 @@ from monitoring_kit import (
     write_rule_file,
 )
 
-from gpuops.sim.harness import free_port, metric_value
+from gpuops_sim.harness import free_port, metric_value
 
 JOB = "gpuops-controller-manager-metrics"  # the job the ServiceMonitor gives us, which the alerts select
 DENIED_JOB = "gpuops-metrics-not-a-reader"  # a token that authenticates but is not bound to gpuops-metrics-reader

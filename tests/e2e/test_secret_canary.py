@@ -31,9 +31,9 @@ import trustme
 from aiohttp import web
 from waiting import until
 
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.harness import OperatorHarness, metric_value
-from gpuops.sim.scenario import parse
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.harness import OperatorHarness, metric_value
+from gpuops_sim.scenario import parse
 
 pytestmark = pytest.mark.anyio
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpuops.kube.client import Client
-from gpuops.sim.apiserver import APIServer
+from gpuops_sim.apiserver import APIServer
 
 
 @pytest.fixture

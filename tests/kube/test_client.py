@@ -22,8 +22,8 @@ from prometheus_client import REGISTRY
 from gpuops.kube import errors, objects
 from gpuops.kube.client import PATCH_CONTENT_TYPES, Client, _batches, _lines
 from gpuops.kube.resources import CONFIGMAPS, LEASES, NAMESPACES, PODS, ResourceType
-from gpuops.sim.apiserver import APIServer
-from gpuops.sim.apiserver.auth import UserInfo
+from gpuops_sim.apiserver import APIServer
+from gpuops_sim.apiserver.auth import UserInfo
 
 pytestmark = pytest.mark.anyio
 

@@ -37,7 +37,7 @@ from gpuops.kube.controller import (
 from gpuops.kube.informer import Informer
 from gpuops.kube.objects import ConfigMap, ObjectMeta, OwnerReference
 from gpuops.kube.resources import CONFIGMAPS, JOBS
-from gpuops.sim.apiserver import APIServer
+from gpuops_sim.apiserver import APIServer
 
 pytestmark = pytest.mark.anyio
 

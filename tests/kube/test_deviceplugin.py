@@ -25,7 +25,7 @@ from gpuops.kube.deviceplugin.server import (
     preferred_allocation,
     socket_name,
 )
-from gpuops.sim.cluster.devicemanager import KubeletDeviceManager, is_extended_resource_name
+from gpuops_sim.cluster.devicemanager import KubeletDeviceManager, is_extended_resource_name
 
 pytestmark = pytest.mark.anyio
 

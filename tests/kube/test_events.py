@@ -33,7 +33,7 @@ from gpuops.kube.events import (
     make_event,
     object_reference,
 )
-from gpuops.sim.apiserver import APIServer
+from gpuops_sim.apiserver import APIServer
 
 T0 = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 POD = {"kind": "Pod", "apiVersion": "v1", "namespace": "ns1", "name": "p1", "uid": "u-1"}

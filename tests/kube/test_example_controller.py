@@ -19,7 +19,7 @@ from gpuops.kube.errors import NotFound
 from gpuops.kube.manager import Manager
 from gpuops.kube.objects import ConfigMap
 from gpuops.kube.resources import CONFIGMAPS
-from gpuops.sim.apiserver import APIServer
+from gpuops_sim.apiserver import APIServer
 
 pytestmark = pytest.mark.anyio
 

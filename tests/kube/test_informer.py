@@ -27,7 +27,7 @@ from gpuops.kube.informer import (
 )
 from gpuops.kube.reflector import Backoff, ReflectorOptions, _frame_error, _Tally
 from gpuops.kube.resources import CONFIGMAPS, PODS, ResourceType
-from gpuops.sim.apiserver import APIServer
+from gpuops_sim.apiserver import APIServer
 
 pytestmark = pytest.mark.anyio
 

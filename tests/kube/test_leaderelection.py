@@ -24,7 +24,7 @@ from gpuops.kube.client import Client
 from gpuops.kube.leaderelection import LeaderElectionLost, LeaderElector
 from gpuops.kube.objects import Lease
 from gpuops.kube.resources import LEASES
-from gpuops.sim.apiserver import APIServer
+from gpuops_sim.apiserver import APIServer
 
 pytestmark = pytest.mark.anyio
 

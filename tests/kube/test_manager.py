@@ -32,7 +32,7 @@ from gpuops.kube.leaderelection import JITTER_FACTOR, LeaderElectionLost, micro_
 from gpuops.kube.manager import ControllerRegistry, Manager, UnknownControllers
 from gpuops.kube.reflector import ReflectorOptions
 from gpuops.kube.resources import CONFIGMAPS, LEASES
-from gpuops.sim.apiserver import APIServer
+from gpuops_sim.apiserver import APIServer
 
 pytestmark = pytest.mark.anyio
 

@@ -40,8 +40,8 @@ from gpuops.kube.health import HTTPServer, metrics_app
 from gpuops.kube.manager import Manager
 from gpuops.kube.metricsauth import ALLOW_TTL, DENY_TTL, TOKEN_FAILURE_TTL, TOKEN_TTL, MetricsAuth, TTLCache
 from gpuops.kube.tls import CertError, CertKey, self_signed, server_context
-from gpuops.sim.apiserver import APIServer
-from gpuops.sim.apiserver import auth as sim_auth
+from gpuops_sim.apiserver import APIServer
+from gpuops_sim.apiserver import auth as sim_auth
 
 pytestmark = pytest.mark.anyio
 

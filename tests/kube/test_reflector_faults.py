@@ -26,7 +26,7 @@ from gpuops.kube.client import Client
 from gpuops.kube.informer import Informer
 from gpuops.kube.reflector import ReflectorOptions
 from gpuops.kube.resources import CONFIGMAPS, NAMESPACES
-from gpuops.sim.apiserver import APIServer
+from gpuops_sim.apiserver import APIServer
 
 pytestmark = pytest.mark.anyio
 

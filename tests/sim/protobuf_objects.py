@@ -12,8 +12,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from gpuops.sim.apiserver.protobuf.special import APIEXT, INT_OR_STRING, META, QUANTITY, RAW_EXTENSION
-from gpuops.sim.apiserver.protobuf.table import Field, table
+from gpuops_sim.apiserver.protobuf.special import APIEXT, INT_OR_STRING, META, QUANTITY, RAW_EXTENSION
+from gpuops_sim.apiserver.protobuf.table import Field, table
 
 _ABSENT: Any = object()
 _TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=8)
@@ -117,6 +117,6 @@ def _draw_field(draw: st.DrawFn, field: Field, depth: int, max_depth: int) -> An
 
 
 def _zero_json(name: str) -> Any:
-    from gpuops.sim.apiserver.protobuf.codec import decode_message_named
+    from gpuops_sim.apiserver.protobuf.codec import decode_message_named
 
     return decode_message_named(name, b"")

@@ -22,9 +22,9 @@ import pytest
 import trustme
 from aiohttp import web
 
-from gpuops.sim.apiserver.admission import AdmissionRequest, WebhookCaller, admission_review, rule_matches
-from gpuops.sim.apiserver.auth import UserInfo
-from gpuops.sim.apiserver.errors import StatusError
+from gpuops_sim.apiserver.admission import AdmissionRequest, WebhookCaller, admission_review, rule_matches
+from gpuops_sim.apiserver.auth import UserInfo
+from gpuops_sim.apiserver.errors import StatusError
 
 pytestmark = pytest.mark.anyio
 
@@ -38,7 +38,7 @@ def anyio_backend() -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# A tiny JSON patch for the tests (the real one lives in gpuops.sim.apiserver.patch, written separately).
+# A tiny JSON patch for the tests (the real one lives in gpuops_sim.apiserver.patch, written separately).
 
 
 def _pointer(path: str) -> list[str]:
@@ -511,8 +511,8 @@ async def test_patch_that_does_not_apply_is_an_internal_error_even_with_ignore(
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("gpuops.sim.apiserver.patch") is None,
-    reason="gpuops.sim.apiserver.patch not written yet",
+    importlib.util.find_spec("gpuops_sim.apiserver.patch") is None,
+    reason="gpuops_sim.apiserver.patch not written yet",
 )
 async def test_default_json_patch_module(server: HookServer, ca_bundle: str) -> None:
     server.behaviours["/m"] = add_label("x", "y")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuops.sim.apiserver import answered_warnings
+from gpuops_sim.apiserver import answered_warnings
 
 TESTS = Path(__file__).resolve().parents[1]
 

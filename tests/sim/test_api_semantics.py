@@ -23,7 +23,7 @@ import aiohttp
 import pytest
 from multidict import CIMultiDictProxy
 
-from gpuops.sim.apiserver import APIServer, lists, watch
+from gpuops_sim.apiserver import APIServer, lists, watch
 
 pytestmark = pytest.mark.anyio
 

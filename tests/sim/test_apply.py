@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuops.sim.apiserver.apply import (
+from gpuops_sim.apiserver.apply import (
     SchemaHints,
     fields_to_set,
     server_side_apply,
@@ -18,7 +18,7 @@ from gpuops.sim.apiserver.apply import (
     strip_managed_fields,
     update_managed_fields,
 )
-from gpuops.sim.apiserver.errors import StatusError
+from gpuops_sim.apiserver.errors import StatusError
 
 T0, T1, T2, T3 = (f"2024-05-01T00:00:0{i}Z" for i in range(4))
 

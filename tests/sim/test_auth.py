@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from gpuops.sim.apiserver import auth
-from gpuops.sim.apiserver.auth import (
+from gpuops_sim.apiserver import auth
+from gpuops_sim.apiserver.auth import (
     ANONYMOUS_USER,
     Attributes,
     Authenticator,
@@ -23,8 +23,8 @@ from gpuops.sim.apiserver.auth import (
     subject_access_review,
     token_review,
 )
-from gpuops.sim.apiserver.errors import StatusError
-from gpuops.sim.apiserver.protobuf import DecodeError, decode_object
+from gpuops_sim.apiserver.errors import StatusError
+from gpuops_sim.apiserver.protobuf import DecodeError, decode_object
 
 
 def role(name: str, rules: list[dict[str, Any]], namespace: str = "", **extra: Any) -> dict[str, Any]:
@@ -989,7 +989,7 @@ def test_invalid_utf8_is_replaced_as_go_prints_it() -> None:
 async def test_serviceaccount_token_subresource_and_the_audit_hook() -> None:
     import aiohttp
 
-    from gpuops.sim.apiserver import APIServer
+    from gpuops_sim.apiserver import APIServer
 
     async with APIServer(authorization="RBAC") as server, aiohttp.ClientSession() as http:
         decisions: list[auth.Decision] = []

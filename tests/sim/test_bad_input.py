@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuops.sim.apiserver import lists, watch
+from gpuops_sim.apiserver import lists, watch
 
 NS = "default"
 CMS = f"/api/v1/namespaces/{NS}/configmaps"

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from gpuops.sim.apiserver import cel
-from gpuops.sim.apiserver.errors import Cause
+from gpuops_sim.apiserver import cel
+from gpuops_sim.apiserver.errors import Cause
 
 
 def obj_schema(props: dict[str, Any], *rules: dict[str, Any] | str, **extra: Any) -> dict[str, Any]:
@@ -383,7 +383,7 @@ def test_null_values_are_not_validated() -> None:
 def test_rule_results_are_remembered_only_for_pure_rules_that_passed() -> None:
     """A value that passed a node's rules (none reading oldSelf) is not evaluated again; a failing value is
     reported every time; a transition rule always runs against its old value."""
-    from gpuops.sim.apiserver import cel
+    from gpuops_sim.apiserver import cel
 
     node = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
             "x-kubernetes-validations": [{"rule": "self.a <= self.b", "message": "a must not exceed b"}]}

@@ -10,8 +10,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gpuops.sim.cloud import CloudOptions, CloudServer, InstanceType
-from gpuops.sim.cluster.machines import Fleet, Machine
+from gpuops_sim.cloud import CloudOptions, CloudServer, InstanceType
+from gpuops_sim.cluster.machines import Fleet, Machine
 
 FAST = CloudOptions(launch_seconds=0.05, boot_seconds=0.05, device_plugin_seconds=0.01, terminate_seconds=0.05,
                     reclaim_notice_seconds=0.1, terminated_visible_seconds=0.3, seed=7)
@@ -387,9 +387,9 @@ async def test_bearer_token_is_enforced_when_set() -> None:
 
 @pytest.mark.anyio
 async def test_spot_instance_becomes_a_ready_node() -> None:
-    kubelet = pytest.importorskip("gpuops.sim.cluster.kubelet")
-    from gpuops.sim.apiserver import APIServer
-    from gpuops.sim.cluster.access import NODES, ClusterAccess
+    kubelet = pytest.importorskip("gpuops_sim.cluster.kubelet")
+    from gpuops_sim.apiserver import APIServer
+    from gpuops_sim.cluster.access import NODES, ClusterAccess
 
     fleet = Fleet()
     async with APIServer() as server:

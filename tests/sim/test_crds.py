@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from gpuops.sim.apiserver import crds, schema
-from gpuops.sim.apiserver.errors import StatusError
+from gpuops_sim.apiserver import crds, schema
+from gpuops_sim.apiserver.errors import StatusError
 
 STR = {"type": "string"}
 

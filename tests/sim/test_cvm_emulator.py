@@ -19,9 +19,9 @@ from tencentcloud.common.profile.client_profile import ClientProfile
 from tencentcloud.common.profile.http_profile import HttpProfile
 from tencentcloud.cvm.v20170312 import cvm_client, models
 
-from gpuops.sim.cloud import CloudOptions, CloudServer, InstanceType
-from gpuops.sim.cloud.cvm import CvmServer, signed_headers
-from gpuops.sim.cluster.machines import Fleet
+from gpuops_sim.cloud import CloudOptions, CloudServer, InstanceType
+from gpuops_sim.cloud.cvm import CvmServer, signed_headers
+from gpuops_sim.cluster.machines import Fleet
 
 SID, SKEY = "AKIDsimcvm0000000001", "sim-cvm-secret-key"
 REGION, ZONE = "ap-guangzhou", "ap-guangzhou-3"

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from gpuops.sim.report import RunInfo, write_report
-from gpuops.sim.report.events import Recorder
-from gpuops.sim.report.live import plain, progress, screen
-from gpuops.sim.report.plots import PLOTS
-from gpuops.sim.report.timeline import Sample, Timeline, sample_from
+from gpuops_sim.report import RunInfo, write_report
+from gpuops_sim.report.events import Recorder
+from gpuops_sim.report.live import plain, progress, screen
+from gpuops_sim.report.plots import PLOTS
+from gpuops_sim.report.timeline import Sample, Timeline, sample_from
 
 BIN = Path(sys.executable).parent
 PNG = b"\x89PNG\r\n\x1a\n"

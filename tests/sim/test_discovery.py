@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuops.sim.apiserver import discovery
-from gpuops.sim.apiserver.discovery import (
+from gpuops_sim.apiserver import discovery
+from gpuops_sim.apiserver.discovery import (
     AGGREGATED_V2,
     AGGREGATED_V2BETA1,
     aggregated_discovery,
@@ -21,8 +21,8 @@ from gpuops.sim.apiserver.discovery import (
     negotiate_object,
     version_info,
 )
-from gpuops.sim.apiserver.errors import StatusError
-from gpuops.sim.apiserver.resources import ResourceInfo, builtin_resources
+from gpuops_sim.apiserver.errors import StatusError
+from gpuops_sim.apiserver.resources import ResourceInfo, builtin_resources
 
 KUBECTL_DISCOVERY_ACCEPT = (
     "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,"

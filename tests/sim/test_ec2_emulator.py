@@ -17,9 +17,9 @@ import botocore.config
 import pytest
 from botocore.exceptions import ClientError
 
-from gpuops.sim.cloud import CloudOptions, CloudServer, InstanceType
-from gpuops.sim.cloud.ec2 import Ec2Server
-from gpuops.sim.cluster.machines import Fleet
+from gpuops_sim.cloud import CloudOptions, CloudServer, InstanceType
+from gpuops_sim.cloud.ec2 import Ec2Server
+from gpuops_sim.cluster.machines import Fleet
 
 FAST = CloudOptions(launch_seconds=0.1, boot_seconds=0.05, device_plugin_seconds=0.01, terminate_seconds=0.1,
                     reclaim_notice_seconds=0.1, terminated_visible_seconds=30.0, seed=11)

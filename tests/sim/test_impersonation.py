@@ -19,8 +19,8 @@ import aiohttp
 import pytest
 import yaml
 
-from gpuops.sim.apiserver import APIServer, auth
-from gpuops.sim.apiserver.auth import (
+from gpuops_sim.apiserver import APIServer, auth
+from gpuops_sim.apiserver.auth import (
     AUTHENTICATED,
     Attributes,
     ImpersonationHeaderError,
@@ -30,8 +30,8 @@ from gpuops.sim.apiserver.auth import (
     impersonate,
     impersonation_requests,
 )
-from gpuops.sim.apiserver.errors import StatusError
-from gpuops.sim.apiserver.protobuf import CONTENT_TYPE, decode_object
+from gpuops_sim.apiserver.errors import StatusError
+from gpuops_sim.apiserver.protobuf import CONTENT_TYPE, decode_object
 
 if TYPE_CHECKING:
     from running_server import RunningServer

@@ -135,7 +135,7 @@ def test_cluster_scoped_creates_match_their_json_rendering(cluster: Kubectl, ref
 
 
 def test_secret_tls_from_files(cluster: Kubectl, tmp_path: Path) -> None:
-    from gpuops.sim.apiserver.tls import make_serving_cert
+    from gpuops_sim.apiserver.tls import make_serving_cert
 
     cert = make_serving_cert(["example.com"])
     (tmp_path / "tls.crt").write_bytes(cert.cert_pem)

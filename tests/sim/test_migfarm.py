@@ -1,4 +1,4 @@
-"""The agent farm (gpuops/sim/migfarm.py) plays the MIG node agent for bench/scale.py's hundreds of MIG nodes:
+"""The agent farm (sim/gpuops_sim/migfarm.py) plays the MIG node agent for bench/scale.py's hundreds of MIG nodes:
 its MigNodes, claim answers and node allocatable must be what the allocator expects from `gpuops agent`."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from waiting import until
 
-from gpuops.sim.cluster.access import NODES
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.migfarm import ADVERTISE, CLAIMS, MIG_NODES, MigAgentFarm, gpu_uuids
-from gpuops.sim.scenario import parse
+from gpuops_sim.cluster.access import NODES
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.migfarm import ADVERTISE, CLAIMS, MIG_NODES, MigAgentFarm, gpu_uuids
+from gpuops_sim.scenario import parse
 
 pytestmark = pytest.mark.anyio
 

@@ -9,15 +9,15 @@ from typing import Any
 import msgspec
 import pytest
 
-from gpuops.sim.apiserver.builtin_schemas import builtin_schema, kind_schema, meta_schema, model_name
-from gpuops.sim.apiserver.discovery import subresource_kind
-from gpuops.sim.apiserver.openapi import (
+from gpuops_sim.apiserver.builtin_schemas import builtin_schema, kind_schema, meta_schema, model_name
+from gpuops_sim.apiserver.discovery import subresource_kind
+from gpuops_sim.apiserver.openapi import (
     group_version_hash,
     openapi_v3_group_version,
     openapi_v3_index,
     schema_name,
 )
-from gpuops.sim.apiserver.resources import STREAMING_SUBRESOURCES, ResourceInfo, builtin_resources
+from gpuops_sim.apiserver.resources import STREAMING_SUBRESOURCES, ResourceInfo, builtin_resources
 
 GWB_SCHEMA: dict[str, Any] = {
     "type": "object",

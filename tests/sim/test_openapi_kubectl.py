@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from gpuops.sim.apiserver import discovery, openapi
-from gpuops.sim.apiserver.errors import StatusError, not_found
-from gpuops.sim.apiserver.resources import ResourceInfo, builtin_resources
+from gpuops_sim.apiserver import discovery, openapi
+from gpuops_sim.apiserver.errors import StatusError, not_found
+from gpuops_sim.apiserver.resources import ResourceInfo, builtin_resources
 
 KUBECTL = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "kubectl"
 if not KUBECTL.exists():

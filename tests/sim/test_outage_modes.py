@@ -7,7 +7,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from gpuops.sim.apiserver import APIServer
+from gpuops_sim.apiserver import APIServer
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuops.sim.apiserver.errors import StatusError
-from gpuops.sim.apiserver.patch import (
+from gpuops_sim.apiserver.errors import StatusError
+from gpuops_sim.apiserver.patch import (
     apply_json_patch,
     apply_merge_patch,
     apply_strategic_merge_patch,

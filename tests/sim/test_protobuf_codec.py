@@ -20,10 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from protobuf_objects import message
 
-from gpuops.sim.apiserver.protobuf import DecodeError, decode_object, encode_object
-from gpuops.sim.apiserver.protobuf.codec import MAGIC, decode_message, encode_message
-from gpuops.sim.apiserver.protobuf.table import table
-from gpuops.sim.apiserver.resources import builtin_resources
+from gpuops_sim.apiserver.protobuf import DecodeError, decode_object, encode_object
+from gpuops_sim.apiserver.protobuf.codec import MAGIC, decode_message, encode_message
+from gpuops_sim.apiserver.protobuf.table import table
+from gpuops_sim.apiserver.resources import builtin_resources
 
 SERVED = sorted({(r.api_version, r.kind) for r in builtin_resources()}
                 | {(r.api_version, r.list_kind) for r in builtin_resources() if not r.create_only}

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from protobuf_objects import message
 from running_server import RunningServer
 
-from gpuops.sim.apiserver.protobuf import CONTENT_TYPE, encode_object
-from gpuops.sim.apiserver.protobuf.table import table
+from gpuops_sim.apiserver.protobuf import CONTENT_TYPE, encode_object
+from gpuops_sim.apiserver.protobuf.table import table
 
 KINDS = [("v1", "ConfigMap", "/api/v1/namespaces/default/configmaps"),
          ("v1", "Secret", "/api/v1/namespaces/default/secrets"),
@@ -89,8 +89,8 @@ def test_protobuf_and_json_creates_store_the_same(server: RunningServer, api_ver
 def test_a_watch_in_protobuf_streams_length_prefixed_watch_events(server: RunningServer) -> None:
     """As a typed Go client receives it: each frame a 4-byte big-endian length, then a WatchEvent whose object
     is a RawExtension holding the enveloped object."""
-    from gpuops.sim.apiserver.protobuf import decode_object
-    from gpuops.sim.apiserver.protobuf.wire import read_fields
+    from gpuops_sim.apiserver.protobuf import decode_object
+    from gpuops_sim.apiserver.protobuf.wire import read_fields
 
     cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "watched"}, "data": {"k": "v"}}
     code, created = _post(server, "/api/v1/namespaces/default/configmaps", json.dumps(cm).encode(),

@@ -1,4 +1,4 @@
-"""The protobuf wire table of the built-in kinds (gpuops/sim/apiserver/protobuf/k8s_1_37.json): well formed, right on
+"""The protobuf wire table of the built-in kinds (gpuops_sim/apiserver/protobuf/k8s_1_37.json): well formed, right on
 facts anyone can read in the published IDL and Go tags, and witnessed by the struct tags of the pinned kubectl
 binary. The derivation's parsers are also checked to refuse what the generator never writes, so that a format
 change upstream stops the derivation instead of producing a wrong table."""
@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from gpuops.sim.apiserver import protobuf
-from gpuops.sim.apiserver.protobuf.derive import FORMAT, NOTE
-from gpuops.sim.apiserver.protobuf.derive_common import LABELS, SCALARS, DeriveError
-from gpuops.sim.apiserver.protobuf.idl_go import GoPackage, build_constraint_holds, go_file_included, parse_go_file
-from gpuops.sim.apiserver.protobuf.idl_proto import parse_proto
-from gpuops.sim.apiserver.protobuf.kubectl_tags import check_binary
-from gpuops.sim.apiserver.protobuf.table_text import render
+from gpuops_sim.apiserver import protobuf
+from gpuops_sim.apiserver.protobuf.derive import FORMAT, NOTE
+from gpuops_sim.apiserver.protobuf.derive_common import LABELS, SCALARS, DeriveError
+from gpuops_sim.apiserver.protobuf.idl_go import GoPackage, build_constraint_holds, go_file_included, parse_go_file
+from gpuops_sim.apiserver.protobuf.idl_proto import parse_proto
+from gpuops_sim.apiserver.protobuf.kubectl_tags import check_binary
+from gpuops_sim.apiserver.protobuf.table_text import render
 
 TABLE_PATH = Path(protobuf.__file__).with_name("k8s_1_37.json")
 KUBECTL = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "kubectl"

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuops.accounting.quantity import canonicalize_quantity
-from gpuops.sim.apiserver import quantity
+from gpuops_sim.apiserver import quantity
 
 SUFFIXES = ["", "n", "u", "m", "k", "M", "G", "T", "P", "E", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "e3", "e-3", "E6",
             "e0", "e-9", "e12"]

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from gpuops.accounting import mig
-from gpuops.sim.report import plots
-from gpuops.sim.report.timeline import (
+from gpuops_sim.report import plots
+from gpuops_sim.report.timeline import (
     CANNOT_PLACE,
     CREATING,
     HANDING_OVER,

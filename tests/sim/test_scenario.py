@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuops.sim.scenario import ScenarioError, builtin_names, load, parse
-from gpuops.sim.workload import EXIT_CODE, RUNTIME, WORKLOAD_LABEL, manifest
+from gpuops_sim.scenario import ScenarioError, builtin_names, load, parse
+from gpuops_sim.workload import EXIT_CODE, RUNTIME, WORKLOAD_LABEL, manifest
 
 
 def test_shipped_scenarios_load() -> None:

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuops.sim.apiserver import schema
-from gpuops.sim.apiserver.errors import Cause, StatusError
-from gpuops.sim.apiserver.resources import ResourceInfo
+from gpuops_sim.apiserver import schema
+from gpuops_sim.apiserver.errors import Cause, StatusError
+from gpuops_sim.apiserver.resources import ResourceInfo
 
 INT = {"type": "integer"}
 STR = {"type": "string"}

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuops.sim.apiserver.errors import StatusError
-from gpuops.sim.apiserver.resources import ResourceInfo, builtin_resources
-from gpuops.sim.apiserver.selectors import (
+from gpuops_sim.apiserver.errors import StatusError
+from gpuops_sim.apiserver.resources import ResourceInfo, builtin_resources
+from gpuops_sim.apiserver.selectors import (
     FieldSelector,
     LabelSelector,
     field_value,

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuops.sim.apiserver import APIServer
-from gpuops.sim.apiserver.auth import UserInfo
-from gpuops.sim.apiserver.controllers import pdb_status
-from gpuops.sim.apiserver.objects import WriteContext
+from gpuops_sim.apiserver import APIServer
+from gpuops_sim.apiserver.auth import UserInfo
+from gpuops_sim.apiserver.controllers import pdb_status
+from gpuops_sim.apiserver.objects import WriteContext
 
 NOW = datetime(2026, 11, 21, 12, 0, 0, tzinfo=UTC)
 

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuops.sim.apiserver.errors import StatusError
-from gpuops.sim.apiserver.resources import ResourceInfo, builtin_resources
-from gpuops.sim.apiserver.tables import (
+from gpuops_sim.apiserver.errors import StatusError
+from gpuops_sim.apiserver.resources import ResourceInfo, builtin_resources
+from gpuops_sim.apiserver.tables import (
     JSONPathError,
     column_definitions,
     human_duration,

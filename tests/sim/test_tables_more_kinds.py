@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from running_server import RunningServer
 
-from gpuops.sim.apiserver.resources import builtin_resources
-from gpuops.sim.apiserver.tables import column_definitions, render_table
+from gpuops_sim.apiserver.resources import builtin_resources
+from gpuops_sim.apiserver.tables import column_definitions, render_table
 
 RES = {r.kind: r for r in builtin_resources()}
 NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)

@@ -21,7 +21,7 @@ import pytest
 from gpuops.kube.client import Client
 from gpuops.kube.informer import Informer
 from gpuops.kube.resources import CONFIGMAPS
-from gpuops.sim.apiserver import APIServer
+from gpuops_sim.apiserver import APIServer
 
 pytestmark = pytest.mark.anyio
 

@@ -25,7 +25,7 @@ from gpuops.controllers.autoprovision.reconciler import Settings
 from gpuops.kube import conditions as cond
 from gpuops.kube.manager import Manager
 from gpuops.kube.resources import PODS
-from gpuops.sim.cluster.cluster import SimCluster
+from gpuops_sim.cluster.cluster import SimCluster
 
 ROOT = Path(__file__).resolve().parents[3]
 SPEC = yaml.safe_load((ROOT / "manifests/crds/gpunodegroups.gpuops.io.yaml").read_text())[

@@ -27,8 +27,8 @@ from gpuops.kube.controller import Request, Result
 from gpuops.kube.manager import Manager
 from gpuops.kube.resources import EVENTS, NODES, PODS
 from gpuops.kube.times import parse_time_or_none
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.scenario import parse
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.scenario import parse
 
 pytestmark = pytest.mark.anyio
 MACHINE = "small-0"

@@ -25,8 +25,8 @@ from gpuops.kube.client import Client
 from gpuops.kube.manager import Manager
 from gpuops.kube.objects import Pod
 from gpuops.kube.resources import EVENTS, PODS, SECRETS
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.scenario import parse
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.scenario import parse
 
 NS = "work"
 

@@ -17,8 +17,8 @@ from gpuops.controllers.autoprovision.reconciler import Settings
 from gpuops.kube.client import Client
 from gpuops.kube.manager import Manager
 from gpuops.kube.resources import PODS
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.scenario import parse
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.scenario import parse
 
 pytestmark = pytest.mark.anyio
 

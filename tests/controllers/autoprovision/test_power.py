@@ -35,8 +35,8 @@ from gpuops.controllers.autoprovision.power import (
     idempotency_key,
     verify_signature,
 )
-from gpuops.sim.cloud import CloudOptions, CloudServer
-from gpuops.sim.cluster.machines import Fleet, Machine
+from gpuops_sim.cloud import CloudOptions, CloudServer
+from gpuops_sim.cluster.machines import Fleet, Machine
 
 pytestmark = pytest.mark.anyio
 

@@ -28,9 +28,9 @@ from gpuops.kube.errors import ApiError, NotFound
 from gpuops.kube.manager import Manager
 from gpuops.kube.objects import Pod
 from gpuops.kube.resources import JOBS, PODS
-from gpuops.sim.apiserver.store import clone
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.scenario import parse
+from gpuops_sim.apiserver.store import clone
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.scenario import parse
 
 T = TypeVar("T")
 

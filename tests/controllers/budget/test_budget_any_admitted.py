@@ -21,7 +21,7 @@ from gpuops.controllers.budget import install
 from gpuops.controllers.budget.api import BUDGETS
 from gpuops.kube.manager import Manager
 from gpuops.kube.resources import PODS
-from gpuops.sim.cluster.cluster import SimCluster
+from gpuops_sim.cluster.cluster import SimCluster
 
 ROOT = Path(__file__).resolve().parents[3]
 SPEC = yaml.safe_load((ROOT / "manifests/crds/gpuworkloadbudgets.gpuops.io.yaml").read_text())[

@@ -20,7 +20,7 @@ from gpuops.controllers.budget.setup import COMPONENT
 from gpuops.kube.events import EventRecorder
 from gpuops.kube.informer import Informer
 from gpuops.kube.resources import JOBS, PODS
-from gpuops.sim.apiserver.auth import Decision
+from gpuops_sim.apiserver.auth import Decision
 
 pytestmark = pytest.mark.anyio
 

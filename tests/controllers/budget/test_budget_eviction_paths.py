@@ -30,7 +30,7 @@ from gpuops.kube.errors import NotFound
 from gpuops.kube.events import EventRecorder
 from gpuops.kube.informer import Informer
 from gpuops.kube.resources import JOBS, PDBS, PODS
-from gpuops.sim.apiserver.auth import Decision
+from gpuops_sim.apiserver.auth import Decision
 
 pytestmark = pytest.mark.anyio
 T0 = 10_000 * S

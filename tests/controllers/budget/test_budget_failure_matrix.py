@@ -17,10 +17,10 @@ import pytest
 from failure_matrix import BUDGET, Seen, conditions, expected_conditions, log_lines, still_missing
 from waiting import until
 
-from gpuops.sim.budget_workload import budget, pod
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.harness import OperatorHarness, metric_value
-from gpuops.sim.scenario import parse
+from gpuops_sim.budget_workload import budget, pod
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.harness import OperatorHarness, metric_value
+from gpuops_sim.scenario import parse
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[3]

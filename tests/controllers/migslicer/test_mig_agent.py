@@ -15,7 +15,6 @@ import pytest
 from waiting import install_crds, until
 
 from gpuops.controllers.migslicer.agent import agent as mig_agent
-from gpuops.controllers.migslicer.agent.fakenvml import FakeNVML, gpu_uuid
 from gpuops.controllers.migslicer.agent.gpus import MigBackend
 from gpuops.controllers.migslicer.api import (
     ADVERTISE,
@@ -31,7 +30,8 @@ from gpuops.kube.client import Client
 from gpuops.kube.deviceplugin.server import preferred_allocation
 from gpuops.kube.errors import NotFound
 from gpuops.kube.manager import Manager
-from gpuops.sim.apiserver import APIServer
+from gpuops_sim.apiserver import APIServer
+from gpuops_sim.fakenvml import FakeNVML, gpu_uuid
 
 NODE = "n1"
 NS = "default"
@@ -53,7 +53,7 @@ async def agent_running(tmp_path: Path, grace: float = 0.5) -> AsyncIterator[tup
         client = await Client.from_kubeconfig(str(tmp_path / "k"))
         await install_crds(client, ["mignodes", "allocationclaims"], [CLAIMS, MIG_NODES])
         mgr = Manager(client, namespace=None, metrics_bind_address="0", health_probe_bind_address="0")
-        backend = MigBackend.emulated("A100-40GB:2", NODE, state_file=tmp_path / "gpus.json")
+        backend = MigBackend(FakeNVML.from_spec("A100-40GB:2", NODE, state_file=tmp_path / "gpus.json"))
         agent = mig_agent.install(mgr, NODE, backend, settings=mig_agent.AgentSettings(
             grace=grace, heartbeat=0.3, backend_name="emulated"))
         task = asyncio.create_task(mgr.run())

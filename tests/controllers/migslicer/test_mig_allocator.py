@@ -34,8 +34,8 @@ from gpuops.kube.errors import ApiError, NotFound
 from gpuops.kube.manager import Manager
 from gpuops.kube.resources import EVENTS, NODES, PODS
 from gpuops.kube.times import format_time, wall_clock
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.scenario import parse
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.scenario import parse
 
 NS = "work"
 NODE = "mig-0"

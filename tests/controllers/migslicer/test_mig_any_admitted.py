@@ -26,7 +26,7 @@ from gpuops.kube.errors import ApiError
 from gpuops.kube.manager import Manager
 from gpuops.kube.resources import EVENTS, PODS
 from gpuops.kube.times import format_time, wall_clock
-from gpuops.sim.cluster.cluster import SimCluster
+from gpuops_sim.cluster.cluster import SimCluster
 
 ROOT = Path(__file__).resolve().parents[3]
 STATUS = yaml.safe_load((ROOT / "manifests/crds/mignodes.gpuops.io.yaml").read_text())[

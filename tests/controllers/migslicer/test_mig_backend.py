@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 
 from gpuops.accounting import mig
 from gpuops.accounting.errors import PlacementError
-from gpuops.controllers.migslicer.agent import fakenvml
-from gpuops.controllers.migslicer.agent.fakenvml import FakeNVML
 from gpuops.controllers.migslicer.agent.gpus import GpuInfo, MigBackend, MigBackendError, SliceInfo
-from gpuops.sim import gpus as simgpus
+from gpuops_sim import fakenvml
+from gpuops_sim import gpus as simgpus
+from gpuops_sim.fakenvml import FakeNVML
 
 MODELS = ["A100-40GB", "H100-80GB", "A30-24GB"]
 INSUFFICIENT = fakenvml.NVML_ERROR_INSUFFICIENT_RESOURCES
@@ -412,7 +412,7 @@ def test_concurrent_callers_from_worker_threads(tmp_path: Path) -> None:
     """The agent calls the backend from worker threads: creates and destroys interleave without losing any."""
     from concurrent.futures import ThreadPoolExecutor
 
-    with MigBackend.emulated("A100-40GB:2", "threads", state_file=tmp_path / "s.json") as b:
+    with MigBackend(FakeNVML.from_spec("A100-40GB:2", "threads", state_file=tmp_path / "s.json")) as b:
         gpus = [g.uuid for g in b.gpus()]
         jobs = [(g, s) for g in gpus for s in range(7)]
         with ThreadPoolExecutor(8) as pool:

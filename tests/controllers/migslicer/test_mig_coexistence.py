@@ -30,8 +30,9 @@ from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
 from gpuops.kube.manager import Manager
 from gpuops.kube.resources import EVENTS, NODES, PODS
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.scenario import parse
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.fakenvml import FakeNVML
+from gpuops_sim.scenario import parse
 
 NS = "work"
 HELD, FREE = "mig-0", "mig-1"
@@ -81,7 +82,7 @@ async def running(tmp_path: Path) -> AsyncIterator[Cluster]:
         agents = {}
         for node in (HELD, FREE):
             m = Manager(client, namespace=None, metrics_bind_address="0", health_probe_bind_address="0")
-            backend = MigBackend.emulated("A100-40GB:2", node, state_file=state / f"{node}.json")
+            backend = MigBackend(FakeNVML.from_spec("A100-40GB:2", node, state_file=state / f"{node}.json"))
             settings = mig_agent.AgentSettings(grace=GRACE, heartbeat=0.5, backend_name="emulated")
             agents[node] = mig_agent.install(m, node, backend, plugin_dir=plugins / node, settings=settings)
             managers.append((m, asyncio.create_task(m.run())))
@@ -134,7 +135,7 @@ async def test_a_node_the_mig_manager_acts_on_is_left_alone_and_handed_back(tmp_
 
         # NVIDIA's MIG manager makes a slice there; our agent, once it holds, must leave it past its orphan grace
         gpu = (await client.get(MIG_NODES, HELD)).status.gpus[0].uuid
-        other_tool = MigBackend.emulated("A100-40GB:2", HELD, state_file=c.state / f"{HELD}.json")
+        other_tool = MigBackend(FakeNVML.from_spec("A100-40GB:2", HELD, state_file=c.state / f"{HELD}.json"))
         with other_tool:
             made = other_tool.create(gpu, "1g.5gb", 0)
             since = time.monotonic()

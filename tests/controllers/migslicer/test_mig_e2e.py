@@ -31,8 +31,9 @@ from gpuops.kube.client import Client
 from gpuops.kube.errors import ApiError, Forbidden
 from gpuops.kube.manager import Manager
 from gpuops.kube.resources import PODS
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.scenario import parse
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.fakenvml import FakeNVML
+from gpuops_sim.scenario import parse
 
 ROOT = Path(__file__).resolve().parents[3]
 WEBHOOK = ROOT / "manifests" / "webhook" / "mutatingwebhookconfiguration.yaml"
@@ -122,7 +123,7 @@ async def running(tmp_path: Path, *, kubelet_dir_missing: bool = False, confined
                 str(tmp_path / (f"agent-{node}.kubeconfig" if confined else "k")))
             stack.push_async_callback(agent_client.close)
             m = Manager(agent_client, namespace=None, metrics_bind_address="0", health_probe_bind_address="0")
-            backend = MigBackend.emulated("A100-40GB:2", node, state_file=state / f"{node}.json")
+            backend = MigBackend(FakeNVML.from_spec("A100-40GB:2", node, state_file=state / f"{node}.json"))
             plugin_dir = plugins / ("nowhere" if kubelet_dir_missing else "") / node
             mig_agent.install(m, node, backend, plugin_dir=plugin_dir,
                               settings=mig_agent.AgentSettings(grace=2.0, heartbeat=2.0, backend_name="emulated"))

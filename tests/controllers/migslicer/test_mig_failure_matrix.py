@@ -21,11 +21,11 @@ from failure_matrix import MIGSLICER, Seen, log_lines, still_missing
 from waiting import until
 
 from gpuops.controllers.migslicer.api import GATE, OUR_PREFIX
-from gpuops.sim.apiserver.objects import rfc3339
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.harness import OperatorHarness, metric_value
-from gpuops.sim.migfarm import CLAIMS, MIG_NODES, gpu_uuids
-from gpuops.sim.scenario import parse
+from gpuops_sim.apiserver.objects import rfc3339
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.harness import OperatorHarness, metric_value
+from gpuops_sim.migfarm import CLAIMS, MIG_NODES, gpu_uuids
+from gpuops_sim.scenario import parse
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[3]

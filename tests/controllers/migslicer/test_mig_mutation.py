@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gpuops.controllers.migslicer.api import GATE, NVIDIA_PREFIX, OUR_PREFIX, profile_of_resource
 from gpuops.controllers.migslicer.mutation import escape_pointer, known_profiles, mutate
-from gpuops.sim.apiserver.patch import apply_json_patch
+from gpuops_sim.apiserver.patch import apply_json_patch
 
 PROFILES = sorted(known_profiles())
 OTHER_KEYS = ["cpu", "memory", "ephemeral-storage", "example.com/foo", "hugepages-2Mi", "vendor.io/a~b"]

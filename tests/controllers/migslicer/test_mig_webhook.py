@@ -46,7 +46,7 @@ from gpuops.kube.client import Client
 from gpuops.kube.errors import ApiError, Forbidden
 from gpuops.kube.manager import Manager
 from gpuops.kube.resources import NAMESPACES, PODS
-from gpuops.sim.apiserver import APIServer
+from gpuops_sim.apiserver import APIServer
 
 pytestmark = pytest.mark.anyio
 

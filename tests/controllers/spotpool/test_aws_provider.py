@@ -32,9 +32,9 @@ from gpuops.controllers.spotpool.providers.base import (
     ProviderConfig,
     ProviderError,
 )
-from gpuops.sim.cloud import CloudOptions, CloudServer, InstanceType
-from gpuops.sim.cloud.ec2 import Ec2Server
-from gpuops.sim.cluster.machines import Fleet
+from gpuops_sim.cloud import CloudOptions, CloudServer, InstanceType
+from gpuops_sim.cloud.ec2 import Ec2Server
+from gpuops_sim.cluster.machines import Fleet
 
 AMI = "ami-0123456789abcdef0"
 ZONE = "us-east-1a"

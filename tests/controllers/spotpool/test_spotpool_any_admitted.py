@@ -28,7 +28,7 @@ from gpuops.controllers.spotpool.reconciler import Settings
 from gpuops.controllers.spotpool.setup import install
 from gpuops.kube.manager import Manager
 from gpuops.kube.resources import SECRETS
-from gpuops.sim.cluster.cluster import SimCluster
+from gpuops_sim.cluster.cluster import SimCluster
 
 ROOT = Path(__file__).resolve().parents[3]
 SPEC = yaml.safe_load((ROOT / "manifests/crds/spotpools.gpuops.io.yaml").read_text())[

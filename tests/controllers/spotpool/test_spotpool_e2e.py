@@ -26,8 +26,8 @@ from gpuops.kube.client import Client
 from gpuops.kube.errors import NotFound
 from gpuops.kube.manager import Manager
 from gpuops.kube.resources import EVENTS, NODES, PODS, SECRETS
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.scenario import parse
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.scenario import parse
 
 NS = "work"
 
@@ -240,7 +240,7 @@ async def _true(value: bool) -> bool:
 async def test_tencent_provider_end_to_end_through_the_real_sdk(tmp_path: Path) -> None:
     """The same controller with the tencent provider: the real tencentcloud SDK signs TC3 requests to the CVM
     emulator, which sells instances from the same emulated cloud, so they join as Nodes."""
-    from gpuops.sim.cloud.cvm import CvmServer
+    from gpuops_sim.cloud.cvm import CvmServer
 
     async with running(tmp_path) as (cluster, client), \
             CvmServer(cluster.cloud, secret_id="AKIDtest", secret_key="k3y") as cvm:
@@ -295,7 +295,7 @@ async def test_a_pool_naming_a_secret_in_another_namespace_is_refused_unread(tmp
 async def test_aws_provider_end_to_end_through_boto3(tmp_path: Path) -> None:
     """The same controller with the aws provider: boto3 signs SigV4 requests to the EC2 fake, which sells
     instances from the same emulated cloud; nodes are matched by their aws:/// providerID."""
-    from gpuops.sim.cloud.ec2 import Ec2Server
+    from gpuops_sim.cloud.ec2 import Ec2Server
 
     async with running(tmp_path) as (cluster, client), \
             Ec2Server(cluster.cloud, access_key_id="AKIATEST", secret_access_key="s3cret") as ec2:

@@ -29,10 +29,10 @@ from failure_matrix import (
 )
 from waiting import until
 
-from gpuops.sim.cluster.access import POOLS
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.harness import OperatorHarness, metric_value
-from gpuops.sim.scenario import parse
+from gpuops_sim.cluster.access import POOLS
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.harness import OperatorHarness, metric_value
+from gpuops_sim.scenario import parse
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[3]

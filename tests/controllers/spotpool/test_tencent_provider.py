@@ -25,9 +25,9 @@ from gpuops.controllers.spotpool.providers.base import (
     ProviderError,
 )
 from gpuops.controllers.spotpool.providers.tencent import TencentProvider, _endpoint, classify
-from gpuops.sim.cloud import CloudOptions, CloudServer, InstanceType
-from gpuops.sim.cloud.cvm import CvmServer
-from gpuops.sim.cluster.machines import Fleet
+from gpuops_sim.cloud import CloudOptions, CloudServer, InstanceType
+from gpuops_sim.cloud.cvm import CvmServer
+from gpuops_sim.cluster.machines import Fleet
 
 SID, SKEY = "AKIDsimprovider00001", "sim-provider-secret"
 REGION, ZONE = "ap-guangzhou", "ap-guangzhou-4"

@@ -25,8 +25,8 @@ from gpuops.controllers.spotpool.providers.base import (
     ProviderError,
 )
 from gpuops.controllers.spotpool.providers.webhook import WebhookProvider
-from gpuops.sim.cloud import CloudOptions, CloudServer, InstanceType
-from gpuops.sim.cluster.machines import Fleet
+from gpuops_sim.cloud import CloudOptions, CloudServer, InstanceType
+from gpuops_sim.cluster.machines import Fleet
 
 pytestmark = pytest.mark.anyio
 FAST = CloudOptions(launch_seconds=0.05, boot_seconds=0.05, device_plugin_seconds=0.01, terminate_seconds=0.05,

@@ -14,9 +14,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gpuops.sim.cluster.access import NODES, PODS
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.scenario import parse
+from gpuops_sim.cluster.access import NODES, PODS
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.scenario import parse
 
 KUBECTL = str(Path(sys.executable).parent / "kubectl")
 

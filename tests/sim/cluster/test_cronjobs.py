@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 from kubernetes_asyncio import client as aclient
 from kubernetes_asyncio import config as aconfig
 
-from gpuops.sim.apiserver import APIServer
-from gpuops.sim.cluster.access import CRONJOBS, EVENTS, JOBS
-from gpuops.sim.cluster.cronjobs import (
+from gpuops_sim.apiserver import APIServer
+from gpuops_sim.cluster.access import CRONJOBS, EVENTS, JOBS
+from gpuops_sim.cluster.cronjobs import (
     SCHEDULED_ANNOTATION,
     CronError,
     CronJobController,

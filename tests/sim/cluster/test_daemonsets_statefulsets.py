@@ -23,13 +23,13 @@ from kubernetes_asyncio import client as aclient
 from kubernetes_asyncio import config as aconfig
 from kubernetes_asyncio import watch as awatch
 
-from gpuops.sim.apiserver.store import WatchEvent
-from gpuops.sim.cluster.access import CONTROLLER_REVISIONS, DAEMONSETS, NODES, PODS, PVCS, STATEFULSETS
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.cluster.daemonsets import DEFAULT_TOLERATIONS, daemon_tolerations, should_run, target_node
-from gpuops.sim.cluster.revisions import fnv32, fnv32a, go_json, safe_encode, template_hash
-from gpuops.sim.cluster.statefulsets import parent_and_ordinal
-from gpuops.sim.scenario import parse
+from gpuops_sim.apiserver.store import WatchEvent
+from gpuops_sim.cluster.access import CONTROLLER_REVISIONS, DAEMONSETS, NODES, PODS, PVCS, STATEFULSETS
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.cluster.daemonsets import DEFAULT_TOLERATIONS, daemon_tolerations, should_run, target_node
+from gpuops_sim.cluster.revisions import fnv32, fnv32a, go_json, safe_encode, template_hash
+from gpuops_sim.cluster.statefulsets import parent_and_ordinal
+from gpuops_sim.scenario import parse
 
 KUBECTL = str(Path(sys.executable).parent / "kubectl")
 NS = "default"

@@ -17,10 +17,10 @@ import pytest
 import yaml
 from cluster_waits import wait_for
 
-from gpuops.sim.apiserver.store import WatchEvent
-from gpuops.sim.cluster.access import DEPLOYMENTS, PODS, REPLICASETS
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.cluster.rollout import (
+from gpuops_sim.apiserver.store import WatchEvent
+from gpuops_sim.cluster.access import DEPLOYMENTS, PODS, REPLICASETS
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.cluster.rollout import (
     DESIRED_REPLICAS,
     HASH_LABEL,
     MAX_REPLICAS,
@@ -32,7 +32,7 @@ from gpuops.sim.cluster.rollout import (
     go_round,
     proportion,
 )
-from gpuops.sim.scenario import parse
+from gpuops_sim.scenario import parse
 
 KUBECTL = str(Path(sys.executable).parent / "kubectl")
 NS = "default"

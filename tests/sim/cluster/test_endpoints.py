@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from cluster_waits import wait_for
 
-from gpuops.sim.cluster.access import PODS
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.cluster.endpoints import ENDPOINTS, SERVICE_NAME_LABEL, SERVICES, SLICES, slice_content
-from gpuops.sim.scenario import parse
+from gpuops_sim.cluster.access import PODS
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.cluster.endpoints import ENDPOINTS, SERVICE_NAME_LABEL, SERVICES, SLICES, slice_content
+from gpuops_sim.scenario import parse
 
 NS = "default"
 SCENARIO = {

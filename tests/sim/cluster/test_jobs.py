@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from cluster_waits import wait_for
 
-from gpuops.sim.apiserver import APIServer
-from gpuops.sim.cluster.access import EVENTS, JOBS, PODS, ClusterAccess
-from gpuops.sim.cluster.jobs import (
+from gpuops_sim.apiserver import APIServer
+from gpuops_sim.cluster.access import EVENTS, JOBS, PODS, ClusterAccess
+from gpuops_sim.cluster.jobs import (
     INDEX,
     TRACKING,
     JobController,

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from cluster_waits import wait_for
 
-from gpuops.sim.apiserver import APIServer
-from gpuops.sim.apiserver.store import WatchEvent
-from gpuops.sim.cluster.access import LEASES, NODE_LEASE_NAMESPACE, NODES, PODS, ClusterAccess
-from gpuops.sim.cluster.kubelet import KubeletOptions, Kubelets
-from gpuops.sim.cluster.machines import Fleet, Machine
-from gpuops.sim.cluster.nodelifecycle import NodeLifecycle, NodeLifecycleOptions, tolerates
+from gpuops_sim.apiserver import APIServer
+from gpuops_sim.apiserver.store import WatchEvent
+from gpuops_sim.cluster.access import LEASES, NODE_LEASE_NAMESPACE, NODES, PODS, ClusterAccess
+from gpuops_sim.cluster.kubelet import KubeletOptions, Kubelets
+from gpuops_sim.cluster.machines import Fleet, Machine
+from gpuops_sim.cluster.nodelifecycle import NodeLifecycle, NodeLifecycleOptions, tolerates
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuops.sim.cluster.podspec import (
+from gpuops_sim.cluster.podspec import (
     ContainerConfigError,
     command_line,
     container_env,

@@ -17,10 +17,10 @@ import aiohttp
 import pytest
 from cluster_waits import wait_for
 
-from gpuops.sim.cluster.access import PODS
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.cluster.network import SHIM_DIR
-from gpuops.sim.scenario import parse
+from gpuops_sim.cluster.access import PODS
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.cluster.network import SHIM_DIR
+from gpuops_sim.scenario import parse
 
 NS = "default"
 IMAGE = "ghcr.io/gpuops/gpuops:test"

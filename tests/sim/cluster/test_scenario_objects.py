@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpuops.sim.cluster.access import GroupResource
-from gpuops.sim.cluster.cluster import SimCluster
-from gpuops.sim.scenario import parse
+from gpuops_sim.cluster.access import GroupResource
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.scenario import parse
 
 pytestmark = pytest.mark.anyio
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from gpuops.sim.apiserver import APIServer
-from gpuops.sim.apiserver.errors import conflict
-from gpuops.sim.cluster.access import EVENTS, NODES, PODS, ClusterAccess
-from gpuops.sim.cluster.scheduler import Scheduler, SchedulerOptions
+from gpuops_sim.apiserver import APIServer
+from gpuops_sim.apiserver.errors import conflict
+from gpuops_sim.cluster.access import EVENTS, NODES, PODS, ClusterAccess
+from gpuops_sim.cluster.scheduler import Scheduler, SchedulerOptions
 
 GPU = "nvidia.com/gpu"
 TAINTED = [{"key": GPU, "value": "present", "effect": "NoSchedule"}]

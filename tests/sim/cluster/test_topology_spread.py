@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_scheduler import cluster, node, pod, wait_for
 
-from gpuops.sim.apiserver.selectors import label_selector_from_object
-from gpuops.sim.cluster.spread import (
+from gpuops_sim.apiserver.selectors import label_selector_from_object
+from gpuops_sim.cluster.spread import (
     REASON_SPREAD,
     REASON_SPREAD_LABEL,
     EligibleNode,

@@ -1,7 +1,8 @@
 """The node agent's view of its GPUs and MIG slices, and the one backend that reads and changes them.
 
 Why one backend: emulated mode must exercise the same code as a GPU node, so `MigBackend` only ever talks to
-an object shaped like the `pynvml` module: the real module on hardware, `fakenvml.FakeNVML` when emulated.
+an object shaped like the `pynvml` module: the real module on hardware, a contributed one (`backends`) when
+emulated.
 It uses NVML the way the driver expects: an explicit placement for every GPU instance (the driver's default
 placement depends on creation order), the NVML profile *index* to look a profile up and the
 profile *ID* it returns to create/list instances, and pynvml's ctypes conventions (output arrays plus
@@ -21,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib
-import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -129,21 +129,13 @@ def _text(value: Any) -> str:
 
 class MigBackend:
     """MIG slices through an NVML module object: `MigBackend(load_pynvml())` on a GPU node,
-    `MigBackend(FakeNVML.from_spec("A100-40GB:2,H100-80GB:1", node))` when emulated."""
+    any NVML-shaped module a distribution contributes (`backends.load_nvml`) when emulated."""
 
     def __init__(self, nvml: Any) -> None:
         self.nvml = nvml
         self._lock = threading.RLock()
         self._open = False
         self._code_names = {int(getattr(nvml, n)): n for n in dir(nvml) if n.startswith("NVML_ERROR_")}
-
-    @classmethod
-    def emulated(cls, spec: str, node: str, *, state_file: str | os.PathLike[str] | None = None,
-                 mig_enabled: bool = True) -> MigBackend:
-        """The backend of `gpuops agent --emulated --gpus <spec>` (e.g. "A100-40GB:2,H100-80GB:1")."""
-        from .fakenvml import FakeNVML  # only emulated nodes need it
-
-        return cls(FakeNVML.from_spec(spec, node, state_file=state_file, mig_enabled=mig_enabled))
 
     # ---------------------------------------------------------------------------------------- lifecycle
 

@@ -20,11 +20,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", help="kubeconfig context")
     p.add_argument("--node-name", default=os.environ.get("NODE_NAME"), metavar="NAME",
                    help="this node's name (default: $NODE_NAME, from the downward API)")
-    p.add_argument("--backend", choices=["nvml", "emulated"], default="nvml",
-                   help="nvml: the GPUs through nvidia-ml-py; emulated: an NVML-shaped fake (default: %(default)s)")
+    p.add_argument("--backend", default="nvml", metavar="NAME",
+                   help="nvml: the GPUs through nvidia-ml-py; any other name: an NVML-shaped module an installed "
+                        "distribution contributes (the emulator's is 'emulated'; default: %(default)s)")
     p.add_argument("--emulated", action="store_true", help="same as --backend emulated")
     p.add_argument("--gpus", default="A100-40GB:2", metavar="MODEL:N,...",
-                   help="emulated GPUs, e.g. A100-40GB:2,H100-80GB:1 (default: %(default)s)")
+                   help="emulated backends: the GPUs to emulate, e.g. A100-40GB:2,H100-80GB:1 (default: %(default)s)")
     p.add_argument("--state-file", metavar="PATH",
                    help="emulated: where the fake driver keeps its slices, so an agent restart finds them "
                         "(put it on a path a node reboot clears, such as /run)")
@@ -48,16 +49,17 @@ async def run(args: argparse.Namespace) -> int:
     from gpuops.kube.manager import Manager
 
     from .agent import AgentSettings, install
-    from .gpus import MigBackend, MigBackendError, load_pynvml
+    from .backends import BackendOptions, load_nvml
+    from .gpus import MigBackend, MigBackendError
 
     log = structlog.get_logger("gpuops.agent")
     if not args.node_name:
         print("gpuops agent: --node-name (or $NODE_NAME) is required", file=sys.stderr)
         return 2
-    emulated = args.emulated or args.backend == "emulated"
+    backend_name = "emulated" if args.emulated else args.backend
     try:
-        backend = (MigBackend.emulated(args.gpus, args.node_name, state_file=args.state_file) if emulated
-                   else MigBackend(load_pynvml()))
+        nvml = load_nvml(backend_name, BackendOptions(args.node_name, gpus=args.gpus, state_file=args.state_file))
+        backend = MigBackend(nvml)
     except (MigBackendError, ValueError) as e:
         print(f"gpuops agent: {e}", file=sys.stderr)
         return 2
@@ -72,11 +74,11 @@ async def run(args: argparse.Namespace) -> int:
         try:
             install(manager, args.node_name, backend, plugin_dir=args.device_plugin_dir,
                     settings=AgentSettings(grace=args.orphan_grace, heartbeat=args.heartbeat,
-                                           backend_name="emulated" if emulated else "nvml"))
+                                           backend_name=backend_name))
         except MigBackendError as e:
             print(f"gpuops agent: the GPUs cannot be used: {e}", file=sys.stderr)
             return 1
-        log.info("starting MIG agent", node=args.node_name, backend="emulated" if emulated else "nvml",
+        log.info("starting MIG agent", node=args.node_name, backend=backend_name,
                  device_plugin_dir=args.device_plugin_dir)
         manager.handle_signals()
         await manager.run()
