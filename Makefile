@@ -79,17 +79,20 @@ chaos: install
 MUTMUT        := mutmut==3.8.1
 MUTMUT_STAMP  := $(VENV)/.mutmut-installed
 MUTATION_JOBS ?= 2
-RECON         := gpuops.controllers.budget.reconciler
+CONTRACT      := gpuops.controllers.budget.podcontract
+LEDGER        := gpuops.controllers.budget.ledger
+RECON         := gpuops.controllers.budget.reconciler.xǁBudgetReconcilerǁ
 ENFORCER      := gpuops.controllers.budget.enforcement.xǁEnforcerǁ
 MUTANTS       ?= 'gpuops.accounting.gpuhours.*' 'gpuops.accounting.reporting.*' \
-                 '$(RECON).x__counted_end__mutmut_*' '$(RECON).x__departed_entry__mutmut_*' \
-                 '$(RECON).x__recorded__mutmut_*' '$(RECON).x_compact__mutmut_*' '$(RECON).xǁBookǁcovers__mutmut_*' \
-                 '$(RECON).x_ledger_from_status__mutmut_*' '$(RECON).x_ledger_to_status__mutmut_*' \
-                 '$(RECON).x__entry_from_status__mutmut_*' '$(RECON).x__settled__mutmut_*' \
-                 '$(RECON).xǁBudgetReconcilerǁ_stop_counting__mutmut_*' '$(RECON).xǁBudgetReconcilerǁmap_deleted_pod__mutmut_*' \
-                 '$(RECON).xǁBudgetReconcilerǁprune_departed__mutmut_*' '$(RECON).xǁBudgetReconcilerǁ_needers__mutmut_*' \
-                 '$(RECON).xǁBudgetReconcilerǁ_release__mutmut_*' \
-                 '$(ENFORCER)_evict__mutmut_*' '$(ENFORCER)_evict_one__mutmut_*' '$(ENFORCER)vanished_end__mutmut_*' \
+                 '$(CONTRACT).x_counted_end__mutmut_*' '$(CONTRACT).x_departed_entry__mutmut_*' \
+                 '$(CONTRACT).x__settled__mutmut_*' \
+                 '$(LEDGER).x_recorded__mutmut_*' '$(LEDGER).x_compact__mutmut_*' '$(LEDGER).xǁBookǁcovers__mutmut_*' \
+                 '$(LEDGER).x_ledger_from_status__mutmut_*' '$(LEDGER).x_ledger_to_status__mutmut_*' \
+                 '$(LEDGER).x__entry_from_status__mutmut_*' \
+                 '$(RECON)_stop_counting__mutmut_*' '$(RECON)map_deleted_pod__mutmut_*' '$(RECON)prune_departed__mutmut_*' \
+                 '$(RECON)_forget_departed__mutmut_*' '$(RECON)_needers__mutmut_*' '$(RECON)_release__mutmut_*' \
+                 '$(ENFORCER)_evict__mutmut_*' '$(ENFORCER)_evict_one__mutmut_*' '$(ENFORCER)_unstop__mutmut_*' \
+                 '$(ENFORCER)_refused__mutmut_*' '$(ENFORCER)_evicted__mutmut_*' '$(ENFORCER)vanished_end__mutmut_*' \
                  '$(ENFORCER)forget_stop__mutmut_*'
 
 $(MUTMUT_STAMP): $(STAMP)

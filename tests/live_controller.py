@@ -23,7 +23,7 @@ from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
 from gpuops.kube.controller import Controller, Request, Result
 from gpuops.kube.errors import ApiError
-from gpuops.kube.manager import Manager
+from gpuops.kube.manager import Manager, ManagerOptions
 from gpuops.kube.resources import EVENTS, ResourceType
 from gpuops_sim.cluster.cluster import SimCluster
 from gpuops_sim.scenario import parse
@@ -79,6 +79,19 @@ class ReconcileLog:
         return [r for r in self.items if r.error is not None]
 
 
+async def looked(log: ReconcileLog, controller: Controller, request: Request, within: float = 15.0) -> Reconcile:
+    """Proof that `controller` has looked at `request` since this call, to wait on before asserting it did nothing:
+    the key is queued now, and a reconcile of it that started after the call has finished (one in flight at the
+    call is not enough: it may have read the state before the change). `log` must wrap the controller."""
+    after = len(log.items)
+    controller.enqueue(request)
+
+    async def probe() -> Reconcile | None:
+        return next((r for r in log.of(request.key, after) if r.done), None)
+
+    return await until(f"a reconcile of {request.key!r} that started after the change", probe, within)
+
+
 class Live:
     """`with Live(...) as live:` an emulated cluster with `crds` installed and one controller installed by
     `install(manager)` running; `live.run(coro)` runs a coroutine on the cluster's loop."""
@@ -126,7 +139,7 @@ class Live:
         self._stack.push_async_callback(self.client.close)
         await install_crds(self.client, self.crds, self.served)
         assert await self.cluster.wait_ready(10)
-        self.manager = Manager(self.client, metrics_bind_address="0", health_probe_bind_address="0")
+        self.manager = Manager(self.client, ManagerOptions(metrics_bind_address="0", health_probe_bind_address="0"))
         self.handle = self.install(self.manager, self.cluster)
         self.log.wrap(self.handle.controller)
         self._task = asyncio.create_task(self.manager.run())

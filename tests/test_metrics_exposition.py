@@ -7,7 +7,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import NotYet, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 KUBECTL = str(Path(sys.executable).parent / "kubectl")
@@ -68,12 +68,12 @@ def _start(procs: list[subprocess.Popen[bytes]], *args: str) -> int:
 
 
 def _scrape_once_counting(port: int, proc: subprocess.Popen[bytes], within: float = 30.0) -> str:
-    deadline = time.monotonic() + within
-    while not _counted(text := _scrape(port)):
+    def counting() -> str | NotYet:
         assert proc.poll() is None, proc.communicate()[0].decode()
-        assert time.monotonic() < deadline, f"no counter sample on :{port}/metrics within {within} s:\n{text}"
-        time.sleep(0.1)
-    return text
+        text = _scrape(port)
+        return text if _counted(text) else NotYet(text)
+
+    return wait_until(f"a counter sample on :{port}/metrics", counting, within, every=0.1)
 
 
 def test_operator_and_agent_export_no_created_series(

@@ -577,71 +577,99 @@ def plan_scale_down(
     Off nodes are never chosen again, so repeated calls work through every idle node.
     """
     policy = ScaleDownPolicy() if policy is None else policy
-    if isinstance(now, bool) or not isinstance(now, int):
-        raise CapacityInputError(f"now must be an int instant in microseconds, got {now!r}")
-    if last_scale_up_at is not None and (isinstance(last_scale_up_at, bool) or not isinstance(last_scale_up_at, int)):
-        raise CapacityInputError(
-            f"last_scale_up_at must be an int instant in microseconds or None, got {last_scale_up_at!r}"
-        )
+    _check_instants(now, last_scale_up_at)
     by_name = _index_nodes(nodes)
     needed_set = frozenset(needed)
     cooling = last_scale_up_at is not None and now - last_scale_up_at < policy.scale_up_cooldown
-
-    in_progress = sum(1 for n in by_name.values() if n.state in _LEAVING)
-    slots = max(0, policy.max_concurrent_power_offs - in_progress)
-    warm = sum((n.free for n in by_name.values() if n.state in _ONLINE), Fraction(0))
-    min_warm = Fraction(policy.min_warm_gpus)
+    cooling_since = last_scale_up_at if cooling else None
 
     blocked: list[Blocked] = []
     candidates: list[GpuNode] = []
     for node in sorted(by_name.values(), key=lambda n: n.name):
         if node.state is not NodeState.READY:
             continue
-        if node.used > 0 or node.gpu_pods > 0:
-            blocked.append(
-                Blocked(
-                    node=node.name,
-                    reason=BlockReason.HAS_GPU_PODS,
-                    message=f"{node.gpu_pods} GPU pods bound, {node.used} GPUs requested",
-                )
-            )
-        elif node.name in needed_set:
-            blocked.append(
-                Blocked(
-                    node=node.name,
-                    reason=BlockReason.NEEDED_BY_PENDING,
-                    message="pending pods are planned onto this node's free GPUs",
-                )
-            )
-        elif node.idle_since is None or now - node.idle_since < policy.unneeded_time:
-            idle_for = "unknown time" if node.idle_since is None else f"{max(0, now - node.idle_since)} us"
-            blocked.append(
-                Blocked(
-                    node=node.name,
-                    reason=BlockReason.NOT_UNNEEDED_LONG_ENOUGH,
-                    message=f"idle for {idle_for}, needs {policy.unneeded_time} us",
-                )
-            )
-        elif cooling:
-            assert last_scale_up_at is not None
-            blocked.append(
-                Blocked(
-                    node=node.name,
-                    reason=BlockReason.SCALE_UP_COOLDOWN,
-                    message=f"last scale-up {now - last_scale_up_at} us ago, cool-down {policy.scale_up_cooldown} us",
-                )
-            )
-        else:
+        block = _why_not_idle(node, now=now, policy=policy, needed=needed_set, cooling_since=cooling_since)
+        if block is None:
             candidates.append(node)
+        else:
+            blocked.append(block)
+
+    power_off, kept_warm, limited = _take_largest_first(candidates, by_name.values(), policy)
+    return ScaleDownPlan(
+        power_off=tuple(power_off),
+        kept_warm=tuple(sorted(kept_warm)),
+        blocked=tuple(sorted([*blocked, *limited], key=lambda b: b.node)),
+    )
+
+
+def _check_instants(now: object, last_scale_up_at: object) -> None:
+    """Instants are int microseconds; a float would make idle-time comparisons round."""
+    if isinstance(now, bool) or not isinstance(now, int):
+        raise CapacityInputError(f"now must be an int instant in microseconds, got {now!r}")
+    if last_scale_up_at is not None and (isinstance(last_scale_up_at, bool) or not isinstance(last_scale_up_at, int)):
+        raise CapacityInputError(
+            f"last_scale_up_at must be an int instant in microseconds or None, got {last_scale_up_at!r}"
+        )
+
+
+def _why_not_idle(
+    node: GpuNode, *, now: int, policy: ScaleDownPolicy, needed: frozenset[str], cooling_since: int | None
+) -> Blocked | None:
+    """Why a Ready node may not be powered off regardless of the others, or None when it is a candidate.
+
+    `cooling_since` is the last scale-up instant when it is still within the cool-down, else None.
+    """
+    if node.used > 0 or node.gpu_pods > 0:
+        return Blocked(
+            node=node.name,
+            reason=BlockReason.HAS_GPU_PODS,
+            message=f"{node.gpu_pods} GPU pods bound, {node.used} GPUs requested",
+        )
+    if node.name in needed:
+        return Blocked(
+            node=node.name,
+            reason=BlockReason.NEEDED_BY_PENDING,
+            message="pending pods are planned onto this node's free GPUs",
+        )
+    if node.idle_since is None or now - node.idle_since < policy.unneeded_time:
+        idle_for = "unknown time" if node.idle_since is None else f"{max(0, now - node.idle_since)} us"
+        return Blocked(
+            node=node.name,
+            reason=BlockReason.NOT_UNNEEDED_LONG_ENOUGH,
+            message=f"idle for {idle_for}, needs {policy.unneeded_time} us",
+        )
+    if cooling_since is not None:
+        return Blocked(
+            node=node.name,
+            reason=BlockReason.SCALE_UP_COOLDOWN,
+            message=f"last scale-up {now - cooling_since} us ago, cool-down {policy.scale_up_cooldown} us",
+        )
+    return None
+
+
+def _take_largest_first(
+    candidates: list[GpuNode], nodes: Iterable[GpuNode], policy: ScaleDownPolicy
+) -> tuple[list[str], list[str], list[Blocked]]:
+    """Candidates to power off, to keep warm, and blocked by the power-off limit.
+
+    Largest first, so one power-off frees the most; a node whose power-off would take the online free GPUs
+    below the warm minimum is kept and smaller ones are still tried.
+    """
+    everything = list(nodes)
+    in_progress = sum(1 for n in everything if n.state in _LEAVING)
+    slots = max(0, policy.max_concurrent_power_offs - in_progress)
+    warm = sum((n.free for n in everything if n.state in _ONLINE), Fraction(0))
+    min_warm = Fraction(policy.min_warm_gpus)
 
     power_off: list[str] = []
     kept_warm: list[str] = []
+    limited: list[Blocked] = []
     assert all(n.idle_since is not None for n in candidates)
     for node in sorted(candidates, key=lambda n: (-Fraction(n.capacity), n.idle_since, n.name)):
         if warm - node.free < min_warm:
             kept_warm.append(node.name)
         elif len(power_off) >= slots:
-            blocked.append(
+            limited.append(
                 Blocked(
                     node=node.name,
                     reason=BlockReason.POWER_OFF_LIMIT,
@@ -652,8 +680,4 @@ def plan_scale_down(
         else:
             power_off.append(node.name)
             warm -= node.free
-    return ScaleDownPlan(
-        power_off=tuple(power_off),
-        kept_warm=tuple(sorted(kept_warm)),
-        blocked=tuple(sorted(blocked, key=lambda b: b.node)),
-    )
+    return power_off, kept_warm, limited

@@ -56,7 +56,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterable
 from fractions import Fraction
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import msgspec
 
@@ -398,12 +398,45 @@ def window_usage(
     if not isinstance(ledger, Ledger):
         raise AccountingError(f"ledger must be a Ledger, got {ledger!r}")
     records = list(_winners(live, ledger).values())
-    # One common integer scale (the LCM of every denominator, usually 1) turns GPU amounts, bucket
-    # GPU-microseconds and the quota into ints, so the sweep below is integer arithmetic throughout; results
-    # become Fractions once, at the end. Zero-GPU and zero-length records never contribute: they are not
-    # members of any window and add no breakpoints; empty buckets neither.
+    scaled = _on_common_scale(records, ledger.buckets, quota_micros)
+    edges = _sweep(scaled.spans, scaled.steps, now, window)
+    used, quota_scaled, scale = edges.used, scaled.quota, scaled.scale
+    slope = edges.burn - edges.leaving
+    over = used >= quota_scaled
+    per_hour = scale * MICROS_PER_HOUR
+    return Usage(
+        consumed=Fraction(used, per_hour),
+        remaining=max(Fraction(0), Fraction(quota_scaled - used, per_hour)),
+        over_quota=over,
+        burn_rate=Fraction(edges.burn, scale),
+        exhausted_at=None if over else _exhaustion(scaled.spans, scaled.steps, now, window, used, slope, quota_scaled),
+        next_change=_next_change(edges.first, now, used, over, slope, quota_scaled),
+        error_bound=compaction_error_bound(ledger, now=now, window=window)
+        + late_error_bound(records, now=now, window=window),
+        pods_in_window=edges.members,
+    )
+
+
+class _Scaled(NamedTuple):
+    """Records and buckets as ints on one common scale, with the quota on that scale."""
+
+    scale: int
+    spans: list[_Span]
+    steps: list[_Step]
+    quota: int
+
+
+def _on_common_scale(
+    records: list[Interval | LedgerEntry], buckets: tuple[LedgerBucket, ...], quota_micros: Fraction
+) -> _Scaled:
+    """GPU amounts, bucket GPU-microseconds and the quota as ints on one scale (the LCM of every denominator,
+    usually 1), so the sweep is integer arithmetic throughout and results become Fractions once, at the end.
+
+    Zero-GPU and zero-length records never contribute: they are not members of any window and add no
+    breakpoints; empty buckets neither.
+    """
     ratios = [r.gpus.as_integer_ratio() for r in records]
-    bucket_ratios = [(b, b.gpu_micros.as_integer_ratio()) for b in ledger.buckets]
+    bucket_ratios = [(b, b.gpu_micros.as_integer_ratio()) for b in buckets]
     scale = math.lcm(quota_micros.denominator, *{den for _, den in ratios}, *{den for _, (_, den) in bucket_ratios})
     factor = {den: scale // den for den in {den for _, den in ratios}}
     spans: list[_Span] = [
@@ -412,9 +445,28 @@ def window_usage(
         if num and (r.end is None or r.end > r.start)
     ]
     steps: list[_Step] = [(b.start, b.end, num * (scale // den)) for b, (num, den) in bucket_ratios if num]
-    quota_scaled = quota_micros.numerator * (scale // quota_micros.denominator)
+    quota = quota_micros.numerator * (scale // quota_micros.denominator)
+    return _Scaled(scale=scale, spans=spans, steps=steps, quota=quota)
 
-    # one pass: consumption, GPUs held at the leading and trailing edges, members, first breakpoint
+
+class _Edges(NamedTuple):
+    """What one pass over the scaled records finds at `now` (ints on the common scale)."""
+
+    used: int
+    """Consumption inside the window."""
+    burn: int
+    """GPUs held at the leading edge."""
+    leaving: int
+    """GPUs held at the trailing edge."""
+    members: int
+    """Records overlapping the window."""
+    first: int | None
+    """The first breakpoint after `now`."""
+
+
+def _sweep(spans: list[_Span], steps: list[_Step], now: int, window: int) -> _Edges:
+    """Consumption, GPUs held at the leading and trailing edges, members and the first breakpoint, in one pass
+    (the records may number hundreds of thousands, so the loop stays inline)."""
     back = now - window
     used = burn = leaving = members = 0
     first: int | None = None
@@ -445,26 +497,18 @@ def window_usage(
         for at in (start + 1, end + window):
             if at > now and (first is None or at < first):
                 first = at
-    slope = burn - leaving
+    return _Edges(used=used, burn=burn, leaving=leaving, members=members, first=first)
 
-    over = used >= quota_scaled
+
+def _next_change(first: int | None, now: int, used: int, over: bool, slope: int, quota: int) -> int | None:
+    """The first breakpoint after `now`, or earlier the first microsecond at which over-quota flips while the
+    consumption moves along its current slope (ints on one scale)."""
     candidates = [] if first is None else [first]
     if over and slope < 0:
-        candidates.append(now + (used - quota_scaled) // -slope + 1)  # first microsecond below the quota
+        candidates.append(now + (used - quota) // -slope + 1)  # first microsecond below the quota
     elif not over and slope > 0:
-        candidates.append(now - (used - quota_scaled) // slope)  # first microsecond at/over the quota
-    per_hour = scale * MICROS_PER_HOUR
-    return Usage(
-        consumed=Fraction(used, per_hour),
-        remaining=max(Fraction(0), Fraction(quota_scaled - used, per_hour)),
-        over_quota=over,
-        burn_rate=Fraction(burn, scale),
-        exhausted_at=None if over else _exhaustion(spans, steps, now, window, used, slope, quota_scaled),
-        next_change=min(candidates) if candidates else None,
-        error_bound=compaction_error_bound(ledger, now=now, window=window)
-        + late_error_bound(records, now=now, window=window),
-        pods_in_window=members,
-    )
+        candidates.append(now - (used - quota) // slope)  # first microsecond at/over the quota
+    return min(candidates) if candidates else None
 
 
 def _peak(pieces: list[tuple[int, int, Fraction]]) -> Fraction:
@@ -493,6 +537,38 @@ def compact_ledger(
     after `now` or whose UID is in `live_uids` are never merged, so the result holds at most `max_entries`
     entries plus those, and at most ceil(window / bucket_width) + 1 buckets per bucket width ever used.
     """
+    now, window, width, limit = _compaction_args(ledger, now, window, max_entries, bucket_width)
+    horizon = now - window
+
+    best = _dedupe(ledger.entries)
+    keep = [e for e in best.values() if isinstance(e, LedgerEntry) and e.end > horizon]
+    grid = _surviving_cells(ledger.buckets, horizon)
+
+    if len(keep) > limit:
+        merged = _oldest_mergeable(keep, len(keep) - limit, live_uids, now)
+        merged_uids = {e.uid for e in merged}
+        keep = [e for e in keep if e.uid not in merged_uids]
+        cells, late_cells = _pieces_by_cell(merged, horizon, width)
+        for k, pieces in cells.items():
+            slot = grid.setdefault((k * width, (k + 1) * width), [Fraction(0), Fraction(0), Fraction(0)])
+            slot[0] += sum((g * (hi - lo) for lo, hi, g in pieces), Fraction(0))
+            slot[1] += _peak(pieces)
+            slot[2] += late_cells.get(k, Fraction(0))
+
+    return Ledger(
+        entries=tuple(sorted(keep, key=lambda e: (e.start, e.uid))),
+        buckets=tuple(
+            LedgerBucket(start=start, end=end, gpu_micros=used, peak_gpus=peak, late_gpu_micros=late)
+            for (start, end), (used, peak, late) in sorted(grid.items())
+        ),
+    )
+
+
+def _compaction_args(
+    ledger: object, now: object, window: object, max_entries: object, bucket_width: object
+) -> tuple[int, int, int, int]:
+    """`now`, `window`, bucket width and entry limit, checked; a grid finer than `MAX_BUCKETS` cells per window
+    is refused because it would cost more than the entries it replaces."""
     now = _instant(now, "now")
     window = _window(window)
     width = _instant(bucket_width, "bucket_width")
@@ -508,50 +584,49 @@ def compact_ledger(
         raise NegativeValueError(f"max_entries must be >= 0, got {limit}")
     if not isinstance(ledger, Ledger):
         raise AccountingError(f"ledger must be a Ledger, got {ledger!r}")
-    horizon = now - window
+    return now, window, width, limit
 
-    best = _dedupe(ledger.entries)
-    keep = [e for e in best.values() if isinstance(e, LedgerEntry) and e.end > horizon]
-    grid: dict[tuple[int, int], list[Fraction]] = {}  # cell -> [GPU-microseconds, peak GPUs, late part]
-    for b in ledger.buckets:
+
+def _surviving_cells(buckets: Iterable[LedgerBucket], horizon: int) -> dict[tuple[int, int], list[Fraction]]:
+    """The buckets still reaching past `horizon`, by cell: [GPU-microseconds, peak GPUs, late part]. Buckets
+    of one cell add up (their peaks too, which keeps the sum an upper bound)."""
+    grid: dict[tuple[int, int], list[Fraction]] = {}
+    for b in buckets:
         if b.end > horizon:
             slot = grid.setdefault((b.start, b.end), [Fraction(0), Fraction(0), Fraction(0)])
             slot[0] += b.gpu_micros
             slot[1] += b.peak_gpus
             slot[2] += b.late_gpu_micros
+    return grid
 
-    if len(keep) > limit:
-        eligible = sorted(
-            (e for e in keep if e.uid not in live_uids and e.end <= now), key=lambda e: (e.end, e.start, e.uid)
-        )
-        merged = eligible[: len(keep) - limit]
-        merged_uids = {e.uid for e in merged}
-        keep = [e for e in keep if e.uid not in merged_uids]
-        cells: dict[int, list[tuple[int, int, Fraction]]] = {}
-        late_cells: dict[int, Fraction] = {}
-        for e in merged:
-            lo = max(e.start, horizon)  # the part before the horizon can never be in a later window
-            if e.gpus == 0 or lo >= e.end:
-                continue
-            for k in range(lo // width, (e.end - 1) // width + 1):
-                piece_lo, piece_hi = max(lo, k * width), min(e.end, (k + 1) * width)
-                cells.setdefault(k, []).append((piece_lo, piece_hi, e.gpus))
-                late = piece_hi - max(piece_lo, e.end - e.late)
-                if late > 0:
-                    late_cells[k] = late_cells.get(k, Fraction(0)) + e.gpus * late
-        for k, pieces in cells.items():
-            slot = grid.setdefault((k * width, (k + 1) * width), [Fraction(0), Fraction(0), Fraction(0)])
-            slot[0] += sum((g * (hi - lo) for lo, hi, g in pieces), Fraction(0))
-            slot[1] += _peak(pieces)
-            slot[2] += late_cells.get(k, Fraction(0))
 
-    return Ledger(
-        entries=tuple(sorted(keep, key=lambda e: (e.start, e.uid))),
-        buckets=tuple(
-            LedgerBucket(start=start, end=end, gpu_micros=used, peak_gpus=peak, late_gpu_micros=late)
-            for (start, end), (used, peak, late) in sorted(grid.items())
-        ),
+def _oldest_mergeable(keep: list[LedgerEntry], count: int, live_uids: Collection[str], now: int) -> list[LedgerEntry]:
+    """Up to `count` entries to merge, oldest end first; a live pod's entry or one ending after `now` must keep
+    its UID, so it is never merged."""
+    eligible = sorted(
+        (e for e in keep if e.uid not in live_uids and e.end <= now), key=lambda e: (e.end, e.start, e.uid)
     )
+    return eligible[:count]
+
+
+def _pieces_by_cell(
+    merged: list[LedgerEntry], horizon: int, width: int
+) -> tuple[dict[int, list[tuple[int, int, Fraction]]], dict[int, Fraction]]:
+    """The merged entries cut at the grid lines: per cell index, the pieces (start, end, GPUs) and the
+    GPU-microseconds of their late parts."""
+    cells: dict[int, list[tuple[int, int, Fraction]]] = {}
+    late_cells: dict[int, Fraction] = {}
+    for e in merged:
+        lo = max(e.start, horizon)  # the part before the horizon can never be in a later window
+        if e.gpus == 0 or lo >= e.end:
+            continue
+        for k in range(lo // width, (e.end - 1) // width + 1):
+            piece_lo, piece_hi = max(lo, k * width), min(e.end, (k + 1) * width)
+            cells.setdefault(k, []).append((piece_lo, piece_hi, e.gpus))
+            late = piece_hi - max(piece_lo, e.end - e.late)
+            if late > 0:
+                late_cells[k] = late_cells.get(k, Fraction(0)) + e.gpus * late
+    return cells, late_cells
 
 
 def format_gpu_hours(value: Fraction | int, places: int = 6) -> str:

@@ -205,6 +205,23 @@ def plan_pool(
     newest, then id; of those only the RUNNING ones now (the API refuses PENDING/STARTING/REBOOTING; they
     are retired on a later reconcile). In-flight launches have no id yet and are judged once listed.
     """
+    _check_pool_args(spec, instances, in_flight)
+    live = [i for i in instances if i.state in LIVE_STATES]
+    target, unfit = _target(spec, live, pending)
+    launch, retire = _launch_or_retire(spec, live, target, in_flight)
+    failed = sorted(i.id for i in instances if i.state is InstanceState.LAUNCH_FAILED)
+    return PoolPlan(
+        target=target,
+        live=len(live),
+        launch=launch,
+        retire=_batches(retire, spec.batch_limit),
+        cleanup=_batches(failed, spec.batch_limit),
+        unfit=unfit,
+    )
+
+
+def _check_pool_args(spec: object, instances: Sequence[object], in_flight: object) -> None:
+    """Typed errors for a malformed call; a duplicate id would count one instance twice."""
     if not isinstance(spec, PoolSpec):
         raise PoolSpecError(f"spec must be a PoolSpec, got {spec!r}")
     _int(in_flight, "in_flight")
@@ -216,15 +233,22 @@ def plan_pool(
             raise PoolSpecError(f"instances: duplicate instance id {inst.id!r}; list each instance once")
         seen.add(inst.id)
 
-    live = [i for i in instances if i.state in LIVE_STATES]
+
+def _target(
+    spec: PoolSpec, live: list[PoolInstance], pending: Mapping[str, Fraction | int] | None
+) -> tuple[int, tuple[str, ...]]:
+    """The instance count to approach, clamped to the pool's bounds, and the pending pods no instance fits."""
     unfit: tuple[str, ...] = ()
     if pending is None:
         wanted = len(live)
     else:
         needed, unfit = instances_needed(pending, spec.instance_gpus)
         wanted = sum(1 for i in live if i.gpu_pods > 0) + needed
-    target = min(max(wanted, spec.minimum), spec.maximum)
+    return min(max(wanted, spec.minimum), spec.maximum), unfit
 
+
+def _launch_or_retire(spec: PoolSpec, live: list[PoolInstance], target: int, in_flight: int) -> tuple[int, list[str]]:
+    """How many to launch now, or which instance ids to retire now (never both)."""
     launch = 0
     retire: list[str] = []
     have = len(live) + in_flight
@@ -235,13 +259,4 @@ def plan_pool(
         # instance that should go is retired once RUNNING, rather than substituting a joined, busier one.
         ranked = sorted(live, key=lambda i: (i.node is not None, i.gpu_pods, -i.created_at, i.id))
         retire = [i.id for i in ranked[: len(live) - target] if i.state in RETIRABLE_STATES]
-
-    failed = sorted(i.id for i in instances if i.state is InstanceState.LAUNCH_FAILED)
-    return PoolPlan(
-        target=target,
-        live=len(live),
-        launch=launch,
-        retire=_batches(retire, spec.batch_limit),
-        cleanup=_batches(failed, spec.batch_limit),
-        unfit=unfit,
-    )
+    return launch, retire

@@ -10,16 +10,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpuops.controllers.autoprovision.api import CRD as NODE_GROUPS
-from gpuops.controllers.budget.api import CRD as BUDGETS
-from gpuops.controllers.migslicer.api import CLAIM_CRD, MIG_NODE_CRD
-from gpuops.controllers.spotpool.api import CRD as SPOT_POOLS
+from gpuops.controllers.registry import CONTROLLERS
 from gpuops.kube.crd import CustomResource, render
 
 __all__ = ["CRDS", "generated", "main"]
 
-CRDS: tuple[CustomResource, ...] = (BUDGETS, NODE_GROUPS, SPOT_POOLS, MIG_NODE_CRD, CLAIM_CRD)
-"""In the order manifests/crds/Kustomization lists them."""
+CRDS: tuple[CustomResource, ...] = tuple(crd for c in CONTROLLERS for crd in c.custom_resources())
+"""Every registered controller's, in the order manifests/crds/Kustomization lists them."""
 
 
 def _source(resource: CustomResource) -> str:

@@ -10,27 +10,33 @@ the operator's RBAC grants Secret `get` in exactly those namespaces.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated
+
+import msgspec
 
 from gpuops.kube.ownnamespace import own_namespace
+from gpuops.kube.settings import flag
 
 from .errors import SpecError
 
-__all__ = ["DEFAULT_NAMESPACE", "SecretScope", "parse_namespaces"]
+__all__ = ["DEFAULT_NAMESPACE", "SecretNamespaces", "SecretScope"]
 
 DEFAULT_NAMESPACE = "gpuops-system"
 """The operator's namespace when it runs outside a pod (as installed by manifests/)."""
 
 
-def parse_namespaces(text: str) -> tuple[str, ...]:
-    """'a, b c' -> ('a', 'b', 'c'): commas or spaces, blanks dropped, order kept, no repeats."""
-    out: list[str] = []
-    for part in text.replace(",", " ").split():
-        if part not in out:
-            out.append(part)
-    return tuple(out)
+_DNS_LABEL = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+
+SecretNamespaces = Annotated[
+    tuple[Annotated[str, msgspec.Meta(pattern=_DNS_LABEL)], ...],
+    flag("namespaces besides the operator's own whose Secrets GPUNodeGroups and SpotPools may name "
+         "(comma-separated; the installed Deployment takes it from ConfigMap gpuops-secret-namespaces; grant the "
+         "operator Secret get there too)", metavar="LIST", shared=True, env="GPUOPS_SECRET_NAMESPACES",
+         hint="namespace names: lowercase letters, digits and '-'"),
+]
+"""The `--secret-namespaces` setting, shared by every controller that reads Secrets objects name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,11 +47,10 @@ class SecretScope:
     """Namespaces the operator was explicitly started with."""
 
     @classmethod
-    def from_settings(cls, settings: Mapping[str, Any]) -> SecretScope:
-        """The manager's settings (`gpuops run --secret-namespaces`) and the namespace this process runs in."""
+    def of_process(cls, namespaces: Iterable[str]) -> SecretScope:
+        """The namespace this process runs in, plus `namespaces` (`gpuops run --secret-namespaces`)."""
         home = own_namespace() or DEFAULT_NAMESPACE
-        also = tuple(n for n in settings.get("secret_namespaces") or () if n != home)
-        return cls(home, also)
+        return cls(home, tuple(n for n in namespaces if n != home))
 
     @property
     def namespaces(self) -> tuple[str, ...]:

@@ -5,7 +5,8 @@ What it adds to controller-runtime's semantics:
 * `watch(informer, mapper, predicates=...)`: an event on an object enqueues the keys its mapper returns
   (default: the object's own key). Objects of the informer's initial list, and resyncs (an update with an
   unchanged resourceVersion), are queued at LOW priority so fresh changes go first.
-* Outcomes as `reconcileHandler`: an exception is retried with per-key backoff (`add_rate_limited`);
+* Outcomes as `reconcileHandler`: an exception is retried after the queue's rate limiter's delay
+  (`add_rate_limited`; by default the max of a per-key backoff and a 10 qps, burst 100 token bucket);
   `TerminalError` is counted and not retried; `Result(requeue_after=s)` forgets the backoff and re-adds
   after `s`; `Result(requeue=True)` backs off; anything else forgets. A reconcile can be bounded by
   `reconcile_timeout`. Exceptions that signal a bug (TypeError, KeyError, ...) are also counted as
@@ -45,6 +46,7 @@ from . import metrics
 from . import rv as rvmod
 from .client import Client
 from .informer import Handler, Informer
+from .ratelimit import RateLimiter
 from .resources import ResourceType
 from .workqueue import LOW, NORMAL, ShutDown, WorkQueue
 
@@ -372,10 +374,13 @@ class Controller:
         read_your_writes_timeout: float = 10.0,
         read_your_writes_recheck: float = 0.25,
         need_leader_election: bool = True,
-        base_delay: float = 0.005,
-        max_delay: float = 1000.0,
+        base_delay: float | None = None,
+        max_delay: float | None = None,
+        rate_limiter: RateLimiter[Request] | None = None,
         handler_buffer: int = 10_000,
     ) -> None:
+        """`rate_limiter` delays the retries of this controller's keys (one limiter per controller); without
+        one its queue uses `default_controller_limiter`, whose per-key backoff `base_delay`/`max_delay` shape."""
         if not name:
             raise ValueError("name: a controller needs a name (it labels its metrics and logs)")
         if max_concurrent_reconciles < 1:
@@ -395,7 +400,7 @@ class Controller:
         self.need_leader_election = need_leader_election
         self.handler_buffer = handler_buffer
         self.queue: WorkQueue[Request] = WorkQueue(
-            name, controller=name, base_delay=base_delay, max_delay=max_delay
+            name, controller=name, rate_limiter=rate_limiter, base_delay=base_delay, max_delay=max_delay
         )
         self._watches: list[_Watch] = []
         self._handlers: list[Handler[Any]] = []

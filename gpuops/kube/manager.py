@@ -23,24 +23,23 @@ Probes: /healthz = ping, eventloop (timer lag), leaderElection (a leader whose r
 lease duration + tolerance is unhealthy; standbys always pass). /readyz = ping, informers (every informer
 synced and heard from within `informer_max_silence`).
 
-`ControllerRegistry` maps controller names to setup functions (`setup(manager)` creates informers and
-controllers and `add`s them); the CLI selects among them with `--controllers`.
+`ManagerOptions` holds every option in one typed Struct; the fields marked `flag(...)` are `gpuops run`'s
+own flags (the controllers' flags come from their settings, `registry.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
-import inspect
 import os
 import signal
 import socket
 import ssl
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
-from typing import Any, Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Annotated, Any, Protocol, TypeVar
 
 import anyio
+import msgspec
 import structlog
 
 from .client import Client
@@ -59,15 +58,14 @@ from .leaderelection import LeaderElectionLost, LeaderElector
 from .metricsauth import MetricsAuth
 from .reflector import ReflectorOptions
 from .resources import ResourceType
+from .settings import flag
 from .tls import CertWatcher, self_signed, server_context
 
 __all__ = [
-    "ControllerRegistry",
     "LeaderElectionLost",
     "Manager",
+    "ManagerOptions",
     "Runnable",
-    "Setup",
-    "UnknownControllers",
 ]
 
 T = TypeVar("T")
@@ -114,157 +112,82 @@ class _FuncRunnable:
         self._stop.set()
 
 
-# ---------------------------------------------------------------------------------------------- registry
-
-Setup = Callable[["Manager"], "Awaitable[None] | None"]
-
-
-class UnknownControllers(ValueError):
-    """`--controllers` named a controller nobody registered."""
-
-    def __init__(self, unknown: list[str], known: list[str]) -> None:
-        self.unknown = unknown
-        self.known = known
-        names = ", ".join(known) if known else "(none: no controller is registered yet)"
-        super().__init__(f"unknown controller(s) {', '.join(repr(n) for n in unknown)}; known controllers: {names}")
-
-
-class ControllerRegistry:
-    """Named controller setups. A setup is `setup(manager)` (plain or async) or a lazy "module:function"
-    reference, imported only when selected (so `--help` stays fast and unused controllers cost nothing)."""
-
-    def __init__(self) -> None:
-        self._setups: dict[str, Setup | str] = {}
-
-    def register(self, name: str, setup: Setup | str) -> None:
-        if not name or "," in name or name.startswith("-") or name == "*":
-            raise ValueError(f"controller name {name!r}: must be non-empty, without ',' and not '*' or '-...'")
-        if name in self._setups:
-            raise ValueError(f"controller {name!r} is already registered")
-        self._setups[name] = setup
-
-    def names(self) -> list[str]:
-        return list(self._setups)
-
-    def select(self, spec: str | None) -> list[str]:
-        """kube-controller-manager's syntax: "a,b" selects, "*" is every registered controller, "-a" removes
-        one; None or "" means "*". Unknown names raise `UnknownControllers`."""
-        items = [s.strip() for s in (spec or "*").split(",") if s.strip()]
-        unknown = [i.lstrip("-") for i in items if i != "*" and i.lstrip("-") not in self._setups]
-        if unknown:
-            raise UnknownControllers(unknown, self.names())
-        chosen: dict[str, None] = {}
-        for item in items:
-            if item == "*":
-                chosen.update(dict.fromkeys(self._setups))
-        for item in items:
-            if item.startswith("-"):
-                chosen.pop(item[1:], None)
-            elif item != "*":
-                chosen[item] = None
-        return [n for n in self._setups if n in chosen]
-
-    def resolve(self, name: str) -> Setup:
-        setup = self._setups[name]
-        if isinstance(setup, str):
-            module, _, attr = setup.partition(":")
-            resolved: Setup = getattr(importlib.import_module(module), attr)
-            self._setups[name] = resolved
-            return resolved
-        return setup
-
-    async def setup(self, manager: Manager, names: Iterable[str]) -> None:
-        for name in names:
-            result = self.resolve(name)(manager)
-            if inspect.isawaitable(result):
-                await result
-
-
 # ---------------------------------------------------------------------------------------------- manager
+
+
+def _bind_address(address: str) -> None:
+    parse_bind_address(address)
+
+
+class ManagerOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """How one process runs its informers, controllers, leader election and HTTP endpoints."""
+
+    namespace: Annotated[str | None, flag("watch only this namespace (default: all namespaces)", metavar="NS")] = None
+    """The namespace informers watch by default (None: all namespaces)."""
+    leader_election: Annotated[bool, flag(
+        "run the controllers only while holding a coordination.k8s.io Lease (for several replicas)",
+        name="leader-elect")] = False
+    leader_election_id: Annotated[str, flag("name of the Lease", metavar="NAME",
+                                            name="leader-elect-lease-name")] = "gpuops-controller-manager"
+    leader_election_namespace: Annotated[str | None, flag(
+        "namespace of the Lease (default: the pod's namespace, or the kubeconfig context's)", metavar="NS",
+        name="leader-elect-namespace")] = None
+    lease_duration: Annotated[float, flag("how long standbys wait before taking over an unrenewed Lease",
+                                          metavar="SECONDS", name="leader-elect-lease-duration", gt=0)] = 15.0
+    renew_deadline: Annotated[float, flag("the leader steps down if it cannot renew within this", metavar="SECONDS",
+                                          name="leader-elect-renew-deadline", gt=0)] = 10.0
+    retry_period: Annotated[float, flag("interval between acquire/renew attempts", metavar="SECONDS",
+                                        name="leader-elect-retry-period", gt=0)] = 2.0
+    release_on_cancel: bool = True
+    """Release the Lease at a clean shutdown, so a standby takes over at its next retry."""
+    identity: str | None = None
+    """This replica's holder identity in the Lease (default: host name and a random suffix)."""
+    metrics_bind_address: Annotated[str, flag('serve /metrics here; "0" disables', metavar="ADDR",
+                                              check=_bind_address)] = ":8080"
+    metrics_secure: Annotated[bool, flag(
+        "serve /metrics over HTTPS, only to bearer tokens the API server authenticates (TokenReview) whose user "
+        "may get the path (SubjectAccessReview; e.g. the gpuops-metrics-reader ClusterRole); the operator needs "
+        "create on tokenreviews and subjectaccessreviews (gpuops-metrics-auth)")] = False
+    metrics_cert_dir: Annotated[str | None, flag(
+        "with --metrics-secure: serve DIR/tls.crt and DIR/tls.key (e.g. a mounted Secret), reloaded when they "
+        "change (default: a self-signed certificate made at start)", metavar="DIR")] = None
+    metrics_cert_poll_interval: float = 10.0
+    metrics_auth: MetricsAuth | None = None
+    """The secure metrics server's authenticator (default: TokenReview and SubjectAccessReview via the client)."""
+    health_probe_bind_address: Annotated[str, flag('serve /healthz and /readyz here; "0" disables', metavar="ADDR",
+                                                   check=_bind_address)] = ":8081"
+    graceful_shutdown_timeout: Annotated[float, flag("how long in-flight reconciles get after SIGTERM",
+                                                     metavar="SECONDS", ge=0)] = 30.0
+    informer_max_silence: float = 150.0
+    leader_healthz_tolerance: float = 20.0
+    loop_lag_threshold: float = 5.0
+    loop_lag_interval: float = 0.5
+    loop_lag_window: float = 30.0
+    reflector_options: ReflectorOptions | None = None
 
 
 class Manager:
     """Runs informers and controllers for one process; see the module docstring."""
 
-    def __init__(
-        self,
-        client: Client,
-        *,
-        namespace: str | None = None,
-        leader_election: bool = False,
-        leader_election_id: str = "gpuops-controller-manager",
-        leader_election_namespace: str | None = None,
-        lease_duration: float = 15.0,
-        renew_deadline: float = 10.0,
-        retry_period: float = 2.0,
-        release_on_cancel: bool = True,
-        identity: str | None = None,
-        metrics_bind_address: str = ":8080",
-        metrics_secure: bool = False,
-        metrics_cert_dir: str | None = None,
-        metrics_cert_poll_interval: float = 10.0,
-        metrics_auth: MetricsAuth | None = None,
-        health_probe_bind_address: str = ":8081",
-        graceful_shutdown_timeout: float = 30.0,
-        informer_max_silence: float = 150.0,
-        leader_healthz_tolerance: float = 20.0,
-        loop_lag_threshold: float = 5.0,
-        loop_lag_interval: float = 0.5,
-        loop_lag_window: float = 30.0,
-        reflector_options: ReflectorOptions | None = None,
-        settings: Mapping[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, client: Client, options: ManagerOptions | None = None) -> None:
+        o = self.options = options or ManagerOptions()
         self.client = client
-        self.namespace = namespace or None
+        self.namespace = o.namespace or None
         """The namespace informers watch by default (None: all namespaces)."""
-        self.settings: Mapping[str, Any] = dict(settings or {})
-        """Controller settings from the command line (e.g. "budget_status_refresh"); setups read what is theirs."""
-        self.graceful_shutdown_timeout = graceful_shutdown_timeout
-        self.factory = InformerFactory(client, options=reflector_options)
-        self.elector: LeaderElector | None = None
-        if leader_election:
-            self.elector = LeaderElector(
-                client,
-                name=leader_election_id,
-                namespace=leader_election_namespace or client.namespace,
-                identity=identity,
-                lease_duration=lease_duration,
-                renew_deadline=renew_deadline,
-                retry_period=retry_period,
-                release_on_cancel=release_on_cancel,
-            )
-        self.lag = LoopLagMonitor(loop_lag_interval, loop_lag_threshold, loop_lag_window)
+        self.graceful_shutdown_timeout = o.graceful_shutdown_timeout
+        self.factory = InformerFactory(client, options=o.reflector_options)
+        self.elector = self._elector(o)
+        self.lag = LoopLagMonitor(o.loop_lag_interval, o.loop_lag_threshold, o.loop_lag_window)
         self.healthz = Checks("healthz")
         self.readyz = Checks("readyz")
-        self.healthz.add("eventloop", self.lag.check)
-        if self.elector is not None:
-            elector, tolerance = self.elector, leader_healthz_tolerance
-
-            def lease_check() -> str | None:
-                if elector.healthy(tolerance):
-                    return None
-                return f"leader has not renewed the lease for more than {elector.lease_duration + tolerance:g}s"
-
-            self.healthz.add("leaderElection", lease_check)
-        self.readyz.add("informers", informers_check(self.factory.informers, informer_max_silence))
+        self._add_checks(o)
         self.metrics_auth: MetricsAuth | None = None
         self.metrics_certs: CertWatcher | None = None
         """The watched certificate directory of the secure metrics server (None: self-signed, or plain HTTP)."""
-        self.metrics_server: HTTPServer | None = None
-        if metrics_cert_dir and not metrics_secure:
-            raise ValueError("a metrics certificate directory needs secure metrics serving (--metrics-secure)")
-        if metrics_bind_address not in ("", "0"):
-            if metrics_secure:
-                self.metrics_auth = metrics_auth or MetricsAuth(client)
-                self.metrics_server = HTTPServer(
-                    "metrics", metrics_bind_address, metrics_app(guard=self.metrics_auth.check),
-                    ssl_context=self._metrics_tls(metrics_bind_address, metrics_cert_dir, metrics_cert_poll_interval),
-                )
-            else:
-                self.metrics_server = HTTPServer("metrics", metrics_bind_address, metrics_app())
+        self.metrics_server = self._metrics_server(o)
         self.probe_server = (
-            HTTPServer("health probe", health_probe_bind_address, probes_app(self.healthz, self.readyz))
-            if health_probe_bind_address not in ("", "0")
+            HTTPServer("health probe", o.health_probe_bind_address, probes_app(self.healthz, self.readyz))
+            if o.health_probe_bind_address not in ("", "0")
             else None
         )
         self.elected = asyncio.Event()
@@ -278,6 +201,46 @@ class Manager:
         self._release_ok = asyncio.Event()
         self._elected_task: asyncio.Task[None] | None = None
         self._signals = 0
+
+    def _elector(self, o: ManagerOptions) -> LeaderElector | None:
+        if not o.leader_election:
+            return None
+        return LeaderElector(
+            self.client,
+            name=o.leader_election_id,
+            namespace=o.leader_election_namespace or self.client.namespace,
+            identity=o.identity,
+            lease_duration=o.lease_duration,
+            renew_deadline=o.renew_deadline,
+            retry_period=o.retry_period,
+            release_on_cancel=o.release_on_cancel,
+        )
+
+    def _add_checks(self, o: ManagerOptions) -> None:
+        self.healthz.add("eventloop", self.lag.check)
+        if self.elector is not None:
+            elector, tolerance = self.elector, o.leader_healthz_tolerance
+
+            def lease_check() -> str | None:
+                if elector.healthy(tolerance):
+                    return None
+                return f"leader has not renewed the lease for more than {elector.lease_duration + tolerance:g}s"
+
+            self.healthz.add("leaderElection", lease_check)
+        self.readyz.add("informers", informers_check(self.factory.informers, o.informer_max_silence))
+
+    def _metrics_server(self, o: ManagerOptions) -> HTTPServer | None:
+        if o.metrics_cert_dir and not o.metrics_secure:
+            raise ValueError("a metrics certificate directory needs secure metrics serving (--metrics-secure)")
+        if o.metrics_bind_address in ("", "0"):
+            return None
+        if not o.metrics_secure:
+            return HTTPServer("metrics", o.metrics_bind_address, metrics_app())
+        self.metrics_auth = o.metrics_auth or MetricsAuth(self.client)
+        return HTTPServer(
+            "metrics", o.metrics_bind_address, metrics_app(guard=self.metrics_auth.check),
+            ssl_context=self._metrics_tls(o.metrics_bind_address, o.metrics_cert_dir, o.metrics_cert_poll_interval),
+        )
 
     def _metrics_tls(self, address: str, cert_dir: str | None, poll_interval: float) -> ssl.SSLContext:
         """The serving context: tls.crt/tls.key from `cert_dir` (watched), else a self-signed certificate.

@@ -33,7 +33,7 @@ import math
 import operator
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Generic, Literal, Protocol, TypeVar
@@ -626,7 +626,16 @@ class Reflector(Generic[T]):
     ) -> None:
         tally = self._tally
         try:
-            await self._read_stream(query, server_timeout, wd, outcome, initial_events, started, tally)
+            async with self.client.stream_batches(
+                self._path,
+                query,
+                timeout=server_timeout + 60.0,
+                read_timeout=self.options.watchdog + 10.0,
+            ) as batches:
+                outcome.opened = True
+                if not initial_events:
+                    self._watching()  # from the list's resourceVersion: every change since is on its way
+                await self._read_stream(batches, wd, outcome, initial_events, started, tally)
         finally:
             tally.flush()
             if self.watching_since is not None:
@@ -646,117 +655,107 @@ class Reflector(Generic[T]):
 
     async def _read_stream(
         self,
-        query: Mapping[str, str],
-        server_timeout: float,
+        batches: AsyncIterator[list[bytes]],
         wd: _Watchdog,
         outcome: _Outcome,
         initial_events: bool,
         started: float,
         tally: _Tally,
     ) -> None:
-        loop = wd.loop
-        now = loop.time
-        monotonic = time.monotonic
-        sink = self.sink
-        upsert = sink.upsert
-        advance = sink.advance
-        decode = self._decode
-        rv_of = self._rv_of
-        transform = self.transform
-        counts = tally.counts
-        observe = tally.observe
-        direct = tally.direct
-        hist = tally.hist
-        bounds = tally.bounds
-        bucket = bisect.bisect_left
-        flush = tally.flush
+        """Apply every frame of an open watch to the sink. The hot loop reads locals only and observes its
+        metrics inline; bookmarks, a full sink and a late initial-events-end bookmark leave it."""
+        loop, now, monotonic, bucket = wd.loop, wd.loop.time, time.monotonic, bisect.bisect_left
+        sink, upsert, advance = self.sink, self.sink.upsert, self.sink.advance
+        decode, rv_of, transform = self._decode, self._rv_of, self.transform
+        counts, observe, direct, hist, bounds = tally.counts, tally.observe, tally.direct, tally.hist, tally.bounds
         in_initial = initial_events
         next_warning = started + self.options.missing_end_warning
-        async with self.client.stream_batches(
-            self._path,
-            query,
-            timeout=server_timeout + 60.0,
-            read_timeout=self.options.watchdog + 10.0,
-        ) as batches:
-            outcome.opened = True
-            if not initial_events:
-                self._watching()  # from the list's resourceVersion: every change since is on its way
-            async for batch in batches:  # one network read: an await per batch, not per frame
-                for line in batch:
-                    t0 = now()
-                    wd.last = t0
-                    try:
-                        frame = decode(line)
-                    except msgspec.ValidationError:
-                        raise _frame_error(line) from None
-                    typ = frame.type
-                    obj = frame.object
-                    if typ == "ERROR" or obj is None:
-                        raise _frame_error(line)
-                    outcome.frames += 1
-                    if not tally.scheduled:
-                        tally.scheduled = True
-                        loop.call_soon(flush)
-                    if typ == "BOOKMARK":
-                        counts[typ] += 1
-                        rv = rv_of(obj)
-                        if in_initial:
-                            if (self._annotations_of(obj) or {}).get(INITIAL_EVENTS_END) != "true":
-                                # A server that supports streaming lists ends the initial set before any other
-                                # bookmark; one that ignored sendInitialEvents never will.
-                                raise ApiError(
-                                    400, "BadRequest", "bookmark before the initial-events-end bookmark"
-                                )
-                            await sink.end_relist(rv)
-                            in_initial = False
-                            outcome.synced = True
-                            self.streaming_lists += 1
-                            self._listed_once = True
-                            self._rv_unavailable = False
-                            self.last_sync_resource_version = rv
-                            self._m_list_duration.observe(now() - started)
-                            self._note_synced()
-                            self._watching()
-                        elif rv:
-                            self.last_sync_resource_version = rv
-                            advance(rv)
-                        self.last_frame = monotonic()
-                        continue
-                    if transform is not None:
-                        obj = transform(obj)
-                    if typ == "ADDED" or typ == "MODIFIED":
-                        upsert(obj)
-                    elif typ == "DELETED":
-                        sink.delete(obj)
-                    else:
-                        log.warning("unknown watch event type", informer=self.name, type=typ)
-                        continue
-                    counts[typ] += 1
-                    if not in_initial:
-                        rv = rv_of(obj)
-                        self.last_sync_resource_version = rv
-                        advance(rv)
-                    elif t0 >= next_warning:
-                        log.warning(
-                            "streaming list has not sent its initial-events-end bookmark yet",
-                            informer=self.name,
-                            seconds=round(t0 - started, 1),
-                        )
-                        next_warning = t0 + self.options.missing_end_warning
-                    if sink.full:
-                        wd.paused = True
-                        try:
-                            await sink.drain()
-                        finally:
-                            wd.paused = False
-                            wd.last = now()
-                    self.last_frame = monotonic()
-                    elapsed = now() - t0
-                    if direct:  # _Tally.observe, inline
-                        hist[bucket(bounds, elapsed)] += 1
-                        tally.sum += elapsed
-                    else:
-                        observe(elapsed)
+        async for batch in batches:  # one network read: an await per batch, not per frame
+            for line in batch:
+                wd.last = t0 = now()
+                try:
+                    frame = decode(line)
+                except msgspec.ValidationError:
+                    raise _frame_error(line) from None
+                typ, obj = frame.type, frame.object
+                if typ == "ERROR" or obj is None:
+                    raise _frame_error(line)
+                outcome.frames += 1
+                if not tally.scheduled:
+                    tally.scheduled = True
+                    loop.call_soon(tally.flush)
+                if typ == "BOOKMARK":
+                    in_initial = await self._bookmark(obj, in_initial, outcome, started)
+                    continue
+                if transform is not None:
+                    obj = transform(obj)
+                if typ == "ADDED" or typ == "MODIFIED":
+                    upsert(obj)
+                elif typ == "DELETED":
+                    sink.delete(obj)
+                else:
+                    log.warning("unknown watch event type", informer=self.name, type=typ)
+                    continue
+                counts[typ] += 1
+                if not in_initial:
+                    rv = rv_of(obj)
+                    self.last_sync_resource_version = rv
+                    advance(rv)
+                elif t0 >= next_warning:
+                    next_warning = self._warn_no_initial_end(t0, started)
+                if sink.full:
+                    await self._drain_paused(wd)
+                self.last_frame = monotonic()
+                elapsed = now() - t0
+                if direct:  # _Tally.observe, inline
+                    hist[bucket(bounds, elapsed)] += 1
+                    tally.sum += elapsed
+                else:
+                    observe(elapsed)
+
+    async def _bookmark(self, obj: Any, in_initial: bool, outcome: _Outcome, started: float) -> bool:
+        """Take a bookmark's resourceVersion; during a streaming list, its initial-events-end bookmark ends the
+        relist (the store is synced). Returns whether the initial events are still coming."""
+        self._tally.counts["BOOKMARK"] += 1
+        rv = self._rv_of(obj)
+        if in_initial:
+            if (self._annotations_of(obj) or {}).get(INITIAL_EVENTS_END) != "true":
+                # A server that supports streaming lists ends the initial set before any other
+                # bookmark; one that ignored sendInitialEvents never will.
+                raise ApiError(400, "BadRequest", "bookmark before the initial-events-end bookmark")
+            await self.sink.end_relist(rv)
+            in_initial = False
+            outcome.synced = True
+            self.streaming_lists += 1
+            self._listed_once = True
+            self._rv_unavailable = False
+            self.last_sync_resource_version = rv
+            self._m_list_duration.observe(asyncio.get_running_loop().time() - started)
+            self._note_synced()
+            self._watching()
+        elif rv:
+            self.last_sync_resource_version = rv
+            self.sink.advance(rv)
+        self.last_frame = time.monotonic()
+        return in_initial
+
+    def _warn_no_initial_end(self, at: float, started: float) -> float:
+        """Say that a streaming list is still missing its end bookmark; returns when to say it again."""
+        log.warning(
+            "streaming list has not sent its initial-events-end bookmark yet",
+            informer=self.name,
+            seconds=round(at - started, 1),
+        )
+        return at + self.options.missing_end_warning
+
+    async def _drain_paused(self, wd: _Watchdog) -> None:
+        """Let the sink's consumers catch up; the watchdog does not count the wait as a silent stream."""
+        wd.paused = True
+        try:
+            await self.sink.drain()
+        finally:
+            wd.paused = False
+            wd.last = wd.loop.time()
 
 
 def _rv_getter(rt: ResourceType[Any]) -> Callable[[Any], str]:

@@ -7,9 +7,11 @@ Rules (client-go `util/workqueue` + controller-runtime's priority queue, with tw
 * Delayed adds keep the earliest ready time; an immediate add of a waiting key makes it ready now.
 * Ready keys are served by priority (higher first), FIFO within a priority in the order they became
   ready; a re-add raises the priority to the max of the two and keeps the FIFO position.
-* `add_rate_limited` uses jittered exponential backoff per key whose exponent advances only when the
-  previous retry fired on schedule (kubernetes#132805: spurious event-triggered runs that fail do not
-  escalate the backoff); `forget` resets it.
+* `add_rate_limited` delays a key by its rate limiter (`gpuops.kube.ratelimit`), by default client-go's
+  controller limiter: the max of a jittered per-key exponential backoff, whose exponent advances only when
+  the previous retry fired on schedule (spurious event-triggered runs that fail do not escalate the
+  backoff), and a token bucket shared by all keys (10 qps, burst 100) that keeps a systemic failure from
+  retrying every key at once; `forget` resets the key's history. A queue builds its own unless given one.
 * `hold(key)` keeps a key pending but never hands it out until `release(key)` (read-your-own-writes).
 
 Delays are served by one timer task that sleeps until the earliest ready time and is re-armed when an
@@ -31,6 +33,17 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from gpuops.kube import metrics as _metrics
+from gpuops.kube.ratelimit import (
+    BASE_DELAY,
+    JITTER,
+    MAX_DELAY,
+    ItemBackoff,
+    ItemExponentialLimiter,
+    RateLimiter,
+    RunAware,
+    default_controller_limiter,
+    exponential_part,
+)
 
 __all__ = [
     "LOW",
@@ -39,6 +52,7 @@ __all__ = [
     "FakeClock",
     "ItemBackoff",
     "MonotonicClock",
+    "RateLimiter",
     "ShutDown",
     "WorkQueue",
 ]
@@ -81,7 +95,7 @@ class MonotonicClock:
 
 
 class FakeClock:
-    """A manual clock for tests: time moves only through `advance`, which wakes due sleepers in time order."""
+    """A manual clock for tests: time moves only through `advance(_to)`, which wakes due sleepers in order."""
 
     def __init__(self, start: float = 0.0) -> None:
         self._now = start
@@ -105,95 +119,28 @@ class FakeClock:
         """Move time forward; sleepers due by then are resolved now and resume on the next loop iterations."""
         if seconds < 0:
             raise ValueError("a clock cannot go backwards")
-        self._now += seconds
+        self.advance_to(self._now + seconds)
+
+    def advance_to(self, t: float) -> None:
+        """Move time forward to exactly `t` (no float rounding of a difference); earlier `t` is refused."""
+        if t < self._now:
+            raise ValueError("a clock cannot go backwards")
+        self._now = t
         while self._sleepers and self._sleepers[0][0] <= self._now:
             fut = heapq.heappop(self._sleepers)[2]
             if not fut.done():
                 fut.set_result(None)
 
     @property
+    def next_wake(self) -> float | None:
+        """The earliest time a sleeper waits for (cancelled sleeps excluded), None without sleepers."""
+        live = [s[0] for s in self._sleepers if not s[2].done()]
+        return min(live) if live else None
+
+    @property
     def sleepers(self) -> int:
         """How many coroutines are sleeping on this clock (cancelled sleeps excluded)."""
         return sum(1 for s in self._sleepers if not s[2].done())
-
-
-# --------------------------------------------------------------------------------------------- backoff
-
-
-@dataclass(slots=True)
-class _Retry:
-    step: int = 0
-    requeues: int = 0
-    retry_at: float | None = None  # when the pending retry is due; cleared when the key is handed out
-    on_schedule: bool = False  # the last hand-out happened at or after the retry's due time
-
-
-class ItemBackoff(Generic[K]):
-    """Per-key jittered exponential backoff: delay = min(base * 2**step, max) * (1 - jitter * U[0, 1)).
-
-    The step advances only if the last run of the key started at or after its scheduled retry time, so a
-    failure of an early run (triggered by an event inside the backoff window) reuses the current step.
-    Jitter only shortens delays, so `max_delay` is a hard cap. The step stops at the first one that reaches
-    the cap (19th on-schedule failure with the 5 ms / 1000 s defaults).
-    """
-
-    def __init__(
-        self,
-        base_delay: float = 0.005,
-        max_delay: float = 1000.0,
-        jitter: float = 0.1,
-        *,
-        rng: random.Random | None = None,
-    ) -> None:
-        if not base_delay > 0 or not max_delay >= base_delay:
-            raise ValueError("need 0 < base_delay <= max_delay")
-        if not 0 <= jitter < 1:
-            raise ValueError("jitter must be in [0, 1)")
-        self.base_delay = base_delay
-        self.max_delay = max_delay
-        self.jitter = jitter
-        self._rng = rng or random.Random()
-        self._max_step = max(0, math.ceil(math.log2(max_delay / base_delay)))
-        self._state: dict[K, _Retry] = {}
-
-    def nominal(self, step: int) -> float:
-        """The delay of a step before jitter."""
-        return min(self.max_delay, self.base_delay * 2.0 ** min(step, self._max_step))
-
-    def when(self, key: K, now: float) -> float:
-        """Record a failure of `key` at `now` and return the delay before its retry."""
-        st = self._state.get(key)
-        if st is None:
-            st = self._state[key] = _Retry()
-        elif st.on_schedule:
-            st.step = min(st.step + 1, self._max_step)
-        st.on_schedule = False
-        st.requeues += 1
-        delay = self.nominal(st.step)
-        if self.jitter:
-            delay *= 1.0 - self.jitter * self._rng.random()
-        due = now + delay
-        st.retry_at = due if st.retry_at is None else min(st.retry_at, due)
-        return delay
-
-    def handed_out(self, key: K, now: float) -> None:
-        """Note that `key` starts a run at `now`: on schedule if a retry was due by then."""
-        st = self._state.get(key)
-        if st is not None:
-            st.on_schedule = st.retry_at is not None and now >= st.retry_at
-            st.retry_at = None
-
-    def forget(self, key: K) -> None:
-        self._state.pop(key, None)
-
-    def num_requeues(self, key: K) -> int:
-        st = self._state.get(key)
-        return st.requeues if st is not None else 0
-
-    def step(self, key: K) -> int | None:
-        """The current exponent of `key`, or None without failure history."""
-        st = self._state.get(key)
-        return st.step if st is not None else None
 
 
 # --------------------------------------------------------------------------------------------- metrics
@@ -244,16 +191,30 @@ class WorkQueue(Generic[K]):
         *,
         controller: str | None = None,
         clock: Clock | None = None,
-        base_delay: float = 0.005,
-        max_delay: float = 1000.0,
-        jitter: float = 0.1,
+        rate_limiter: RateLimiter[K] | None = None,
+        base_delay: float | None = None,
+        max_delay: float | None = None,
+        jitter: float | None = None,
         metrics: bool = True,
         rng: random.Random | None = None,
     ) -> None:
+        """`rate_limiter` delays `add_rate_limited`; without one the queue builds `default_controller_limiter`
+        on its clock, shaped by `base_delay`, `max_delay`, `jitter` and `rng` (refused with a limiter)."""
         self.name = name
         self.controller = controller if controller is not None else name
         self._clock: Clock = clock if clock is not None else MonotonicClock()
-        self.backoff: ItemBackoff[K] = ItemBackoff(base_delay, max_delay, jitter, rng=rng)
+        if rate_limiter is None:
+            rate_limiter = default_controller_limiter(
+                base_delay=BASE_DELAY if base_delay is None else base_delay,
+                max_delay=MAX_DELAY if max_delay is None else max_delay,
+                jitter=JITTER if jitter is None else jitter,
+                rng=rng,
+                now=self._clock.now,
+            )
+        elif (base_delay, max_delay, jitter, rng) != (None, None, None, None):
+            raise ValueError("base_delay, max_delay, jitter and rng shape the default limiter: not with rate_limiter")
+        self.rate_limiter: RateLimiter[K] = rate_limiter
+        self._run_aware = rate_limiter if isinstance(rate_limiter, RunAware) else None
         self._items: dict[K, _Item[K]] = {}
         self._n_ready = 0
         self._ready: list[tuple[int, int, K]] = []  # (-priority, seq, key); stale entries skipped lazily
@@ -292,7 +253,7 @@ class WorkQueue(Generic[K]):
         """
         if self._shutting_down:
             return 0.0
-        delay = self.backoff.when(key, self._clock.now())
+        delay = self.rate_limiter.when(key)
         if priority is None:
             running = self._processing.get(key)
             priority = running[1] if running is not None else NORMAL
@@ -301,10 +262,15 @@ class WorkQueue(Generic[K]):
 
     def forget(self, key: K) -> None:
         """The key succeeded: clear its failure history (it must still be `done`)."""
-        self.backoff.forget(key)
+        self.rate_limiter.forget(key)
 
     def num_requeues(self, key: K) -> int:
-        return self.backoff.num_requeues(key)
+        return self.rate_limiter.num_requeues(key)
+
+    @property
+    def backoff(self) -> ItemExponentialLimiter[K] | None:
+        """The per-key exponential part of the rate limiter, for introspection (None if it has none)."""
+        return exponential_part(self.rate_limiter)
 
     def _add(self, key: K, priority: int, delay: float) -> None:
         if self._shutting_down:
@@ -460,7 +426,8 @@ class WorkQueue(Generic[K]):
         if self._metrics is not None:
             self._metrics.depth(item.priority, -1)
             self._metrics.queue_duration.observe(max(0.0, now - item.since))
-        self.backoff.handed_out(key, now)
+        if self._run_aware is not None:
+            self._run_aware.started(key)
         return key
 
     def _wake_one(self) -> None:

@@ -10,8 +10,7 @@ from datetime import datetime
 from fractions import Fraction
 from typing import Any
 
-from gpuops.accounting.quantity import parse_quantity
-
+from .apiserver.quantity import parse_quantity
 from .scenario import Scenario, parse
 
 __all__ = ["MICROS", "RUNTIME", "budget", "job", "micros", "pod", "scenario", "truth"]

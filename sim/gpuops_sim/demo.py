@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
@@ -119,6 +120,98 @@ def _start_operator(cmd: list[str], log_path: str) -> tuple[subprocess.Popen[byt
     return subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT), log_file
 
 
+def _stop_on_signals() -> asyncio.Event:
+    """An event Ctrl-C or SIGTERM sets, so the demo ends with its report instead of a traceback."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def _start_operator_side(
+    cluster: SimCluster, mig: MigSide, kubeconfig: str, operator_log: str, out: TextIO
+) -> tuple[subprocess.Popen[bytes], BinaryIO]:
+    """The MIG agents and the operator process, and a wait for the operator's webhook."""
+    await mig.start(cluster)
+    proc, log_file = _start_operator([*_operator_command(kubeconfig), *mig.operator_args()], operator_log)
+    print(f"  operator    gpuops run (pid {proc.pid}), logs in {operator_log}", file=out, flush=True)
+    if mig.procs:
+        print(f"  MIG agents  gpuops agent --emulated on {', '.join(sorted(mig.procs))}, logs in "
+              f"{mig.log_path}", file=out, flush=True)
+    if not await mig.webhook_ready(cluster):  # its failure policy refuses MIG pods until it serves
+        print("  (the operator's webhook did not answer within 30 s; starting the workload anyway)", file=out)
+    return proc, log_file
+
+
+@dataclass(frozen=True)
+class _LiveView:
+    """How the live view is shown: where, for how long, how often."""
+
+    out: TextIO
+    seconds: float | None
+    refresh: float
+    plain_every: float
+
+
+async def _show_live(cluster: SimCluster, timeline: Timeline, recorder: Recorder,
+                     proc: subprocess.Popen[bytes] | None, stop: asyncio.Event, view: _LiveView,
+                     start: float) -> str:
+    """Sample the cluster every `refresh` s and show it (a redrawn screen on a terminal, else a plain block
+    every `plain_every` s) until `stop` or the time limit; returns what ended the demo."""
+    out = view.out
+    tty = out.isatty()
+    next_plain = 0.0
+    printed = 0
+    while not stop.is_set():
+        elapsed = time.monotonic() - start
+        if view.seconds is not None and elapsed >= view.seconds:
+            return f"the time limit ({view.seconds:g} s)"
+        timeline.add(sample_cluster(cluster, elapsed))
+        state = "not started" if proc is None else (
+            "running" if proc.poll() is None else f"exited {proc.returncode}")
+        if tty:
+            out.write("\x1b[H\x1b[2J" + live.screen(cluster.summary(), timeline.last, recorder,
+                                                  elapsed=elapsed, total=view.seconds, operator=state) + "\n")
+            out.flush()
+        elif elapsed >= next_plain:
+            out.write(live.plain(cluster.summary(), timeline.last, recorder, elapsed=elapsed, total=view.seconds,
+                                 operator=state, events_from=printed) + "\n")
+            out.flush()
+            printed = recorder.seen
+            next_plain = elapsed + view.plain_every
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), max(0.0, view.refresh - (time.monotonic() - start - elapsed)))
+    return "Ctrl-C (or SIGTERM)"
+
+
+async def _stop_operator(proc: subprocess.Popen[bytes] | None, log_file: BinaryIO | None) -> int | None:
+    """SIGTERM the operator (killed if it takes over 35 s); its exit code if it had ended by itself."""
+    exit_code = None
+    if proc is not None:
+        exit_code = proc.poll()
+        if exit_code is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.to_thread(proc.wait, 35)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    if log_file is not None:
+        log_file.close()
+    return exit_code
+
+
+def _operator_outcome(proc: subprocess.Popen[bytes] | None, exit_code: int | None, ended_by: str) -> str:
+    if proc is None:
+        return "not started (--no-operator)"
+    if exit_code is None:
+        return "ran until the end (stopped by the demo)"
+    if ended_by.startswith("Ctrl-C"):
+        return f"stopped by the Ctrl-C too (exit code {exit_code})"
+    return f"exited {exit_code} early"
+
+
 async def run_demo(
     scenario: Scenario,
     *,
@@ -134,16 +227,10 @@ async def run_demo(
 ) -> int:
     """Run the demo until `seconds` (None: until Ctrl-C or SIGTERM), sampling the cluster every `refresh` s; then
     print a short report and write the full one (README.md and PNGs) into `report_dir` (None: none)."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    tty = out.isatty()
-    crds = repo_crds()
+    stop = _stop_on_signals()
     mig = MigSide(kubeconfig)
     timeline = Timeline()
-    async with SimCluster(scenario, port=port, manifests=crds, device_plugin_root=mig.root,
+    async with SimCluster(scenario, port=port, manifests=repo_crds(), device_plugin_root=mig.root,
                           hold_workload=operator) as cluster:
         cluster_start = time.monotonic()  # the scenario's fault times count from here
         cluster.write_kubeconfig(kubeconfig)
@@ -153,14 +240,7 @@ async def run_demo(
         proc: subprocess.Popen[bytes] | None = None
         log_file: BinaryIO | None = None
         if operator:
-            await mig.start(cluster)
-            proc, log_file = _start_operator([*_operator_command(kubeconfig), *mig.operator_args()], operator_log)
-            print(f"  operator    gpuops run (pid {proc.pid}), logs in {operator_log}", file=out, flush=True)
-            if mig.procs:
-                print(f"  MIG agents  gpuops agent --emulated on {', '.join(sorted(mig.procs))}, logs in "
-                      f"{mig.log_path}", file=out, flush=True)
-            if not await mig.webhook_ready(cluster):  # its failure policy refuses MIG pods until it serves
-                print("  (the operator's webhook did not answer within 30 s; starting the workload anyway)", file=out)
+            proc, log_file = await _start_operator_side(cluster, mig, kubeconfig, operator_log, out)
         if not await _gpus_allocatable(cluster, exclude=set(MigSide.mig_machines(cluster))):
             print("  (not every powered-on GPU node offered its GPUs within 30 s; starting the workload anyway)",
                   file=out)
@@ -169,44 +249,14 @@ async def run_demo(
         cluster.start_workload()
         start = time.monotonic()
         recorder.restart_clock()
-        next_plain = 0.0
-        printed = 0
         ended_by = "Ctrl-C (or SIGTERM)"
         try:
-            while not stop.is_set():
-                elapsed = time.monotonic() - start
-                if seconds is not None and elapsed >= seconds:
-                    ended_by = f"the time limit ({seconds:g} s)"
-                    break
-                timeline.add(sample_cluster(cluster, elapsed))
-                state = "not started" if proc is None else (
-                    "running" if proc.poll() is None else f"exited {proc.returncode}")
-                if tty:
-                    out.write("\x1b[H\x1b[2J" + live.screen(cluster.summary(), timeline.last, recorder,
-                                                          elapsed=elapsed, total=seconds, operator=state) + "\n")
-                    out.flush()
-                elif elapsed >= next_plain:
-                    out.write(live.plain(cluster.summary(), timeline.last, recorder, elapsed=elapsed, total=seconds,
-                                         operator=state, events_from=printed) + "\n")
-                    out.flush()
-                    printed = recorder.seen
-                    next_plain = elapsed + plain_every
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), max(0.0, refresh - (time.monotonic() - start - elapsed)))
+            view = _LiveView(out, seconds, refresh, plain_every)
+            ended_by = await _show_live(cluster, timeline, recorder, proc, stop, view, start)
         finally:
             elapsed = time.monotonic() - start
             timeline.add(sample_cluster(cluster, elapsed))  # the state the run ended in
-            exit_code = None
-            if proc is not None:
-                exit_code = proc.poll()
-                if exit_code is None:
-                    proc.send_signal(signal.SIGTERM)
-                    try:
-                        await asyncio.to_thread(proc.wait, 35)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-            if log_file is not None:
-                log_file.close()
+            exit_code = await _stop_operator(proc, log_file)
             agents = sorted(mig.procs)
             await mig.stop()
         summary = cluster.summary()
@@ -215,11 +265,7 @@ async def run_demo(
             info = RunInfo(
                 scenario=scenario.name, description=scenario.description, planned_seconds=seconds, elapsed=elapsed,
                 ended_by=ended_by, agents=agents, summary=summary, compression=compression(scenario),
-                fault_offset=start - cluster_start,
-                operator="not started (--no-operator)" if proc is None else
-                "ran until the end (stopped by the demo)" if exit_code is None else
-                f"stopped by the Ctrl-C too (exit code {exit_code})" if ended_by.startswith("Ctrl-C") else
-                f"exited {exit_code} early",
+                fault_offset=start - cluster_start, operator=_operator_outcome(proc, exit_code, ended_by),
             )
             readme = write_report(Path(report_dir), info, timeline, recorder)
             print(f"  full report: {readme} (plots beside it)", file=out, flush=True)

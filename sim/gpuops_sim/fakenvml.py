@@ -14,10 +14,12 @@ driver rejects, with the driver's codes:
 * destroying a GI that still has compute instances, or an instance marked busy (a process on it): IN_USE;
 * a stale handle (its instance was destroyed): INVALID_ARGUMENT; a missing GI id: NOT_FOUND.
 
-Geometry (profile ids, placements, limits) comes from `gpuops.accounting.mig`, so the fake and the allocator
-cannot drift apart. State (the GIs/CIs of each GPU, and MIG modes) can live in a JSON file: the driver
-outlives an agent restart, so a new fake on the same file sees the same slices; `reboot()` (or deleting the
-file) loses them, as MIG instances do not survive a node reboot (MIG mode does, and a pending mode applies).
+Geometry (profile ids, placements, instance counts) and the creation rules come from the emulator's own
+`migtables`, written from NVIDIA's MIG user guide; tests compare them with the operator's accounting, so a
+misreading on either side shows up as a disagreement instead of being shared. State (the GIs/CIs of each
+GPU, and MIG modes) can live in a JSON file: the driver outlives an agent restart, so a new fake on the same
+file sees the same slices; `reboot()` (or deleting the file) loses them, as MIG instances do not survive a
+node reboot (MIG mode does, and a pending mode applies).
 The file is re-read on every call under an exclusive lock, so several processes share one "driver".
 
 Chaos hooks: `fail_next(name, code, times)` makes the next calls of an NVML function fail with that code
@@ -41,8 +43,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Final
 
-from gpuops.accounting import mig
 from gpuops.controllers.migslicer.agent.backends import BackendOptions
+
+from . import gpus, migtables
+from .migtables import MigModel, MigProfile, Placement
 
 __all__ = ["FakeNVML", "NVMLError", "gpu_uuid", "mig_device_uuid", "nvml_name", "parse_gpu_spec"]
 
@@ -307,7 +311,7 @@ def parse_gpu_spec(spec: str) -> list[str]:
         key = name.strip()
         if key not in _NVML_NAMES:
             try:
-                key = mig.normalize_model(key)
+                key = gpus.model(key).key
             except ValueError:
                 raise ValueError(f"--gpus {spec!r}: unknown GPU model {name!r}; known: {', '.join(_NVML_NAMES)}")\
                     from None
@@ -420,7 +424,7 @@ def _handle(ref: Any, kind: type[Structure]) -> Any:
 class FakeNVML:
     """An emulated node's NVML: pass it where `pynvml` would go (`MigBackend(FakeNVML(...))`).
 
-    `models` are our model keys (or any name `mig.normalize_model` accepts, or a non-MIG key such as
+    `models` are our model keys (or any name `gpus.model` accepts, or a non-MIG key such as
     "L4-24GB"), one per GPU in index order; `node` seeds the GPU UUIDs; `state_file` keeps the driver state
     across agent restarts; `mig_enabled` is the initial MIG mode of every MIG-capable GPU.
     """
@@ -431,7 +435,7 @@ class FakeNVML:
                  mig_enabled: bool = True) -> None:
         keys = []
         for m in models:
-            key = m if m in _NVML_NAMES else mig.normalize_model(m)
+            key = m if m in _NVML_NAMES else gpus.model(m).key
             keys.append(key)
         self.models: tuple[str, ...] = tuple(keys)
         self.node = node
@@ -505,13 +509,11 @@ class FakeNVML:
     def gpu_uuid(self, index: int) -> str:
         return gpu_uuid(self.node, index)
 
-    def layout(self, index: int) -> list[mig.Placement]:
-        """The GPU's GIs as accounting placements (profile names of its model), sorted by start."""
+    def layout(self, index: int) -> list[Placement]:
+        """The GPU's GIs as placements (profile names of its model), sorted by start."""
         with self._txn() as st:
             g = st.gpus[index]
-            geom = mig.geometry(g.model)
-            by_id = {p.profile_id: p for p in geom.profiles}
-            return sorted((mig.Placement(by_id[gi.profile_id].name, gi.start, gi.size) for gi in g.gis.values()),
+            return sorted(self._placements(migtables.MODELS[g.model], g),
                           key=lambda p: p.start)
 
     def instances(self, index: int) -> dict[int, tuple[int, ...]]:
@@ -524,7 +526,7 @@ class FakeNVML:
     def _fresh(self) -> _State:
         gpus = []
         for m in self.models:
-            mode = self._mig_default if m in mig.KNOWN_MODELS else NVML_DEVICE_MIG_DISABLE
+            mode = self._mig_default if m in migtables.MODELS else NVML_DEVICE_MIG_DISABLE
             gpus.append(_Gpu(m, mode, mode))
         return _State(gpus)
 
@@ -588,13 +590,13 @@ class FakeNVML:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         return int(h.gpu), st.gpus[h.gpu]
 
-    def _mig_gpu(self, st: _State, device: Any, *, need_enabled: bool = True) -> tuple[int, _Gpu, mig.Geometry]:
+    def _mig_gpu(self, st: _State, device: Any, *, need_enabled: bool = True) -> tuple[int, _Gpu, MigModel]:
         index, g = self._gpu(st, device)
-        if g.model not in mig.KNOWN_MODELS:
+        if g.model not in migtables.MODELS:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         if need_enabled and g.mig_current != NVML_DEVICE_MIG_ENABLE:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        return index, g, mig.geometry(g.model)
+        return index, g, migtables.MODELS[g.model]
 
     def _gi_handle(self, index: int, gi: _GI) -> Any:
         return self._keepalive(("gi", index, gi.id, gi.serial),
@@ -615,11 +617,16 @@ class FakeNVML:
         return int(h.gpu), g, gi
 
     @staticmethod
-    def _profile_by_id(geom: mig.Geometry, profile_id: int) -> mig.Profile:
-        for p in geom.profiles:
-            if p.profile_id == profile_id:
-                return p
-        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    def _profile_by_id(geom: MigModel, profile_id: int) -> MigProfile:
+        p = geom.by_id(profile_id)
+        if p is None:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return p
+
+    @classmethod
+    def _placements(cls, geom: MigModel, g: _Gpu) -> list[Placement]:
+        """The GPU's GIs as placements (profile names of its model)."""
+        return [Placement(cls._profile_by_id(geom, gi.profile_id).name, gi.start, gi.size) for gi in g.gis.values()]
 
     @staticmethod
     def _ci_profiles(gi_slices: int) -> dict[int, int]:
@@ -685,7 +692,7 @@ class FakeNVML:
             raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)  # only the v1 struct is emulated
         with self._txn() as st:
             _, g = self._gpu(st, device)
-        mib = _MEMORY_MIB.get(g.model) or mig.geometry(g.model).memory_gb * 1024
+        mib = _MEMORY_MIB.get(g.model) or migtables.MODELS[g.model].memory_gb * 1024
         total = mib << 20
         return c_nvmlMemory_t(total, total, 0)
 
@@ -717,14 +724,14 @@ class FakeNVML:
         info.id = p.profile_id
         info.isP2pSupported = 0
         info.sliceCount = p.compute
-        info.instanceCount = p.max_count
+        info.instanceCount = p.instances
         info.multiprocessorCount = p.compute * _SM_PER_SLICE
         info.copyEngineCount = p.compute
-        info.decoderCount = p.compute // 2 + (1 if p.media_extensions else 0)
+        info.decoderCount = p.compute // 2 + (1 if p.media else 0)
         info.encoderCount = 0
-        info.jpegCount = 1 if p.media_extensions or p.compute == geom.compute_slices else 0
-        info.ofaCount = 1 if p.media_extensions or p.compute == geom.compute_slices else 0
-        info.memorySizeMB = geom.memory_gb * 1024 * p.size // geom.slices
+        info.jpegCount = 1 if p.ofa else 0
+        info.ofaCount = 1 if p.ofa else 0
+        info.memorySizeMB = geom.memory_gb * 1024 * p.size // geom.memory_slices
         return info
 
     nvmlDeviceGetGpuInstanceProfileInfoV = nvmlDeviceGetGpuInstanceProfileInfo
@@ -757,9 +764,7 @@ class FakeNVML:
         with self._txn() as st:
             _, g, geom = self._mig_gpu(st, device)
             p = self._profile_by_id(geom, profileId)
-            existing = [mig.Placement(self._profile_by_id(geom, gi.profile_id).name, gi.start, gi.size)
-                        for gi in g.gis.values()]
-        return mig.free_capacity(geom, existing)[p.name]
+            return migtables.free_capacity(geom, self._placements(geom, g), p)
 
     def nvmlDeviceCreateGpuInstanceWithPlacement(self, device: Any, profileId: int, placement: Any) -> Any:
         self._enter("nvmlDeviceCreateGpuInstanceWithPlacement")
@@ -768,27 +773,14 @@ class FakeNVML:
             p = self._profile_by_id(geom, profileId)
             pl = _deref(placement)
             start, size = int(pl.start), int(pl.size)
-            if start not in p.starts or size != p.size:
+            why = migtables.refusal(geom, self._placements(geom, g), p, start)
+            if why == "placement" or size != p.size:
                 raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
-            self._check_free(geom, g, p, start)
+            if why is not None:  # memory slices in use, instance count reached, or the OFA held
+                raise NVMLError(NVML_ERROR_INSUFFICIENT_RESOURCES)
             gi = _GI(min(set(range(1, len(g.gis) + 2)) - set(g.gis)), p.profile_id, start, size, st.next_serial())
             g.gis[gi.id] = gi
             return self._gi_handle(index, gi)
-
-    def _check_free(self, geom: mig.Geometry, g: _Gpu, p: mig.Profile, start: int) -> None:
-        """INSUFFICIENT_RESOURCES if the memory slices are taken or the profile (or the +me group) is full.
-        Done here on the fake's own state, not through `mig.check_layout`, so the tests that compare the two
-        compare two implementations."""
-        lo, hi = start, start + p.size
-        by_id = {q.profile_id: q for q in geom.profiles}
-        for other in g.gis.values():
-            if other.start < hi and lo < other.start + other.size:
-                raise NVMLError(NVML_ERROR_INSUFFICIENT_RESOURCES)
-        same = sum(1 for other in g.gis.values() if other.profile_id == p.profile_id)
-        if same >= p.max_count:
-            raise NVMLError(NVML_ERROR_INSUFFICIENT_RESOURCES)
-        if p.media_extensions and any(by_id[o.profile_id].media_extensions for o in g.gis.values()):
-            raise NVMLError(NVML_ERROR_INSUFFICIENT_RESOURCES)  # one media-extension instance per GPU
 
     def nvmlDeviceGetGpuInstances(self, device: Any, profileId: int, gpuInstancesRef: Any, countRef: Any) -> int:
         self._enter("nvmlDeviceGetGpuInstances")
@@ -842,7 +834,7 @@ class FakeNVML:
         self._enter("nvmlGpuInstanceGetComputeInstanceProfileInfo")
         with self._txn() as st:
             _, g, gi = self._gi(st, gpuInstance)
-            geom = mig.geometry(g.model)
+            geom = migtables.MODELS[g.model]
             gi_slices = self._profile_by_id(geom, gi.profile_id).compute
         if engProfile != NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED or not 0 <= profile < \
                 NVML_COMPUTE_INSTANCE_PROFILE_COUNT:
@@ -871,7 +863,7 @@ class FakeNVML:
         self._enter("nvmlGpuInstanceCreateComputeInstance")
         with self._txn(write=True) as st:
             index, g, gi = self._gi(st, gpuInstance)
-            gi_slices = self._profile_by_id(mig.geometry(g.model), gi.profile_id).compute
+            gi_slices = self._profile_by_id(migtables.MODELS[g.model], gi.profile_id).compute
             slices = self._ci_profiles(gi_slices).get(profileId)
             if slices is None:
                 raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)

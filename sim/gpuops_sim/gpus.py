@@ -1,16 +1,16 @@
 """Emulated NVIDIA GPUs: the models a simulated node can carry and the labels NVIDIA's stack puts on it.
 
-MIG-capable models come from the MIG tables in `gpuops.accounting.mig` (one source of truth for their
-geometry); a few common non-MIG models are added so clusters can mix them. Labels follow GPU feature
-discovery (`nvidia.com/gpu.product`, `.count`, `.memory` in MiB, `nvidia.com/mig.capable`), which is what
-node selectors and our controllers match on.
+MIG-capable models are those of the emulator's own MIG tables (`migtables`); a few common non-MIG models are
+added so clusters can mix them. Labels follow GPU feature discovery (`nvidia.com/gpu.product`, `.count`,
+`.memory` in MiB, `nvidia.com/mig.capable`), which is what node selectors and our controllers match on.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-from gpuops.accounting import mig
+from . import migtables
 
 GPU_RESOURCE = "nvidia.com/gpu"
 
@@ -43,24 +43,32 @@ _NON_MIG: tuple[GPUModel, ...] = (
 
 def _mig_models() -> tuple[GPUModel, ...]:
     out = []
-    for key in mig.KNOWN_MODELS:
+    for key, tables in migtables.MODELS.items():
         product, family = _PRODUCTS[key]
-        out.append(GPUModel(key, product, mig.geometry(key).memory_gb * 1024, True, family))
+        out.append(GPUModel(key, product, tables.memory_gb * 1024, True, family))
     return tuple(out)
 
 
 MODELS: dict[str, GPUModel] = {m.key: m for m in (*_mig_models(), *_NON_MIG)}
 
 
+def _spelling(name: str) -> str:
+    """Case, spaces, dashes and underscores aside: NVML's "NVIDIA A100-SXM4-40GB" is GFD's "NVIDIA-A100-SXM4-40GB"."""
+    return re.sub(r"[\s_-]+", "-", name.strip()).upper()
+
+
+_BY_SPELLING: dict[str, GPUModel] = {_spelling(n): m for m in MODELS.values() for n in (m.key, m.product)}
+
+
 def model(name: str) -> GPUModel:
-    """Look a model up by our key, or by any name `mig.normalize_model` understands."""
-    got = MODELS.get(name)
-    if got is not None:
-        return got
-    try:
-        return MODELS[mig.normalize_model(name)]
-    except Exception:
-        raise ValueError(f"unknown GPU model {name!r}; known: {', '.join(MODELS)}") from None
+    """Look a model up by our key, its GPU feature discovery product label, or the name NVML gives it (the
+    label with spaces), in any case."""
+    got = None
+    if isinstance(name, str):
+        got = MODELS.get(name) or _BY_SPELLING.get(_spelling(name))
+    if got is None:
+        raise ValueError(f"unknown GPU model {name!r}; known: {', '.join(MODELS)}")
+    return got
 
 
 def node_labels(model_name: str, count: int) -> dict[str, str]:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 import yaml
+from waiting import wait_until
 
 if TYPE_CHECKING:  # imported lazily at run time (see OperatorRig._main)
     from gpuops_sim.apiserver.auth import Decision
@@ -323,23 +324,9 @@ READER_SA = token_subject(METRICS_READER_BINDING)  # monitoring/prometheus-k8s, 
 
 
 def wait_for(what: str, probe: Callable[[], T | None], within: float) -> T:
-    """Poll a blocking probe until it returns something truthy (exceptions count as not yet); AssertionError naming
-    `what` and the last answer after `within` seconds."""
-    import time
-
-    deadline = time.monotonic() + within
-    last: object = None
-    while True:
-        try:
-            got = probe()
-            last = got
-            if got:
-                return got
-        except Exception as e:  # a server still starting: connection refused, 503
-            last = e
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within:g}s waiting for {what}; last: {last!r}"[:3000])
-        time.sleep(0.2)
+    """tests/waiting.py's `wait_until` for probes of servers that may still be starting: any exception from the
+    probe (connection refused, a 503) counts as not yet, and each probe is a round trip, so every 0.2 s."""
+    return wait_until(what, probe, within, every=0.2, ignoring=(Exception,))
 
 
 class OperatorRig:

@@ -29,8 +29,9 @@ from typing import Any
 import pytest
 import trustme
 from aiohttp import web
-from waiting import until
+from waiting import NotYet, until
 
+from gpuops.kube.controller import RESULTS
 from gpuops_sim.cluster.cluster import SimCluster
 from gpuops_sim.harness import OperatorHarness, metric_value
 from gpuops_sim.scenario import parse
@@ -199,6 +200,13 @@ async def failing(rig: OperatorHarness, path: str, names: list[str]) -> list[str
     return pending
 
 
+def reconciles(metrics: str, controller: str) -> float:
+    """How many reconciles `controller` has finished, whatever their result, from the operator's /metrics."""
+    return sum(metric_value(metrics, "controller_runtime_reconcile_total", {"controller": controller,
+                                                                            "result": result}) or 0.0
+               for result in RESULTS)
+
+
 @pytest.mark.timeout(300)
 async def test_no_secret_value_reaches_status_events_logs_or_metrics(tmp_path: Path) -> None:
     cluster = SimCluster(parse(SCENARIO), workload=False)
@@ -215,7 +223,18 @@ async def test_no_secret_value_reaches_status_events_logs_or_metrics(tmp_path: P
             return not left
 
         await until("every object showing a failing condition", all_failing, 120)
-        await asyncio.sleep(3)  # a few more retries and resyncs, each a chance to leak
+        # a round of retries and resyncs more, each a chance to leak: every object's controller reconciles
+        # as many more times as it has objects
+        text, _, _ = await rig.scrape()
+        wanted = {"autoprovision": reconciles(text, "autoprovision") + len(groups),
+                  "spotpool": reconciles(text, "spotpool") + len(pools)}
+
+        async def another_round() -> bool | NotYet:
+            text, _, _ = await rig.scrape()
+            seen = {name: reconciles(text, name) for name in wanted}
+            return all(seen[name] >= n for name, n in wanted.items()) or NotYet((seen, wanted))
+
+        await until("another round of reconciles", another_round, 60)
 
         echoed = "\n".join(hostile.seen)
         sent = [n for n, v in canaries.items() if v in echoed]

@@ -8,9 +8,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from waiting import wait_until
 
 BIN = Path(sys.executable).parent
 KUBECTL = str(BIN / "kubectl")
@@ -42,17 +43,6 @@ def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
     return out.stdout
 
 
-def wait_for(what: str, probe: Callable[[], Any], within: float = 30.0) -> Any:
-    deadline = time.monotonic() + within
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
-
-
 def test_sim_up_idle_with_kubectl(tmp_path: Path) -> None:
     kc = tmp_path / "kubeconfig"
     proc = subprocess.Popen([GPUOPS, "sim", "up", "--scenario", "idle", "--kubeconfig", str(kc),
@@ -80,7 +70,7 @@ def test_sim_up_idle_with_kubectl(tmp_path: Path) -> None:
             items = json.loads(kubectl(kc, "get", "nodes", "-o", "json"))["items"]
             return len([n for n in items if usable(n)]) == 6
 
-        wait_for("6 Ready nodes with GPUs", nodes_ready, 30)
+        wait_until("6 Ready nodes with GPUs", nodes_ready, 30, every=0.2)
         wide = kubectl(kc, "get", "nodes", "-L", "nvidia.com/gpu.product")
         assert "NVIDIA-A100-SXM4-40GB" in wide and "NVIDIA-H100-80GB-HBM3" in wide
 
@@ -90,13 +80,14 @@ def test_sim_up_idle_with_kubectl(tmp_path: Path) -> None:
         def pod(name: str) -> dict[str, Any]:
             return json.loads(kubectl(kc, "get", "pod", name, "-o", "json"))  # type: ignore[no-any-return]
 
-        done = wait_for("the 2 s pod to succeed", lambda: (p := pod("two-seconds"))["status"].get("phase")
-                        == "Succeeded" and p, 30)
+        done = wait_until("the 2 s pod to succeed",
+                          lambda: (p := pod("two-seconds"))["status"].get("phase") == "Succeeded" and p, 30, every=0.2)
         state = done["status"]["containerStatuses"][0]["state"]["terminated"]
         assert state["exitCode"] == 0 and state["reason"] == "Completed"
         assert done["status"]["startTime"] <= state["startedAt"] <= state["finishedAt"]
-        scheduled = wait_for("Unschedulable", lambda: [c for c in pod("too-big")["status"].get("conditions", [])
-                                                       if c["type"] == "PodScheduled" and c["status"] == "False"])
+        scheduled = wait_until("Unschedulable", lambda: [c for c in pod("too-big")["status"].get("conditions", [])
+                                                         if c["type"] == "PodScheduled" and c["status"] == "False"],
+                               30.0, every=0.2)
         assert scheduled[0]["reason"] == "Unschedulable"
         assert "Insufficient nvidia.com/gpu" in scheduled[0]["message"]
         events = kubectl(kc, "get", "events", "--field-selector", "involvedObject.name=too-big")

@@ -14,7 +14,9 @@ import hashlib
 import json
 import time
 from collections import defaultdict
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
 
 from gpuops.kube.client import Client
 from gpuops.kube.controller import Controller, Request, Result, TerminalError, predicate_funcs
@@ -22,7 +24,9 @@ from gpuops.kube.errors import NotFound
 from gpuops.kube.informer import Informer
 from gpuops.kube.manager import Manager
 from gpuops.kube.objects import ConfigMap
+from gpuops.kube.registry import ControllerDefinition
 from gpuops.kube.resources import CONFIGMAPS
+from gpuops.kube.settings import flag
 
 SOURCE_LABEL = "copy"
 SOURCE_ANNOTATION = "replicator.example.com/source"
@@ -105,8 +109,24 @@ class Replicator:
         return None
 
 
-def setup(manager: Manager, **controller_options: Any) -> Replicator:
-    """What a registry entry does: informers from the manager, a controller added to it."""
+class ReplicatorSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """The controller's settings, defaults included; each `flag(...)` field is also a `gpuops run` flag
+    (`--replicator-max-concurrent-reconciles`), added when the controller is registered."""
+
+    max_concurrent_reconciles: Annotated[int, flag("ConfigMaps copied at once", metavar="N", ge=1)] = 2
+
+
+CONTROLLER = ControllerDefinition("replicator", ReplicatorSettings, "example_controller:setup")
+"""What a registry lists: the name (`--controllers replicator`), the settings and the lazily imported setup."""
+
+
+def install(manager: Manager, **controller_options: Any) -> Replicator:
+    """Informers from the manager, a controller added to it; returns the parts (tests look inside)."""
     replicator = Replicator(manager.client, manager.informer(CONFIGMAPS), **controller_options)
     manager.add(replicator.controller)
     return replicator
+
+
+def setup(manager: Manager, settings: ReplicatorSettings) -> None:
+    """The registry's entry: `gpuops run` calls it with the settings its flags gave."""
+    install(manager, max_concurrent_reconciles=settings.max_concurrent_reconciles)

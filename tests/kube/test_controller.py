@@ -8,12 +8,12 @@ import asyncio
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 import structlog
 from prometheus_client import REGISTRY
+from waiting import until_holds
 
 from gpuops.kube import rv as rvmod
 from gpuops.kube.client import Client
@@ -42,14 +42,6 @@ from gpuops_sim.apiserver import APIServer
 pytestmark = pytest.mark.anyio
 
 NS = "default"
-
-
-async def eventually(cond: Callable[[], bool], within: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + within
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 def sample(metric: str, **labels: str) -> float:
@@ -150,7 +142,7 @@ async def test_outcomes_metrics_and_backoff() -> None:
     for key in ("ok", "after", "requeue", "terminal", "flaky", "panic", "slow"):
         ctrl.enqueue(Request(NS, key))
     want = {"ok": 1, "after": 2, "requeue": 2, "terminal": 1, "flaky": 4, "panic": 2, "slow": 2}
-    await eventually(lambda: all(runs[k] >= v for k, v in want.items()), what=f"runs {want}, have {dict(runs)}")
+    await until_holds(f"runs {want}, have {dict(runs)}", lambda: all(runs[k] >= v for k, v in want.items()), 10.0)
     # the terminal key had a 5 ms backoff's worth of time many times over while "flaky" retried 3 times
     assert runs["terminal"] == 1
     assert sample("controller_runtime_max_concurrent_reconciles", controller=name) == 3
@@ -179,9 +171,8 @@ async def test_metrics_are_initialised_and_log_context_is_bound() -> None:
 
     ctrl = Controller(name, reconcile)
     task = asyncio.create_task(ctrl.run())
-    await eventually(lambda: REGISTRY.get_sample_value(
-        "controller_runtime_reconcile_total", {"controller": name, "result": "requeue_after"}) is not None,
-        what="metrics initialised")
+    await until_holds("metrics initialised", lambda: REGISTRY.get_sample_value(
+        "controller_runtime_reconcile_total", {"controller": name, "result": "requeue_after"}) is not None, 10.0)
     for result in ("success", "error", "requeue", "requeue_after"):
         assert REGISTRY.get_sample_value(
             "controller_runtime_reconcile_total", {"controller": name, "result": result}) == 0.0
@@ -190,7 +181,7 @@ async def test_metrics_are_initialised_and_log_context_is_bound() -> None:
     assert REGISTRY.get_sample_value("gpuops_read_your_writes_timeouts_total", {"controller": name}) == 0.0
 
     ctrl.enqueue(Request(NS, "x"), trigger="timer")
-    await eventually(lambda: len(contexts) == 2, what="the retry")
+    await until_holds("the retry", lambda: len(contexts) == 2, 10.0)
     first, second = contexts
     assert first["controller"] == second["controller"] == name
     assert first["key"] == second["key"] == f"{NS}/x"
@@ -285,16 +276,14 @@ async def test_initial_list_is_queued_at_low_priority(emulator: tuple[APIServer,
         name = "low-priority"
         ctrl = Controller(name, reconcile, max_concurrent_reconciles=1).watch(inf)
         task = asyncio.create_task(ctrl.run())
-        await eventually(lambda: len(order) == 1, what="the first reconcile")
+        await until_holds("the first reconcile", lambda: len(order) == 1, 10.0)
         assert order[0].startswith("old-")
         await client.create(CONFIGMAPS, {"metadata": {"name": "fresh"}}, NS)
-        await eventually(
-            lambda: sample("workqueue_depth", name=name, controller=name, priority="0") == 1,
-            what="the fresh object queued at priority 0",
-        )
+        await until_holds("the fresh object queued at priority 0",
+                          lambda: sample("workqueue_depth", name=name, controller=name, priority="0") == 1, 10.0)
         assert sample("workqueue_depth", name=name, controller=name, priority="-100") == 9
         release_first.set()
-        await eventually(lambda: len(order) == 11, what="everything reconciled")
+        await until_holds("everything reconciled", lambda: len(order) == 11, 10.0)
         assert order[1] == "fresh", order
         ctrl.request_stop(1.0)
         await asyncio.wait_for(task, 5)
@@ -322,18 +311,18 @@ async def test_mapped_watch_enqueues_other_keys_with_predicates(emulator: tuple[
         ctrl.watch(inf, group_of, predicates=[labels_changed()])
         task = asyncio.create_task(ctrl.run())
         await client.create(CONFIGMAPS, {"metadata": {"name": "m1", "labels": {"group": "alpha"}}}, NS)
-        await eventually(lambda: len(seen) == 1, what="the mapped add")
+        await until_holds("the mapped add", lambda: len(seen) == 1, 10.0)
         assert seen[0] == ("group-alpha", f"add ConfigMap {NS}/m1")
 
         # filtered by the predicate: an annotation-only update; then a label move maps old and new
         await client.patch(CONFIGMAPS, "m1", {"metadata": {"annotations": {"a": "b"}}}, namespace=NS)
         await client.patch(CONFIGMAPS, "m1", {"metadata": {"labels": {"group": "beta"}}}, namespace=NS)
-        await eventually(lambda: len(seen) == 3, what="both groups of the label move")
+        await until_holds("both groups of the label move", lambda: len(seen) == 3, 10.0)
         assert sorted(n for n, _ in seen[1:]) == ["group-alpha", "group-beta"]
         assert all(t == f"update ConfigMap {NS}/m1" for _, t in seen[1:])
 
         await client.delete(CONFIGMAPS, "m1", NS)
-        await eventually(lambda: len(seen) == 4, what="the mapped delete")
+        await until_holds("the mapped delete", lambda: len(seen) == 4, 10.0)
         assert seen[3] == ("group-beta", f"delete ConfigMap {NS}/m1")
         ctrl.request_stop(1.0)
         await asyncio.wait_for(task, 5)
@@ -395,15 +384,15 @@ async def _stalled_informer_run(client: Client, gate: bool) -> tuple[Counting, C
     try:
         if gate:
             # The third write cannot reach the stalled store: the key stays held, however often it is due.
-            await eventually(lambda: counting.writes[key] == 3 and ctrl.gated() == [Request(NS, name)],
-                             what="the key held behind the stalled store")
+            await until_holds("the key held behind the stalled store",
+                              lambda: counting.writes[key] == 3 and ctrl.gated() == [Request(NS, name)], 10.0)
             assert counting.stale == 0
             unblock.set()
-            await eventually(lambda: counting.writes[key] == 6 and not ctrl.gated(), what="the counter done")
+            await until_holds("the counter done", lambda: counting.writes[key] == 6 and not ctrl.gated(), 10.0)
             obj = inf.store.get(key)
             assert obj is not None and (obj.metadata.annotations or {})["n"] == "6"
         else:
-            await eventually(lambda: counting.stale > 0, what="a stale read without the gate")
+            await until_holds("a stale read without the gate", lambda: counting.stale > 0, 10.0)
             unblock.set()
         return counting, ctrl
     finally:
@@ -444,8 +433,8 @@ async def test_read_your_writes_under_load(emulator: tuple[APIServer, Client]) -
             objs = inf.store.list()
             return len(objs) == keys and all((o.metadata.annotations or {}).get("n") == str(target) for o in objs)
 
-        await eventually(done, within=30, what="every counter at the target")
-        await eventually(lambda: not ctrl.gated(), what="no key held")
+        await until_holds("every counter at the target", done, 30)
+        await until_holds("no key held", lambda: not ctrl.gated(), 10.0)
         assert counting.stale == 0
         assert set(counting.writes.values()) == {target}  # exactly one write per increment: none lost
         assert sample("gpuops_read_your_writes_timeouts_total", controller=name) == timeouts0
@@ -474,7 +463,7 @@ async def test_writes_outside_the_watch_are_not_gated(emulator: tuple[APIServer,
         ctrl.enqueue(Request(NS, "w"))
         await done.wait()
         # bookmarks (every 0.5 s) move the store past the write: the gate opens without a timeout
-        await eventually(lambda: not ctrl.gated(), within=5, what="the gate opened by bookmarks")
+        await until_holds("the gate opened by bookmarks", lambda: not ctrl.gated(), 5)
         other = await client.create(CONFIGMAPS, {"metadata": {"name": "not-from-a-reconcile"}}, NS)
         assert other.metadata.resource_version and not ctrl.gated()
         assert sample("gpuops_read_your_writes_timeouts_total", controller="ryw-outside") == 0

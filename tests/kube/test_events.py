@@ -20,6 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
+from waiting import until_holds
 
 from gpuops.kube import objects
 from gpuops.kube.client import Client
@@ -445,7 +446,7 @@ async def test_stop_gives_up_after_timeout_and_counts_abandoned(sink: FakeSink) 
     before = dropped("shutdown")
     for i in range(3):
         r.record(POD | {"name": f"h{i}"}, "Normal", "Hang", "m")
-    await asyncio.sleep(0.01)
+    await until_holds("the first write sent (it hangs)", lambda: sink.calls)
     assert r.pending == 3 and len(sink.calls) == 1
     await r.stop(0.05)
     assert dropped("shutdown") - before == 3 and r.pending == 0

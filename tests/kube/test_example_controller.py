@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from example_controller import SOURCE_ANNOTATION, STATUS_ANNOTATION, Replicator, digest, setup
+from example_controller import SOURCE_ANNOTATION, STATUS_ANNOTATION, Replicator, digest, install
 from prometheus_client import REGISTRY
+from waiting import until
 
 from gpuops.kube.client import Client
 from gpuops.kube.errors import NotFound
-from gpuops.kube.manager import Manager
+from gpuops.kube.manager import Manager, ManagerOptions
 from gpuops.kube.objects import ConfigMap
 from gpuops.kube.resources import CONFIGMAPS
 from gpuops_sim.apiserver import APIServer
@@ -26,17 +25,9 @@ pytestmark = pytest.mark.anyio
 NS = "default"
 
 
-async def eventually(cond: Callable[[], Awaitable[bool]], within: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + within
-    while not await cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 async def running(client: Client, **options: Any) -> tuple[Manager, Replicator, asyncio.Task[None]]:
-    mgr = Manager(client, metrics_bind_address="0", health_probe_bind_address="0")
-    replicator = setup(mgr, **options)
+    mgr = Manager(client, ManagerOptions(metrics_bind_address="0", health_probe_bind_address="0"))
+    replicator = install(mgr, **options)
     task = asyncio.create_task(mgr.run())
     return mgr, replicator, task
 
@@ -75,14 +66,14 @@ async def test_converges_follows_updates_and_handles_deletes(emulator: tuple[API
                 and (src.metadata.annotations or {}).get(STATUS_ANNOTATION) == digest(data)
             )
 
-        await eventually(lambda: copied("a", {"x": "1"}), what="a copied")
-        await eventually(lambda: copied("b", {"y": "2", "z": "3"}), what="b copied")
+        await until("a copied", lambda: copied("a", {"x": "1"}), 10.0)
+        await until("b copied", lambda: copied("b", {"y": "2", "z": "3"}), 10.0)
         assert f"{NS}/plain" in rep.attempts  # it was looked at ...
         assert await get(client, "plain-copy") is None  # ... and left alone
 
         # an update of the source reaches the copy (a removed key too)
         await client.patch(CONFIGMAPS, "b", {"data": {"z": None, "w": "4"}}, namespace=NS)
-        await eventually(lambda: copied("b", {"y": "2", "w": "4"}), what="b's update copied")
+        await until("b's update copied", lambda: copied("b", {"y": "2", "w": "4"}), 10.0)
 
         # a deleted copy comes back; an edited copy is put right
         old = await get(client, "a-copy")
@@ -93,9 +84,9 @@ async def test_converges_follows_updates_and_handles_deletes(emulator: tuple[API
             new = await get(client, "a-copy")
             return new is not None and new.metadata.uid != old.metadata.uid and new.data == {"x": "1"}
 
-        await eventually(recreated, what="a-copy recreated")
+        await until("a-copy recreated", recreated, 10.0)
         await client.patch(CONFIGMAPS, "a-copy", {"data": {"x": "tampered"}}, namespace=NS)
-        await eventually(lambda: copied("a", {"x": "1"}), what="a-copy restored")
+        await until("a-copy restored", lambda: copied("a", {"x": "1"}), 10.0)
 
         # removing the label deletes the copy and the status annotation
         await client.patch(CONFIGMAPS, "b", {"metadata": {"labels": {"copy": None}}}, namespace=NS)
@@ -108,7 +99,7 @@ async def test_converges_follows_updates_and_handles_deletes(emulator: tuple[API
                 and STATUS_ANNOTATION not in (src.metadata.annotations or {})
             )
 
-        await eventually(unlabelled, what="b-copy deleted after the label went")
+        await until("b-copy deleted after the label went", unlabelled, 10.0)
 
         # deleting the source deletes the copy
         await client.delete(CONFIGMAPS, "a", NS)
@@ -116,7 +107,7 @@ async def test_converges_follows_updates_and_handles_deletes(emulator: tuple[API
         async def gone() -> bool:
             return await get(client, "a-copy") is None
 
-        await eventually(gone, what="a-copy deleted with its source")
+        await until("a-copy deleted with its source", gone, 10.0)
         assert mgr.is_leader
     finally:
         await stop(mgr, task)
@@ -133,7 +124,7 @@ async def test_injected_500s_are_retried_with_growing_backoff(emulator: tuple[AP
         async def looked_at() -> bool:
             return key in rep.attempts
 
-        await eventually(looked_at, what="the unlabelled source reconciled")
+        await until("the unlabelled source reconciled", looked_at, 10.0)
         errors_before = REGISTRY.get_sample_value(
             "controller_runtime_reconcile_errors_total", {"controller": "replicator"}
         ) or 0.0
@@ -144,7 +135,7 @@ async def test_injected_500s_are_retried_with_growing_backoff(emulator: tuple[AP
         async def copied() -> bool:
             return await get(client, "r-copy") is not None
 
-        await eventually(copied, what="r-copy created after the 500s")
+        await until("r-copy created after the 500s", copied, 10.0)
         assert s.faults.injected == 3
         errors_after = REGISTRY.get_sample_value(
             "controller_runtime_reconcile_errors_total", {"controller": "replicator"}

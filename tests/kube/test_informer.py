@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, Literal
 
 import pytest
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from waiting import until_holds
 
 from gpuops.kube import errors, objects
 from gpuops.kube.client import Client
@@ -54,15 +55,6 @@ async def emulator(kubeconfig: Path) -> AsyncIterator[tuple[APIServer, Client]]:
             yield s, client
         finally:
             await client.close()
-
-
-async def eventually(cond: Callable[[], bool], within: float = 10.0, what: str = "condition") -> None:
-    """Wait for `cond` with a deadline (polling the loop; each check is cheap and synchronous)."""
-    deadline = time.monotonic() + within
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 def server_rvs(s: APIServer, plural: str, namespace: str) -> dict[str, str]:
@@ -141,12 +133,12 @@ async def test_initial_sync_matches_server_and_handlers_see_initial_adds(
         assert inf.store.last_resource_version == str(s.store.rv)
         assert inf.reflector.streaming is (mode == "auto")
         assert (inf.reflector.streaming_lists, inf.reflector.paginated_lists) == ((1, 0) if mode == "auto" else (0, 1))
-        await eventually(handler.synced, what="handler synced")
+        await until_holds("handler synced", handler.synced, 10.0)
         assert rec.live == store_rvs(inf)
         assert all(initial for kind, _, initial in rec.log if kind == "add")
         # live changes after the sync: not initial
         await client.create(CONFIGMAPS, cm("late"))
-        await eventually(lambda: "default/late" in rec.live, what="late add")
+        await until_holds("late add", lambda: "default/late" in rec.live, 10.0)
         assert rec.log[-1] == ("add", "default/late", False)
         # one paginated list of 31 items in pages of 7 = 5 requests; streaming needs no list at all
         labels = {"name": inf.name, "group": "", "version": "v1", "resource": "configmaps", "reason": "initial"}
@@ -166,7 +158,7 @@ async def test_add_update_delete_reach_handlers_in_order(emulator: tuple[APIServ
         created = await client.create(CONFIGMAPS, cm("x"))
         updated = await client.patch(CONFIGMAPS, "x", {"data": {"v": "1"}}, namespace="default")
         await client.delete(CONFIGMAPS, "x", "default")
-        await eventually(lambda: rec.deleted == ["default/x"], what="delete")
+        await until_holds("delete", lambda: rec.deleted == ["default/x"], 10.0)
         assert [e[:2] for e in rec.log if e[1] == "default/x"] == [
             ("add", "default/x"),
             ("update", "default/x"),
@@ -189,10 +181,10 @@ async def test_label_selector_transitions_are_adds_and_deletes(emulator: tuple[A
         await client.create(CONFIGMAPS, cm("in", team="a"))
         await client.create(CONFIGMAPS, cm("out", team="b"))
         assert await inf.wait_synced(10)
-        await eventually(lambda: set(rec.live) == {"default/in"}, what="only matching objects")
+        await until_holds("only matching objects", lambda: set(rec.live) == {"default/in"}, 10.0)
         await client.patch(CONFIGMAPS, "in", {"metadata": {"labels": {"team": "b"}}}, namespace="default")
         await client.patch(CONFIGMAPS, "out", {"metadata": {"labels": {"team": "a"}}}, namespace="default")
-        await eventually(lambda: set(rec.live) == {"default/out"}, what="selector transitions")
+        await until_holds("selector transitions", lambda: set(rec.live) == {"default/out"}, 10.0)
         assert ("delete", "default/in", None) in rec.log
     finally:
         await inf.stop()
@@ -226,11 +218,9 @@ async def test_indexes_follow_updates(emulator: tuple[APIServer, Client]) -> Non
             body=b'{"apiVersion":"v1","kind":"Binding","metadata":{"name":"c"},"target":{"kind":"Node","name":"n2"}}',
         )
         await client.delete(PODS, "a", "default", grace_period_seconds=0)
-        await eventually(
-            lambda: sorted(inf.store.index_keys(INDEX_NODE, "n2")) == ["default/c", "kube-system/d"]
-            and inf.store.index_keys(INDEX_NODE, "n1") == ["default/b"],
-            what="node index after bind and delete",
-        )
+        await until_holds("node index after bind and delete",
+                          lambda: sorted(inf.store.index_keys(INDEX_NODE, "n2")) == ["default/c", "kube-system/d"]
+                          and inf.store.index_keys(INDEX_NODE, "n1") == ["default/b"], 10.0)
         with pytest.raises(KeyError, match="no index"):
             inf.store.by_index("nope", "x")
     finally:
@@ -277,11 +267,11 @@ async def test_factory_shares_one_watch_between_consumers(emulator: tuple[APISer
         pod_watchers = [w for w in s.store.all_watchers() if w.gr == ("", "pods")]
         assert len(pod_watchers) == 2  # all namespaces + kube-system, not one per consumer
         await client.create(PODS, pod("shared"))
-        await eventually(lambda: all("default/shared" in r.live for r in recs), what="both consumers")
+        await until_holds("both consumers", lambda: all("default/shared" in r.live for r in recs), 10.0)
         assert factory.synced() and len(factory.informers()) == 3
     finally:
         await factory.stop()
-    await eventually(lambda: not s.store.all_watchers(), what="watches closed on stop")
+    await until_holds("watches closed on stop", lambda: not s.store.all_watchers(), 10.0)
 
 
 async def test_handler_added_after_sync_replays_store_as_initial(emulator: tuple[APIServer, Client]) -> None:
@@ -294,12 +284,12 @@ async def test_handler_added_after_sync_replays_store_as_initial(emulator: tuple
         assert await inf.wait_synced(10)
         rec = Recorder()
         handler = register(inf, rec)
-        await eventually(handler.synced, what="late handler synced")
+        await until_holds("late handler synced", handler.synced, 10.0)
         assert set(rec.live) == {f"default/r{i}" for i in range(5)}
         assert all(initial for _, _, initial in rec.log)
         handler.remove()
         await client.create(CONFIGMAPS, cm("after-remove"))
-        await eventually(lambda: inf.store.get("default/after-remove") is not None, what="store update")
+        await until_holds("store update", lambda: inf.store.get("default/after-remove") is not None, 10.0)
         assert "default/after-remove" not in rec.live
     finally:
         await inf.stop()
@@ -332,12 +322,12 @@ async def test_slow_handler_backpressures_the_reflector_without_loss(emulator: t
         for i in range(20):
             await client.create(CONFIGMAPS, cm(f"bp{i:02d}"))
         # the reflector stops at a full buffer: the store lags behind the server while the handler is stuck
-        await eventually(lambda: inf.full, what="backpressure")
+        await until_holds("backpressure", lambda: inf.full, 10.0)
         await asyncio.sleep(0.2)  # give a buggy reflector time to run ahead (it must not)
         assert len(inf.store) < 20
         assert len(slow) <= 3 + 1  # its capacity, plus at most the one item that filled it
         gate.set()
-        await eventually(lambda: len(got) == 20, what="all adds delivered")
+        await until_holds("all adds delivered", lambda: len(got) == 20, 10.0)
         assert got == [f"bp{i:02d}" for i in range(20)]
         assert store_rvs(inf) == server_rvs(s, "configmaps", "default") == fast.live
         assert sample("gpuops_informer_handler_blocked_seconds_total", labels) > blocked_before
@@ -362,7 +352,7 @@ async def test_handler_exceptions_are_counted_and_delivery_continues(emulator: t
         assert await inf.wait_synced(10)
         await client.create(CONFIGMAPS, cm("boom"))
         await client.create(CONFIGMAPS, cm("fine"))
-        await eventually(lambda: seen[-1:] == ["fine"], what="delivery after an exception")
+        await until_holds("delivery after an exception", lambda: seen[-1:] == ["fine"], 10.0)
         assert handler.errors == 1
     finally:
         await inf.stop()
@@ -387,11 +377,11 @@ async def test_seen_gates_on_own_writes(emulator: tuple[APIServer, Client]) -> N
         key, rv = writes[-1]
         assert not inf.seen(key, rv)  # the store has not caught up with our own write yet
         gate.set()
-        await eventually(lambda: inf.seen(key, rv), what="own write seen")
+        await until_holds("own write seen", lambda: inf.seen(key, rv), 10.0)
         assert inf.store.resource_version(key) == rv
         await client.delete(CONFIGMAPS, "w2", "default")
         del_key, del_rv = writes[-1]
-        await eventually(lambda: inf.seen(del_key, del_rv) and inf.store.get(del_key) is None, what="delete seen")
+        await until_holds("delete seen", lambda: inf.seen(del_key, del_rv) and inf.store.get(del_key) is None, 10.0)
         # an unrelated write moves the store's RV past rv: a key that was never there counts as seen
         assert inf.seen("default/never-existed", rv)
         assert inf.seen(key, "not-a-number")
@@ -469,8 +459,8 @@ async def test_metrics_describe_the_informer(emulator: tuple[APIServer, Client])
         assert await inf.wait_synced(10)
         await client.patch(CONFIGMAPS, "m0", {"data": {"v": "1"}}, namespace="default")
         await client.patch(CONFIGMAPS, "m0", {"data": {"v": "2"}}, namespace="default")
-        await eventually(lambda: sample("gpuops_informer_queued_items", labels) == 1,
-                         what="one queued behind the stuck one")
+        await until_holds("one queued behind the stuck one",
+                          lambda: sample("gpuops_informer_queued_items", labels) == 1, 10.0)
         assert sample("gpuops_informer_objects", labels) == 1
         assert sample("gpuops_informer_synced", labels) == 1
         assert sample("gpuops_informer_store_resource_version", labels) == float(s.store.rv)
@@ -560,15 +550,15 @@ async def test_current_through_follows_the_watch_and_holds_while_it_is_down(
     inf.start()
     try:
         assert await inf.wait_synced(10)
-        await eventually(lambda: inf.reflector.watching_since is not None, what="a watch open")
+        await until_holds("a watch open", lambda: inf.reflector.watching_since is not None, 10.0)
         assert time.monotonic() - inf.current_through() < 0.05
         down = asyncio.create_task(s.outage(2.0))
-        await eventually(lambda: inf.reflector.watching_since is None, what="the watch ended")
+        await until_holds("the watch ended", lambda: inf.reflector.watching_since is None, 10.0)
         held = inf.current_through()
         await asyncio.sleep(0.5)  # the outage lasts 2 s: the hold must not move meanwhile
         assert inf.current_through() == held
         assert time.monotonic() - held >= 0.5
         await down
-        await eventually(lambda: time.monotonic() - inf.current_through() < 0.05, within=15, what="current again")
+        await until_holds("current again", lambda: time.monotonic() - inf.current_through() < 0.05, 15)
     finally:
         await inf.stop()

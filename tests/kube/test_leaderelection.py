@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 import pytest
 from prometheus_client import REGISTRY
+from waiting import until_holds
 
 from gpuops.kube import leaderelection
 from gpuops.kube.client import Client
@@ -119,16 +120,6 @@ async def hold(elector: LeaderElector, timeline: Timeline) -> None:
             timeline.mark(elector.identity, False)
 
 
-async def wait_until(pred: Callable[[], bool], within: float, what: str) -> float:
-    """Poll a condition until it holds (returns the time it did) or `within` seconds pass (AssertionError)."""
-    deadline = time.monotonic() + within
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within:g}s waiting for {what}")
-        await asyncio.sleep(0.005)
-    return time.monotonic()
-
-
 async def make_elector(clients: Callable[[], Awaitable[Client]], identity: str, **kw: Any) -> LeaderElector:
     params: dict[str, Any] = {"name": "gpuops-test", "lease_duration": LD, "renew_deadline": RD, "retry_period": RP}
     params.update(kw)
@@ -188,7 +179,7 @@ async def test_acquire_creates_lease_and_release_empties_it(
     reader = await clients()
     timeline = Timeline()
     tasks.append(task := asyncio.create_task(hold(a, timeline)))
-    await wait_until(lambda: a.is_leader, 2.0, "a to lead")
+    await until_holds("a to lead", lambda: a.is_leader, 2.0)
     assert metric("leader_election_master_status", "gpuops-acquire") == 1.0
 
     held = await lease(reader, "gpuops-acquire")
@@ -200,9 +191,9 @@ async def test_acquire_creates_lease_and_release_empties_it(
 
     # renewals advance renewTime but keep acquireTime
     first_renew = held.spec.renew_time
-    await wait_until(
-        lambda: a.leader == "a" and a._observed is not None and a._observed.renew_time != first_renew, 2.0, "a renewal"
-    )
+    await until_holds("a renewal",
+                      lambda: a.leader == "a" and a._observed is not None and a._observed.renew_time != first_renew,
+                      2.0)
     renewed = await lease(reader, "gpuops-acquire")
     assert renewed.spec.acquire_time == held.spec.acquire_time
     assert renewed.spec.renew_time != first_renew
@@ -288,18 +279,19 @@ async def test_standby_waits_then_takes_over_quickly_after_release(
     reader = await clients()
     timeline = Timeline()
     tasks.append(ta := asyncio.create_task(hold(a, timeline)))
-    await wait_until(lambda: a.is_leader, 2.0, "a to lead")
+    await until_holds("a to lead", lambda: a.is_leader, 2.0)
     tasks.append(tb := asyncio.create_task(hold(b, timeline)))
-    await wait_until(lambda: b.leader == "a", 2.0, "b to see a's lease")
+    await until_holds("b to see a's lease", lambda: b.leader == "a", 2.0)
 
     # b keeps waiting for longer than the lease duration: a's renewals keep the lease alive
     with pytest.raises(AssertionError, match="timed out"):
-        await wait_until(lambda: b.is_leader, LD + 0.5, "b to lead (must not happen)")
+        await until_holds("b to lead (must not happen)", lambda: b.is_leader, LD + 0.5)
     assert a.is_leader
 
     released_at = time.monotonic()
     await finish(ta)  # release_on_cancel: the lease is emptied
-    took_over = await wait_until(lambda: b.is_leader, 3.0, "b to take over")
+    await until_holds("b to take over", lambda: b.is_leader, 3.0)
+    took_over = time.monotonic()
     assert took_over - released_at < MAX_RETRY_WAIT + 0.5, "failover after release must skip the lease wait"
 
     got = await lease(reader)
@@ -317,15 +309,17 @@ async def test_killed_leader_is_replaced_after_lease_duration_not_before(
     reader = await clients()
     timeline = Timeline()
     tasks.append(ta := asyncio.create_task(hold(a, timeline)))
-    await wait_until(lambda: a.is_leader, 2.0, "a to lead")
+    await until_holds("a to lead", lambda: a.is_leader, 2.0)
     tasks.append(asyncio.create_task(hold(b, timeline)))
-    await wait_until(lambda: b.leader == "a", 2.0, "b to see a's lease")
+    await until_holds("b to see a's lease", lambda: b.leader == "a", 2.0)
 
     killed_at = time.monotonic()
     await finish(ta)  # no release: the lease still names a
     assert (await lease(reader)).spec.holder_identity == "a"
 
-    took_over = await wait_until(lambda: b.is_leader, LD + 2.0, "b to take over")
+    await until_holds("b to take over", lambda: b.is_leader, LD + 2.0)
+
+    took_over = time.monotonic()
     waited = took_over - killed_at
     # a's last renewal was at most one retry period before the kill; b counts from when it saw it
     assert LD - RP - 0.1 <= waited <= LD + 2 * MAX_RETRY_WAIT + 0.5, waited
@@ -342,9 +336,9 @@ async def test_renewal_failures_step_down_before_the_lease_expires_for_others(
     reader = await clients()
     timeline = Timeline()
     tasks.append(ta := asyncio.create_task(hold(a, timeline)))
-    await wait_until(lambda: a.is_leader, 2.0, "a to lead")
+    await until_holds("a to lead", lambda: a.is_leader, 2.0)
     tasks.append(tb := asyncio.create_task(hold(b, timeline)))
-    await wait_until(lambda: b.leader == "a", 2.0, "b to see a's lease")
+    await until_holds("b to see a's lease", lambda: b.leader == "a", 2.0)
 
     server.faults.add_error(500, rate=1.0, verbs=["update"], resources=["leases"])
     fault_at = time.monotonic()
@@ -357,7 +351,7 @@ async def test_renewal_failures_step_down_before_the_lease_expires_for_others(
     assert (await lease(reader)).spec.holder_identity == "a", "the release failed too (updates fail)"
 
     server.faults.clear()
-    await wait_until(lambda: b.is_leader, LD + 2.0, "b to take over")
+    await until_holds("b to take over", lambda: b.is_leader, LD + 2.0)
     # b could only take over once a's lease expired from its own observation: well after a stepped down
     assert timeline.start_of("b") - stepped_down >= (LD - RD) - 0.3
     timeline.assert_no_overlap()
@@ -371,10 +365,11 @@ async def test_hung_renewals_cannot_hold_leadership(
     a = await make_elector(clients, "a", name="gpuops-hung")
     timeline = Timeline()
     tasks.append(ta := asyncio.create_task(hold(a, timeline)))
-    await wait_until(lambda: a.is_leader, 2.0, "a to lead")
+    await until_holds("a to lead", lambda: a.is_leader, 2.0)
     server.faults.latency = 2.0
     hung_at = time.monotonic()
-    lost_at = await wait_until(lambda: not a.is_leader, RD + 1.0, "a to step down")
+    await until_holds("a to step down", lambda: not a.is_leader, RD + 1.0)
+    lost_at = time.monotonic()
     assert lost_at - hung_at <= RD + 0.2
     server.faults.clear()
     await asyncio.wait([ta], timeout=RD + 2.0)
@@ -388,12 +383,12 @@ async def test_conflicting_write_takes_the_slow_path_and_keeps_leading(
     other = await clients()
     timeline = Timeline()
     tasks.append(asyncio.create_task(hold(a, timeline)))
-    await wait_until(lambda: a.is_leader, 2.0, "a to lead")
+    await until_holds("a to lead", lambda: a.is_leader, 2.0)
     before = metric("leader_election_slowpath_total", "gpuops-slow")
 
     # someone else writes the Lease: a's cached resourceVersion is stale, its optimistic PUT gets a 409
     await other.patch(LEASES, "gpuops-slow", {"metadata": {"annotations": {"touched": "yes"}}}, namespace=NS)
-    await wait_until(lambda: metric("leader_election_slowpath_total", "gpuops-slow") > before, 2.0, "a slow path")
+    await until_holds("a slow path", lambda: metric("leader_election_slowpath_total", "gpuops-slow") > before, 2.0)
     assert a.is_leader
     got = await lease(other, "gpuops-slow")
     assert got.spec.holder_identity == "a" and got.spec.lease_transitions == 0
@@ -429,7 +424,7 @@ async def test_loss_stops_every_controller_in_the_body(
         raise AssertionError(f"the body returned (lost={lost.is_set()})")
 
     task = asyncio.create_task(manager())
-    await wait_until(lambda: len(running) == 2, 2.0, "the controllers to start")
+    await until_holds("the controllers to start", lambda: len(running) == 2, 2.0)
     server.faults.add_error(500, rate=1.0, verbs=["update"], resources=["leases"])
     with pytest.raises(LeaderElectionLost):
         await asyncio.wait_for(task, RD + 2.0)
@@ -480,11 +475,11 @@ async def test_standby_polls_a_held_lease_on_the_retry_period_and_tries_at_its_e
     b._attempt = traced  # type: ignore[method-assign]
     timeline = Timeline()
     tasks.append(ta := asyncio.create_task(hold(a, timeline)))
-    await wait_until(lambda: a.is_leader, 2.0, "a to lead")
+    await until_holds("a to lead", lambda: a.is_leader, 2.0)
     tasks.append(asyncio.create_task(hold(b, timeline)))
-    await wait_until(lambda: len(attempts) >= 4, 3.0, "b to poll a's lease")
+    await until_holds("b to poll a's lease", lambda: len(attempts) >= 4, 3.0)
     await finish(ta)  # killed: the lease still names a
-    await wait_until(lambda: b.is_leader, LD + 2.0, "b to take over")
+    await until_holds("b to take over", lambda: b.is_leader, LD + 2.0)
 
     gaps = [t1 - t0 for (t0, _, _), (t1, _, _) in itertools.pairwise(attempts)]
     assert max(gaps[:3]) < RP + 0.1, gaps  # jittered polls would be RP x 2.2 apart
@@ -502,18 +497,19 @@ async def test_standby_watches_the_lease_and_counts_its_expiry_from_the_last_ren
     b = await make_elector(clients, "b", retry_period=1.5, renew_deadline=1.9)
     timeline = Timeline()
     tasks.append(ta := asyncio.create_task(hold(a, timeline)))
-    await wait_until(lambda: a.is_leader, 2.0, "a to lead")
+    await until_holds("a to lead", lambda: a.is_leader, 2.0)
     tasks.append(asyncio.create_task(hold(b, timeline)))
-    await wait_until(lambda: b.leader == "a", 2.0, "b to see a's lease")
+    await until_holds("b to see a's lease", lambda: b.leader == "a", 2.0)
     for _ in range(4):  # four renewals in a row, 0.2 s apart: polls 1.5 s apart could see at most one in time
         before = a._observed
-        await wait_until(lambda before=before: a._observed is not before, 1.0, "a to renew")
+        await until_holds("a to renew", lambda before=before: a._observed is not before, 1.0)
         renewed = a._observed
-        await wait_until(lambda renewed=renewed: b._observed == renewed, 0.15,
-                         "b to see the renewal through its watch")
+        await until_holds("b to see the renewal through its watch",
+                          lambda renewed=renewed: b._observed == renewed, 0.15)
 
     await finish(ta)  # killed: no release, the lease still names a
     last_write = a._observed_time
-    took_over = await wait_until(lambda: b.is_leader, LD + 2.0, "b to take over")
+    await until_holds("b to take over", lambda: b.is_leader, LD + 2.0)
+    took_over = time.monotonic()
     assert LD - 0.1 <= took_over - last_write <= LD + 0.3, took_over - last_write
     timeline.assert_no_overlap()

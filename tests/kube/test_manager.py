@@ -20,8 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 import pytest
+from example_controller import ReplicatorSettings
 from prometheus_client import REGISTRY
+from waiting import NotYet, until, until_holds, wait_until
 
 from gpuops import cli
 from gpuops.kube import objects
@@ -29,8 +32,9 @@ from gpuops.kube.client import Client
 from gpuops.kube.controller import Controller, Request, Result, predicate_funcs
 from gpuops.kube.health import Checks, LoopLagMonitor, informers_check, parse_bind_address
 from gpuops.kube.leaderelection import JITTER_FACTOR, LeaderElectionLost, micro_time
-from gpuops.kube.manager import ControllerRegistry, Manager, UnknownControllers
+from gpuops.kube.manager import Manager, ManagerOptions
 from gpuops.kube.reflector import ReflectorOptions
+from gpuops.kube.registry import ControllerDefinition, ControllerRegistry, UnknownControllers
 from gpuops.kube.resources import CONFIGMAPS, LEASES
 from gpuops_sim.apiserver import APIServer
 
@@ -72,14 +76,6 @@ async def clients(server: APIServer, tmp_path: Path) -> AsyncIterator[Callable[[
             await c.close()
 
 
-async def eventually(cond: Callable[[], bool], within: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + within
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
 async def fetch(session: aiohttp.ClientSession, url: str) -> tuple[int, str]:
     async with session.get(url) as resp:
         return resp.status, await resp.text()
@@ -91,15 +87,12 @@ async def fetch(session: aiohttp.ClientSession, url: str) -> tuple[int, str]:
 async def test_metrics_healthz_and_readyz(server: APIServer, clients: Callable[[], Awaitable[Client]]) -> None:
     client = await clients()
     server.faults.add_error(500, verbs=["list", "watch"], resources=["configmaps"])
-    mgr = Manager(
-        client,
-        metrics_bind_address="127.0.0.1:0",
+    mgr = Manager(client, ManagerOptions(metrics_bind_address="127.0.0.1:0",
         health_probe_bind_address="127.0.0.1:0",
         reflector_options=FAST,
         loop_lag_interval=0.02,
         loop_lag_threshold=0.15,
-        loop_lag_window=0.6,
-    )
+        loop_lag_window=0.6))
     inf = mgr.informer(CONFIGMAPS)
 
     reconciled = asyncio.Event()
@@ -112,7 +105,7 @@ async def test_metrics_healthz_and_readyz(server: APIServer, clients: Callable[[
     mgr.add(Controller("probed", reconcile).watch(inf))
     task = asyncio.create_task(mgr.run())
     async with aiohttp.ClientSession() as session:
-        await eventually(lambda: mgr.elected.is_set(), what="the manager started")
+        await until_holds("the manager started", lambda: mgr.elected.is_set(), 10.0)
         assert mgr.probe_server is not None and mgr.metrics_server is not None
         probes, metrics = mgr.probe_server.url, mgr.metrics_server.url
 
@@ -138,10 +131,12 @@ async def test_metrics_healthz_and_readyz(server: APIServer, clients: Callable[[
         assert (await fetch(session, f"{probes}/readyz/nope"))[0] == 404
 
         server.faults.clear()
-        deadline = time.monotonic() + 10
-        while (await fetch(session, f"{probes}/readyz"))[0] != 200:
-            assert time.monotonic() < deadline, "/readyz never became ready"
-            await asyncio.sleep(0.02)
+
+        async def answers_ok(path: str) -> bool | NotYet:
+            status, body = await fetch(session, f"{probes}{path}")
+            return status == 200 or NotYet((status, body))
+
+        await until("/readyz ready", lambda: answers_ok("/readyz"), 10, every=0.02)
         await asyncio.wait_for(reconciled.wait(), 10)
 
         status, body = await fetch(session, f"{metrics}/metrics")
@@ -167,10 +162,7 @@ async def test_metrics_healthz_and_readyz(server: APIServer, clients: Callable[[
         status, body = await fetch(session, f"{probes}/healthz")
         assert status == 500 and "[-]eventloop failed: event loop lagged" in body, body
         assert await fetch(session, f"{probes}/healthz?exclude=eventloop") == (200, "ok")
-        deadline = time.monotonic() + 5
-        while (await fetch(session, f"{probes}/healthz"))[0] != 200:
-            assert time.monotonic() < deadline, "/healthz never recovered"
-            await asyncio.sleep(0.05)
+        await until("/healthz recovered", lambda: answers_ok("/healthz"), 5)
 
         mgr.request_stop()
         await asyncio.wait_for(task, 10)
@@ -179,10 +171,8 @@ async def test_metrics_healthz_and_readyz(server: APIServer, clients: Callable[[
 
 
 async def test_leader_healthz_check(server: APIServer, clients: Callable[[], Awaitable[Client]]) -> None:
-    mgr = Manager(
-        await clients(), leader_election=True, leader_election_namespace=NS, lease_duration=LD,
-        renew_deadline=RD, retry_period=RP, metrics_bind_address="0", health_probe_bind_address="127.0.0.1:0",
-    )
+    mgr = Manager(await clients(), ManagerOptions(leader_election=True, leader_election_namespace=NS, lease_duration=LD,
+        renew_deadline=RD, retry_period=RP, metrics_bind_address="0", health_probe_bind_address="127.0.0.1:0"))
     task = asyncio.create_task(mgr.run())
     try:
         await asyncio.wait_for(mgr.elected.wait(), 10)
@@ -259,8 +249,8 @@ async def test_cancel_drains_in_flight_reconciles_within_the_bound(
             raise
 
     async def run_until_started(name: str, grace: float) -> float:
-        mgr = Manager(client, metrics_bind_address="0", health_probe_bind_address="0",
-                      graceful_shutdown_timeout=grace)
+        mgr = Manager(client, ManagerOptions(metrics_bind_address="0", health_probe_bind_address="0",
+                      graceful_shutdown_timeout=grace))
         ctrl = Controller(f"shutdown-{name}", reconcile).watch(
             mgr.informer(CONFIGMAPS), predicates=[predicate_funcs(lambda o: o.metadata.name == name)])
         mgr.add(ctrl)
@@ -284,7 +274,7 @@ async def test_cancel_drains_in_flight_reconciles_within_the_bound(
 async def test_a_failing_runnable_stops_the_manager(
     server: APIServer, clients: Callable[[], Awaitable[Client]]
 ) -> None:
-    mgr = Manager(await clients(), metrics_bind_address="0", health_probe_bind_address="0")
+    mgr = Manager(await clients(), ManagerOptions(metrics_bind_address="0", health_probe_bind_address="0"))
     inf = mgr.informer(CONFIGMAPS)
     boom = asyncio.Event()
 
@@ -309,11 +299,10 @@ Timeline = list[tuple[str, float, float]]
 
 def ticking_manager(client: Client, ident: str, timeline: Timeline, *, release_on_cancel: bool = True) -> Manager:
     """A manager whose controller keeps reconciling one ConfigMap, recording each reconcile's interval."""
-    mgr = Manager(
-        client, leader_election=True, leader_election_id="ticker-lease", leader_election_namespace=NS,
-        identity=ident, lease_duration=LD, renew_deadline=RD, retry_period=RP, release_on_cancel=release_on_cancel,
-        metrics_bind_address="0", health_probe_bind_address="0",
-    )
+    mgr = Manager(client, ManagerOptions(
+        leader_election=True, leader_election_id="ticker-lease", leader_election_namespace=NS, identity=ident,
+        lease_duration=LD, renew_deadline=RD, retry_period=RP, release_on_cancel=release_on_cancel,
+        metrics_bind_address="0", health_probe_bind_address="0"))
 
     async def reconcile(req: Request) -> Result:
         start = time.monotonic()
@@ -346,7 +335,7 @@ async def test_failover_to_a_warm_standby_without_two_leaders(
     task_b = asyncio.create_task(b.run())
     try:
         # B is a warm standby: its informers sync, its controllers do not run
-        await eventually(lambda: b.factory.synced() and count(timeline, "A") >= 10, what="A acting, B synced")
+        await until_holds("A acting, B synced", lambda: b.factory.synced() and count(timeline, "A") >= 10, 10.0)
         assert not b.elected.is_set() and count(timeline, "B") == 0
         assert REGISTRY.get_sample_value("leader_election_master_status", {"name": "ticker-lease"}) is not None
 
@@ -360,7 +349,7 @@ async def test_failover_to_a_warm_standby_without_two_leaders(
         await asyncio.wait_for(b.elected.wait(), LD + MAX_RETRY_WAIT + 2)
         took = time.monotonic() - t_kill
         assert LD - RP - 0.1 <= took <= LD + MAX_RETRY_WAIT + 0.5, took
-        await eventually(lambda: count(timeline, "B") >= 3, what="B acting")
+        await until_holds("B acting", lambda: count(timeline, "B") >= 3, 10.0)
         b_first_start = min(start for i, start, _ in timeline if i == "B")
         assert a_last_end < b_first_start  # never two leaders acting at once
         assert b.is_leader
@@ -382,7 +371,7 @@ async def test_lease_loss_stops_controllers_and_raises(
     a = ticking_manager(client, "A", timeline)
     task = asyncio.create_task(a.run())
     await asyncio.wait_for(a.elected.wait(), 10)
-    await eventually(lambda: count(timeline, "A") >= 3, what="A acting")
+    await until_holds("A acting", lambda: count(timeline, "A") >= 3, 10.0)
 
     lease = await client.get(LEASES, "ticker-lease", NS)
     body: dict[str, Any] = objects.to_builtins(lease)
@@ -411,10 +400,15 @@ async def test_controller_registry(server: APIServer, clients: Callable[[], Awai
     with pytest.raises(UnknownControllers, match=r"unknown controller\(s\) 'x'; known controllers: \(none"):
         reg.select("x")
     calls: list[str] = []
-    reg.register("budget", lambda mgr: calls.append("budget"))
-    reg.register("replicator", "example_controller:setup")  # lazy: imported only when selected
+
+    class NoSettings(msgspec.Struct, frozen=True):
+        pass
+
+    reg.register(ControllerDefinition("budget", NoSettings, lambda mgr, settings: calls.append("budget")))
+    # lazy: imported only when selected
+    reg.register(ControllerDefinition("replicator", ReplicatorSettings, "example_controller:setup"))
     with pytest.raises(ValueError):
-        reg.register("budget", lambda mgr: None)
+        reg.register(ControllerDefinition("budget", NoSettings, lambda mgr, settings: None))
     assert reg.select(None) == reg.select("*") == ["budget", "replicator"]
     assert reg.select("*,-budget") == ["replicator"]
     assert reg.select("replicator,budget") == ["budget", "replicator"]
@@ -422,7 +416,7 @@ async def test_controller_registry(server: APIServer, clients: Callable[[], Awai
         reg.select("budget,nope,-other")
     assert err.value.unknown == ["nope", "other"]
 
-    mgr = Manager(await clients(), metrics_bind_address="0", health_probe_bind_address="0")
+    mgr = Manager(await clients(), ManagerOptions(metrics_bind_address="0", health_probe_bind_address="0"))
     await reg.setup(mgr, reg.select(None))
     assert calls == ["budget"] and [r.name for r in mgr.runnables()] == ["replicator"]
 
@@ -489,16 +483,20 @@ def test_gpuops_run_serves_probes_and_exits_cleanly_on_sigterm(apiserver: Any) -
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
-        deadline = time.monotonic() + 20
-        while _get(f"http://127.0.0.1:{probe_port}/readyz")[0] != 200:
+        deadline = time.monotonic() + 20  # for both waits together
+
+        def ready() -> bool | NotYet:
             assert proc.poll() is None, proc.communicate()[0]
-            assert time.monotonic() < deadline, "gpuops run never became ready"
-            time.sleep(0.05)
+            status, body = _get(f"http://127.0.0.1:{probe_port}/readyz")
+            return status == 200 or NotYet((status, body))
+
+        def leading() -> bool:
+            led = 'leader_election_master_status{name="gpuops-controller-manager"} 1.0'
+            return led in _get(f"http://127.0.0.1:{metrics_port}/metrics")[1]
+
+        wait_until("gpuops run ready", ready, 20, every=0.05)
+        wait_until("gpuops run leading", leading, deadline - time.monotonic(), every=0.05)
         lease_url = f"{apiserver.url}/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/gpuops-controller-manager"
-        while 'leader_election_master_status{name="gpuops-controller-manager"} 1.0' not in _get(
-            f"http://127.0.0.1:{metrics_port}/metrics")[1]:
-            assert time.monotonic() < deadline, "gpuops run never led"
-            time.sleep(0.05)
         status, body = _get(lease_url, apiserver.token)
         assert status == 200 and json.loads(body)["spec"]["holderIdentity"]
         t0 = time.monotonic()

@@ -18,7 +18,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Mapping
@@ -32,12 +31,12 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from prometheus_client import REGISTRY
-from waiting import until
+from waiting import NotYet, until, wait_until
 
 from gpuops import cli
 from gpuops.kube.client import Client
 from gpuops.kube.health import HTTPServer, metrics_app
-from gpuops.kube.manager import Manager
+from gpuops.kube.manager import Manager, ManagerOptions
 from gpuops.kube.metricsauth import ALLOW_TTL, DENY_TTL, TOKEN_FAILURE_TTL, TOKEN_TTL, MetricsAuth, TTLCache
 from gpuops.kube.tls import CertError, CertKey, self_signed, server_context
 from gpuops_sim.apiserver import APIServer
@@ -352,8 +351,8 @@ async def test_certificates_from_a_directory_are_reloaded_as_they_rotate(env: En
     certs.mkdir()
     first, second, third = (self_signed(["127.0.0.1", "localhost"]) for _ in range(3))
     publish(certs, first, "v1")
-    mgr = Manager(env.operator, metrics_bind_address="127.0.0.1:0", metrics_secure=True,
-                  metrics_cert_dir=str(certs), metrics_cert_poll_interval=0.05, health_probe_bind_address="0")
+    mgr = Manager(env.operator, ManagerOptions(metrics_bind_address="127.0.0.1:0", metrics_secure=True,
+                  metrics_cert_dir=str(certs), metrics_cert_poll_interval=0.05, health_probe_bind_address="0"))
     task = asyncio.create_task(mgr.run())
     try:
         await until("the manager started", mgr.elected.wait, 10)
@@ -399,8 +398,8 @@ async def test_certificates_from_a_directory_are_reloaded_as_they_rotate(env: En
 
 async def test_secure_metrics_configuration(env: Env) -> None:
     # self-signed when no directory is given
-    mgr = Manager(env.operator, metrics_bind_address="127.0.0.1:0", metrics_secure=True,
-                  health_probe_bind_address="0")
+    mgr = Manager(env.operator, ManagerOptions(metrics_bind_address="127.0.0.1:0", metrics_secure=True,
+                  health_probe_bind_address="0"))
     assert mgr.metrics_certs is None and mgr.metrics_auth is not None
     task = asyncio.create_task(mgr.run())
     try:
@@ -416,11 +415,11 @@ async def test_secure_metrics_configuration(env: Env) -> None:
         mgr.request_stop()
         await asyncio.wait_for(task, 15)
     with pytest.raises(ValueError, match="needs secure metrics"):
-        Manager(env.operator, metrics_cert_dir=str(env.tmp), health_probe_bind_address="0")
+        Manager(env.operator, ManagerOptions(metrics_cert_dir=str(env.tmp), health_probe_bind_address="0"))
     with pytest.raises(CertError, match="cannot read"):
-        Manager(env.operator, metrics_secure=True, metrics_cert_dir=str(env.tmp / "nowhere"),
-                health_probe_bind_address="0")
-    plain = Manager(env.operator, metrics_bind_address="127.0.0.1:0", health_probe_bind_address="0")
+        Manager(env.operator, ManagerOptions(metrics_secure=True, metrics_cert_dir=str(env.tmp / "nowhere"),
+                health_probe_bind_address="0"))
+    plain = Manager(env.operator, ManagerOptions(metrics_bind_address="127.0.0.1:0", health_probe_bind_address="0"))
     assert plain.metrics_server is not None and plain.metrics_server.url.startswith("http://")
     assert plain.metrics_auth is None
 
@@ -484,11 +483,13 @@ def test_gpuops_run_metrics_secure(rbac_apiserver: Any) -> None:
     )
     try:
         url = f"https://127.0.0.1:{port}/metrics"
-        deadline = time.monotonic() + 60
-        while (status := _https_get(url, reader)) != 200:
+
+        def served() -> bool | NotYet:
             assert proc.poll() is None, proc.communicate()[0]
-            assert time.monotonic() < deadline, f"gpuops run never served metrics (last status {status})"
-            time.sleep(0.1)
+            status = _https_get(url, reader)
+            return status == 200 or NotYet(f"status {status}")
+
+        wait_until("gpuops run serving metrics", served, 60, every=0.1)
         assert _https_get(url) == 401
         assert _https_get(url, "not-a-token") == 401
         stranger = rbac_apiserver.run(server.service_account_token, "monitoring", "intruder")

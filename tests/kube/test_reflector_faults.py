@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
+from waiting import until, until_holds
 
 from gpuops.kube import errors
 from gpuops.kube.client import Client
@@ -42,14 +43,6 @@ def anyio_backend() -> str:
 @pytest.fixture
 def kubeconfig(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path / "kubeconfig"
-
-
-async def eventually(cond: Callable[[], bool], within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def restarts(inf: Informer[Any], reason: str) -> float:
@@ -93,15 +86,12 @@ class Mirror:
 
 async def retry(op: Callable[[], Awaitable[Any]]) -> None:
     """Retry a write through faults; a create or delete that landed before the connection broke is fine."""
-    for _ in range(200):
-        try:
+    async def landed() -> bool:
+        with contextlib.suppress(errors.AlreadyExists, errors.NotFound):
             await op()
-            return
-        except (errors.AlreadyExists, errors.NotFound):
-            return
-        except RETRYABLE:
-            await asyncio.sleep(0.01)
-    raise AssertionError("write kept failing")
+        return True
+
+    await until("a write through the faults", landed, 10.0, every=0.01, ignoring=RETRYABLE)
 
 
 async def writer(client: Client, ops: int, seed: int, pace: float) -> int:
@@ -184,11 +174,8 @@ async def chaos_run(
                     s.faults.clear()
                 assert deleted > 20
                 expected = server_state(s)
-                await eventually(
-                    lambda: store_state(inf) == expected and mirror.live == expected,
-                    within=30,
-                    what="store and handler to equal the server",
-                )
+                await until_holds("store and handler to equal the server",
+                                  lambda: store_state(inf) == expected and mirror.live == expected, 30)
                 assert not mirror.problems, mirror.problems[:5]
                 assert mirror.deletes > 0
                 assert inf.store.last_resource_version == str(s.store.rv) or int(
@@ -324,9 +311,9 @@ async def test_watchdog_restarts_a_silent_watch(kubeconfig: Path) -> None:
         inf.start()
         try:
             assert await inf.wait_synced(10)
-            await eventually(lambda: restarts(inf, "watchdog") >= 2, within=10, what="watchdog restarts")
+            await until_holds("watchdog restarts", lambda: restarts(inf, "watchdog") >= 2, 10)
             await client.create(CONFIGMAPS, {"metadata": {"name": "after", "namespace": "default"}})
-            await eventually(lambda: "default/after" in inf.store, within=10, what="informer still works")
+            await until_holds("informer still works", lambda: "default/after" in inf.store, 10)
         finally:
             await inf.stop()
             await client.close()
@@ -344,10 +331,10 @@ async def test_bookmarks_keep_the_watchdog_quiet(kubeconfig: Path) -> None:
             assert await inf.wait_synced(10)
             start_rv = inf.store.last_resource_version
             await client.create(CONFIGMAPS, {"metadata": {"name": "x", "namespace": "default"}})
-            await eventually(lambda: inf.store.last_resource_version != start_rv, within=5, what="event")
+            await until_holds("event", lambda: inf.store.last_resource_version != start_rv, 5)
             before = inf.reflector.watch_restarts
             t0 = time.monotonic()
-            await eventually(lambda: time.monotonic() - t0 > 1.5, within=5, what="1.5 s of bookmarks")
+            await until_holds("1.5 s of bookmarks", lambda: time.monotonic() - t0 > 1.5, 5)
             assert restarts(inf, "watchdog") == 0 and inf.reflector.watch_restarts == before
             assert inf.last_event_age() < 0.5
         finally:
@@ -368,10 +355,10 @@ async def test_hung_server_is_detected_and_survived(kubeconfig: Path) -> None:
         try:
             assert await inf.wait_synced(10)
             outage = asyncio.create_task(s.outage(1.5, mode="hang"))
-            await eventually(lambda: restarts(inf, "watchdog") >= 1, within=10, what="watchdog during hang")
+            await until_holds("watchdog during hang", lambda: restarts(inf, "watchdog") >= 1, 10)
             await outage
             await client.create(CONFIGMAPS, {"metadata": {"name": "after-hang", "namespace": "default"}})
-            await eventually(lambda: "default/after-hang" in inf.store, within=10, what="catch-up after the hang")
+            await until_holds("catch-up after the hang", lambda: "default/after-hang" in inf.store, 10)
         finally:
             await inf.stop()
             await client.close()
@@ -388,7 +375,7 @@ async def test_connection_refused_backs_off_and_rewatches(kubeconfig: Path) -> N
             assert await inf.wait_synced(10)
             await s.outage(0.8)
             await client.create(CONFIGMAPS, {"metadata": {"name": "after-refused", "namespace": "default"}})
-            await eventually(lambda: "default/after-refused" in inf.store, within=10, what="catch-up")
+            await until_holds("catch-up", lambda: "default/after-refused" in inf.store, 10)
             assert restarts(inf, "transport") + restarts(inf, "very_short") >= 1
             assert inf.reflector.relists == 1
         finally:
@@ -440,16 +427,16 @@ async def test_paginated_relist_resource_versions(kubeconfig: Path) -> None:
             assert await inf.wait_synced(10)
             assert rec.lists == [("0", None, 2, False), (None, None, 2, True), (None, None, 2, True)]
             list_rv = inf.store.last_resource_version
-            await eventually(lambda: len(rec.watches) == 1, within=5, what="watch")
+            await until_holds("watch", lambda: len(rec.watches) == 1, 5)
             w = rec.watches[0]
             assert w["resourceVersion"] == list_rv and w["allowWatchBookmarks"] == "true"
             assert 300 <= int(w["timeoutSeconds"]) <= 600 and "sendInitialEvents" not in w
-            await eventually(lambda: inf.store.last_resource_version == str(s.store.rv), within=5, what="bookmark")
+            await until_holds("bookmark", lambda: inf.store.last_resource_version == str(s.store.rv), 5)
             last = inf.store.last_resource_version
             rec.lists.clear()
             rec.fail_lists.append(errors.Gone(410, "Expired", "too old resource version"))
             force_410(s)
-            await eventually(lambda: len(rec.lists) >= 2 and not rec.fail_lists, within=10, what="relists")
+            await until_holds("relists", lambda: len(rec.lists) >= 2 and not rec.fail_lists, 10)
             assert rec.lists[0] == (last, "NotOlderThan", 2, False)
             assert rec.lists[1] == ("", None, 2, False)
         finally:
@@ -469,10 +456,10 @@ async def test_streaming_list_request_and_relist(kubeconfig: Path) -> None:
             first = rec.watches[0]
             assert first["sendInitialEvents"] == "true" and first["resourceVersionMatch"] == "NotOlderThan"
             assert first["allowWatchBookmarks"] == "true" and "resourceVersion" not in first  # consistent read
-            await eventually(lambda: inf.store.last_resource_version == str(s.store.rv), within=5, what="bookmark")
+            await until_holds("bookmark", lambda: inf.store.last_resource_version == str(s.store.rv), 5)
             last = inf.store.last_resource_version
             force_410(s)
-            await eventually(lambda: inf.reflector.streaming_lists == 2, within=10, what="streaming relist")
+            await until_holds("streaming relist", lambda: inf.reflector.streaming_lists == 2, 10)
             # the re-watch after the drop got 410; the relist streams again from the last RV it had synced
             plain, relist = rec.watches[1], rec.watches[2]
             assert plain["resourceVersion"] == last and "sendInitialEvents" not in plain
@@ -550,7 +537,7 @@ async def test_a_quiet_watch_cut_after_a_second_is_reopened_at_once(kubeconfig: 
                     assert proxy.cut() >= 1
                 await writer.create(CONFIGMAPS, {"metadata": {"name": f"after-{i}", "namespace": "quiet"}})
                 # well inside the 0.8 s initial backoff that a failure would cost (growing each time)
-                await eventually(lambda i=i: f"quiet/after-{i}" in inf.store, within=0.6, what=f"after-{i}")
+                await until_holds(f"after-{i}", lambda i=i: f"quiet/after-{i}" in inf.store, 0.6)
                 assert inf.reflector.watch_restarts == opened + 2
             assert restarts(inf, "transport") == 0 and restarts(inf, "very_short") == 0
         finally:

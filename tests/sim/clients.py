@@ -147,20 +147,6 @@ def names(items: list[dict[str, Any]]) -> list[str]:
     return [i["metadata"]["name"] for i in items]
 
 
-def wait_until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll `pred` until it returns something truthy; fail loudly at the deadline."""
-    deadline = time.monotonic() + timeout
-    delay = 0.01
-    while True:
-        got = pred()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.1)
-
-
 # ------------------------------------------------------------------------------------------ admin
 
 

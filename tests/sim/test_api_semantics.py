@@ -13,7 +13,7 @@ import json
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 import pytest
 from multidict import CIMultiDictProxy
+from waiting import refuses_connections, until
 
 from gpuops_sim.apiserver import APIServer, lists, watch
 
@@ -181,13 +182,6 @@ async def serve(**kwargs: Any) -> AsyncIterator[Api]:
 async def api() -> AsyncIterator[Api]:
     async with serve() as a:
         yield a
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], within: float = 5.0) -> None:
-    deadline = time.monotonic() + within
-    while not await check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 async def gone(api: Api, path: str) -> bool:
@@ -1407,13 +1401,13 @@ async def test_item47_gc_background(api: Api) -> None:
     await api.ok("POST", CMS, cm("shared", meta={"ownerReferences": [owner_ref(owner), owner_ref(other)]}))
     await api.ok("DELETE", f"{CMS}/owner", {"propagationPolicy": "Background"})
     assert await gone(api, f"{CMS}/owner")
-    await eventually(lambda: gone(api, f"{CMS}/dep"))
+    await until("dep gone", lambda: gone(api, f"{CMS}/dep"), 5.0)
 
     async def shared_updated() -> bool:
         refs = (await api.ok("GET", f"{CMS}/shared"))["metadata"]["ownerReferences"]
         return [r["name"] for r in refs] == ["other"]
 
-    await eventually(shared_updated)
+    await until("the shared dependent updated", shared_updated, 5.0)
 
 
 async def test_item47_gc_foreground(api: Api) -> None:
@@ -1431,13 +1425,13 @@ async def test_item47_gc_foreground(api: Api) -> None:
         d = await api.get(f"{CMS}/dep")
         return d.status == 200 and bool(d.body["metadata"].get("deletionTimestamp"))
 
-    await eventually(dep_terminating)
+    await until("dep terminating", dep_terminating, 5.0)
     await api.s.controllers.step()
     # The owner waits for its blocking dependent.
     assert (await api.get(f"{CMS}/owner")).status == 200
     await api.ok("PATCH", f"{CMS}/dep", {"metadata": {"finalizers": None}})
-    await eventually(lambda: gone(api, f"{CMS}/dep"))
-    await eventually(lambda: gone(api, f"{CMS}/owner"))
+    await until("dep gone", lambda: gone(api, f"{CMS}/dep"), 5.0)
+    await until("owner gone", lambda: gone(api, f"{CMS}/owner"), 5.0)
 
 
 async def test_item47_gc_orphan(api: Api) -> None:
@@ -1445,7 +1439,7 @@ async def test_item47_gc_orphan(api: Api) -> None:
     await api.ok("POST", CMS, cm("dep", meta={"ownerReferences": [owner_ref(owner)]}))
     r = await api.delete(f"{CMS}/owner", params={"propagationPolicy": "Orphan"})
     assert r.status == 200
-    await eventually(lambda: gone(api, f"{CMS}/owner"))
+    await until("owner gone", lambda: gone(api, f"{CMS}/owner"), 5.0)
     await api.s.controllers.step()
     d = await api.ok("GET", f"{CMS}/dep")
     assert not d["metadata"].get("ownerReferences")
@@ -1458,14 +1452,14 @@ async def test_item48_namespace_deletion(api: Api) -> None:
     r = await api.delete("/api/v1/namespaces/tmp")
     assert r.status == 200 and r.body["status"]["phase"] == "Terminating"
     assert r.body["spec"]["finalizers"] == ["kubernetes"]
-    await eventually(lambda: gone(api, "/api/v1/namespaces/tmp/configmaps/a"))
+    await until("configmap a in namespace tmp gone", lambda: gone(api, "/api/v1/namespaces/tmp/configmaps/a"), 5.0)
     # The bound pod waits for the kubelet: the namespace stays Terminating.
     p = await api.ok("GET", "/api/v1/namespaces/tmp/pods/p")
     assert p["metadata"]["deletionTimestamp"]
     ns = await api.ok("GET", "/api/v1/namespaces/tmp")
     assert ns["status"]["phase"] == "Terminating"
     await api.ok("DELETE", "/api/v1/namespaces/tmp/pods/p", {"gracePeriodSeconds": 0})
-    await eventually(lambda: gone(api, "/api/v1/namespaces/tmp"))
+    await until("namespace tmp gone", lambda: gone(api, "/api/v1/namespaces/tmp"), 5.0)
 
 
 # =============================================================================================== 3.G subresources
@@ -1500,7 +1494,7 @@ async def test_item50_eviction(api: Api) -> None:
     async def observed() -> bool:
         return (await pdb_status()).get("observedGeneration") == 1
 
-    await eventually(observed)
+    await until("the change observed", observed, 5.0)
     st = await pdb_status()
     assert (st["currentHealthy"], st["desiredHealthy"], st["disruptionsAllowed"], st["expectedPods"]) == (3, 2, 1, 4)
     # Freeze the disruption controller to see what the eviction itself recorded.
@@ -1571,7 +1565,7 @@ async def test_item50_unhealthy_pod_eviction_policy(api: Api, policy: str) -> No
         st = (await api.ok("GET", f"{PDBS}/pdb")).get("status") or {}
         return st.get("observedGeneration") == 1 and st.get("expectedPods") == 3
 
-    await eventually(observed)
+    await until("the change observed", observed, 5.0)
     st = (await api.ok("GET", f"{PDBS}/pdb"))["status"]
     assert (st["currentHealthy"], st["desiredHealthy"], st["disruptionsAllowed"]) == (1, 2, 0)
     r = await api.post(f"{PODS}/sick1/eviction", eviction("sick1"))
@@ -1644,7 +1638,7 @@ async def test_item54_crd_lifecycle(api: Api) -> None:
     await api.ok("POST", WIDGETS, widget("w"))
     r = await api.delete(f"{CRDS}/widgets.{GROUP}")
     assert r.status == 200
-    await eventually(lambda: gone(api, f"{CRDS}/widgets.{GROUP}"))
+    await until("the widgets CRD gone", lambda: gone(api, f"{CRDS}/widgets.{GROUP}"), 5.0)
     assert not [s for s in api.s.store.iter((GROUP, "widgets"))]
     assert (await api.get(WIDGETS)).status == 404
     assert (await api.get(f"/apis/{GROUP}/v1")).status == 404
@@ -1708,7 +1702,7 @@ async def test_faults_outage_and_restart_keep_state(api: Api) -> None:
     await api.ok("POST", CMS, cm("a"))
     rv = api.s.store.rv
     task = asyncio.create_task(api.s.outage(0.5))
-    await asyncio.sleep(0.1)
+    await until("the port closed", lambda: refuses_connections(api.s.port), 0.5, every=0.01)
     with pytest.raises(aiohttp.ClientConnectionError):
         await api.get(CMS)
     await task
@@ -1719,10 +1713,10 @@ async def test_faults_outage_and_restart_keep_state(api: Api) -> None:
     # Over HTTP: answered first, then dark.
     r = await api.post("/sim/faults", {"action": "outage", "seconds": 0.4})
     assert r.status == 200
-    await asyncio.sleep(0.2)
+    await until("the port closed", lambda: refuses_connections(api.s.port), 0.4, every=0.01)
     with pytest.raises(aiohttp.ClientConnectionError):
         await api.get(CMS)
-    await eventually(lambda: _up(api), within=3.0)
+    await until("the server answering again", lambda: _up(api), 3.0)
     assert (await api.get(f"{CMS}/a")).status == 200
 
 

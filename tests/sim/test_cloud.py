@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
+from waiting import until_holds
 
 from gpuops_sim.cloud import CloudOptions, CloudServer, InstanceType
 from gpuops_sim.cluster.machines import Fleet, Machine
@@ -22,14 +23,6 @@ TYPES = [InstanceType("gpu.a100.8x", "A100-80GB", 8), InstanceType("gpu.l4.1x", 
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-async def until(pred: Callable[[], bool], within: float = 3.0) -> None:
-    deadline = time.monotonic() + within
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.005)
 
 
 class Client:
@@ -77,7 +70,7 @@ async def test_power_on_boots_then_on_and_start_stop_are_idempotent(env: tuple[C
     assert st == 202 and body["state"] == "booting" and body["powerCycles"] == 1 and body["name"] == "gpu-0"
     st, body, _ = await c.call("POST", "/power/v1/machines/gpu-0/start", {})
     assert st == 200 and body["state"] == "booting" and body["powerCycles"] == 1
-    await until(lambda: fleet.machines["gpu-0"].state == "on")
+    await until_holds("machine gpu-0 on", lambda: fleet.machines["gpu-0"].state == "on", 3.0)
     st, body, _ = await c.call("GET", "/power/v1/machines/gpu-0")
     assert (st, body["state"], body["group"], body["gpus"], body["gpuModel"]) == (200, "on", "a100", 8, "A100-80GB")
     st, body, _ = await c.call("POST", "/power/v1/machines/gpu-0/start")  # no body at all
@@ -86,7 +79,7 @@ async def test_power_on_boots_then_on_and_start_stop_are_idempotent(env: tuple[C
     assert (st, body["state"]) == (202, "shutting-down")
     st, body, _ = await c.call("POST", "/power/v1/machines/gpu-0/stop", {})
     assert st == 200
-    await until(lambda: fleet.machines["gpu-0"].state == "off")
+    await until_holds("machine gpu-0 off", lambda: fleet.machines["gpu-0"].state == "off", 3.0)
     st, body, _ = await c.call("GET", "/power/v1/machines")
     assert {m["name"]: m["state"] for m in body["machines"]} == {"gpu-0": "off", "gpu-1": "on"}
     st, body, _ = await c.call("GET", "/power/v1/machines?group=l4")
@@ -132,7 +125,7 @@ async def test_spot_machines_are_not_power_managed(env: tuple[CloudServer, Clien
     _, c, fleet = env
     _, body = await c.run("t-pm")
     node = body["instances"][0]["nodeName"]
-    await until(lambda: node in fleet.machines)
+    await until_holds("the node in the fleet", lambda: node in fleet.machines, 3.0)
     st, _, _ = await c.call("POST", f"/power/v1/machines/{node}/stop", {})
     assert st == 404
 
@@ -211,7 +204,7 @@ async def test_instance_lifecycle_joins_and_leaves_the_fleet(env: tuple[CloudSer
     inst = body["instances"][0]
     iid, node = inst["instanceId"], inst["nodeName"]
     assert node not in fleet.machines
-    await until(lambda: cloud.spot.instances[iid].state == "running")
+    await until_holds("the instance running", lambda: cloud.spot.instances[iid].state == "running", 3.0)
     m = fleet.machines[node]
     assert m.provider_id == f"sim:///sim-zone-a/{iid}" and m.group == "inference"
     assert m.gpu_model == "A100-80GB" and m.gpus == 8
@@ -221,7 +214,7 @@ async def test_instance_lifecycle_joins_and_leaves_the_fleet(env: tuple[CloudSer
     assert m.labels["team"] == "ml" and m.labels["nvidia.com/gpu.count"] == "8"
     assert m.taints == [{"key": "gpuops.io/spot", "value": "true", "effect": "NoSchedule"}]
     assert m.boot_seconds == FAST.boot_seconds and m.device_plugin_seconds == FAST.device_plugin_seconds
-    await until(lambda: m.state == "on")
+    await until_holds("the machine on", lambda: m.state == "on", 3.0)
 
     st, out, _ = await c.call("POST", "/spot/v1/instances/terminate", {"instanceIds": [iid, "i-00000000000000000"]})
     assert st == 200
@@ -229,14 +222,14 @@ async def test_instance_lifecycle_joins_and_leaves_the_fleet(env: tuple[CloudSer
                                             "currentState": "shutting-down"}]
     assert out["notFound"] == ["i-00000000000000000"]
     assert m.state == "off"  # the OS went down: no kubelet any more
-    await until(lambda: node not in fleet.machines)
+    await until_holds("the node gone from the fleet", lambda: node not in fleet.machines, 3.0)
     st, out, _ = await c.call("POST", "/spot/v1/instances/terminate", {"instanceIds": [iid]})
     assert st == 200 and out["terminatingInstances"][0]["previousState"] == "terminated"
     st, desc, _ = await c.call("GET", f"/spot/v1/instances?instanceId={iid}")
     d = desc["instances"][0]
     assert d["state"] == "terminated" and d["stateReason"]["code"] == "Client.UserInitiatedShutdown"
     # terminated records vanish after terminated_visible_seconds, and the token with them
-    await until(lambda: iid not in cloud.spot.instances)
+    await until_holds("the instance gone", lambda: iid not in cloud.spot.instances, 3.0)
     assert "life" not in cloud.spot.tokens
 
 
@@ -247,8 +240,11 @@ async def test_terminating_a_pending_instance_never_adds_a_machine(env: tuple[Cl
     iid, node = body["instances"][0]["instanceId"], body["instances"][0]["nodeName"]
     _, out, _ = await c.call("POST", "/spot/v1/instances/terminate", {"instanceIds": [iid]})
     assert out["terminatingInstances"][0]["previousState"] == "pending"
-    await until(lambda: cloud.spot.instances[iid].state == "terminated")
-    await asyncio.sleep(FAST.launch_seconds * 2)
+    await until_holds("the instance terminated", lambda: cloud.spot.instances[iid].state == "terminated", 3.0)
+    # proof that its launch time has passed: a later launch has run (launch timers fire in the order they were set)
+    _, body = await c.run("later")
+    later = body["instances"][0]["instanceId"]
+    await until_holds("a later launch running", lambda: cloud.spot.instances[later].state == "running", 3.0)
     assert node not in fleet.machines
 
 
@@ -257,7 +253,8 @@ async def test_reclaim_notice_then_termination(env: tuple[CloudServer, Client, F
     cloud, c, fleet = env
     _, body = await c.run("rc", count=3, tags={"pool": "r"})
     ids = [i["instanceId"] for i in body["instances"]]
-    await until(lambda: all(cloud.spot.instances[i].state == "running" for i in ids))
+    await until_holds("every instance running",
+                      lambda: all(cloud.spot.instances[i].state == "running" for i in ids), 3.0)
     nodes = {i: cloud.spot.instances[i].node_name for i in ids}
     st, out, _ = await c.call("POST", "/sim/cloud/reclaim", {"instanceIds": [ids[0], "i-nope"], "noticeSeconds": 0.2})
     assert st == 200 and out == {"instanceIds": [ids[0]], "notFound": ["i-nope"]}
@@ -266,14 +263,15 @@ async def test_reclaim_notice_then_termination(env: tuple[CloudServer, Client, F
     assert d["state"] == "running" and set(d["interruption"]) == {"noticeTime", "terminateTime"}
     assert d["interruption"]["terminateTime"] > d["interruption"]["noticeTime"]
     assert nodes[ids[0]] in fleet.machines  # still there during the notice
-    await until(lambda: nodes[ids[0]] not in fleet.machines)
+    await until_holds("the first node gone from the fleet", lambda: nodes[ids[0]] not in fleet.machines, 3.0)
     assert cloud.spot.instances[ids[0]].state_reason == {"code": "Server.SpotInstanceTermination",
                                                           "message": "Spot instance termination: capacity reclaimed"}
     # by count and tag, through the Python API, with the default (short) notice
     got = cloud.reclaim(count=5, tags={"pool": "r"})
     assert sorted(got) == sorted(ids[1:])
     assert cloud.reclaim(count=1, tags={"pool": "r"}) == []  # already noticed ones are not picked again
-    await until(lambda: all(nodes[i] not in fleet.machines for i in ids[1:]))
+    await until_holds("the other nodes gone from the fleet",
+                      lambda: all(nodes[i] not in fleet.machines for i in ids[1:]), 3.0)
     assert cloud.spot.reclaimed == 3
 
 
@@ -289,7 +287,7 @@ async def test_capacity_min_count_and_release(env: tuple[CloudServer, Client, Fl
     st, body = await c.run("cap-2", itype="gpu.l4.1x")
     assert st == 503
     await c.call("POST", "/spot/v1/instances/terminate", {"instanceIds": [first]})
-    await until(lambda: cloud.spot.used["gpu.l4.1x"] == 1)
+    await until_holds("one gpu.l4.1x in use", lambda: cloud.spot.used["gpu.l4.1x"] == 1, 3.0)
     st, body = await c.run("cap-2", itype="gpu.l4.1x")
     assert st == 200
     st, types, _ = await c.call("POST", "/sim/cloud/capacity", {"instanceType": "gpu.l4.1x", "capacity": None})
@@ -343,7 +341,8 @@ async def test_hang_and_delay(env: tuple[CloudServer, Client, Fleet]) -> None:
     assert st == 200 and time.monotonic() - t0 >= 0.2
     cloud.faults.add(api="power", op="get", hang=True)  # released by stop(), which must not wait for it
     pending = asyncio.ensure_future(c.call("GET", "/power/v1/machines/gpu-0", limit=10))
-    await until(lambda: cloud.faults.injected[("power", "get", "hang")] == 1)
+    await until_holds("the hanging power get injected once",
+                      lambda: cloud.faults.injected[("power", "get", "hang")] == 1, 3.0)
     t0 = time.monotonic()
     await cloud.stop()
     assert time.monotonic() - t0 < 2.0
@@ -407,11 +406,11 @@ async def test_spot_instance_becomes_a_ready_node() -> None:
                     return n is not None and any(
                         x["type"] == "Ready" and x["status"] == "True" for x in n["status"].get("conditions", []))
 
-                await until(ready, within=5)
+                await until_holds("the machine ready", ready, 5)
                 n = access.get(NODES, "", node)
                 assert n is not None and n["spec"].get("providerID", "").startswith("sim:///sim-zone-a/i-")
                 cloud.reclaim([body["instances"][0]["instanceId"]], notice_seconds=0)
-                await until(lambda: node not in fleet.machines)
+                await until_holds("the node gone from the fleet", lambda: node not in fleet.machines, 3.0)
         finally:
             await kubelets.stop()
             fleet.close()

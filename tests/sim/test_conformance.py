@@ -45,8 +45,8 @@ from clients import (
     TLSFrontend,
     connect,
     names,
-    wait_until,
 )
+from waiting import wait_until
 
 if TYPE_CHECKING:
     from running_server import RunningServer
@@ -219,7 +219,7 @@ def test_apply_crd_then_custom_resource_and_configmap(client: Client, admin: Adm
     """Apply (kubectl: default strict validation), re-apply, schema 422."""
     (crd,) = client.apply([widget_crd()])
     assert crd["kind"] == "CustomResourceDefinition"
-    wait_until(lambda: _established(admin.get(CRDS, "widgets.conformance.gpuops.io", None)), what="Established")
+    wait_until("Established", lambda: _established(admin.get(CRDS, "widgets.conformance.gpuops.io", None)))
 
     client.apply([widget("w1", 1), configmap("cm1", {"a": "1", "b": "2"})])
     w = admin.get(WIDGETS, "w1")
@@ -615,11 +615,9 @@ def test_eviction_refused_by_pdb_then_allowed(client: Client, admin: Admin) -> N
             "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "ev"}}},
         },
     )
-    wait_until(
-        lambda: (st := _pdb_status(admin)).get("observedGeneration") == st["generation"]
-        and st.get("currentHealthy") == 1,
-        what="disruption controller to observe the PDB",
-    )
+    wait_until("disruption controller to observe the PDB",
+               lambda: (st := _pdb_status(admin)).get("observedGeneration") == st["generation"]
+               and st.get("currentHealthy") == 1)
     with pytest.raises(ApiError) as err:
         client.evict("ev-1")
     assert err.value.status == 429 and err.value.reason == "TooManyRequests"
@@ -636,7 +634,7 @@ def test_eviction_refused_by_pdb_then_allowed(client: Client, admin: Admin) -> N
     assert pod is not None and "deletionTimestamp" not in pod["metadata"]
 
     _ready_pod(admin, "ev-2")
-    wait_until(lambda: _pdb_status(admin).get("disruptionsAllowed") == 1, what="disruptionsAllowed=1")
+    wait_until("disruptionsAllowed=1", lambda: _pdb_status(admin).get("disruptionsAllowed") == 1)
     client.evict("ev-1")
     pod = admin.get(PODS, "ev-1")
     # A bound, running pod is deleted gracefully: it stays until the kubelet confirms.
@@ -692,14 +690,12 @@ def test_owner_reference_garbage_collection(client: Client, admin: Admin) -> Non
     client.delete(CONFIGMAPS, "owner-orphan", propagation="Orphan")
     client.delete(CONFIGMAPS, "owner-fg", propagation="Foreground")
 
-    wait_until(lambda: admin.get(CONFIGMAPS, "dep-bg") is None, what="background GC of dep-bg")
-    wait_until(lambda: admin.get(CONFIGMAPS, "owner-orphan") is None, what="orphaning owner to go")
+    wait_until("background GC of dep-bg", lambda: admin.get(CONFIGMAPS, "dep-bg") is None)
+    wait_until("orphaning owner to go", lambda: admin.get(CONFIGMAPS, "owner-orphan") is None)
     dep = admin.get(CONFIGMAPS, "dep-orphan")
     assert dep is not None and not dep["metadata"].get("ownerReferences")
-    wait_until(
-        lambda: admin.get(CONFIGMAPS, "owner-fg") is None and admin.get(CONFIGMAPS, "dep-fg") is None,
-        what="foreground deletion of owner-fg and dep-fg",
-    )
+    wait_until("foreground deletion of owner-fg and dep-fg",
+               lambda: admin.get(CONFIGMAPS, "owner-fg") is None and admin.get(CONFIGMAPS, "dep-fg") is None)
 
 
 # ------------------------------------------------------------------------------------------ admission

@@ -18,6 +18,7 @@ from tencentcloud.common.exception.tencent_cloud_sdk_exception import TencentClo
 from tencentcloud.common.profile.client_profile import ClientProfile
 from tencentcloud.common.profile.http_profile import HttpProfile
 from tencentcloud.cvm.v20170312 import cvm_client, models
+from waiting import NotYet, until, until_holds
 
 from gpuops_sim.cloud import CloudOptions, CloudServer, InstanceType
 from gpuops_sim.cloud.cvm import CvmServer, signed_headers
@@ -35,14 +36,6 @@ CVM_ID = re.compile(r"^ins-[0-9a-z]{8}$")
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-async def until(pred: Callable[[], bool], within: float = 3.0) -> None:
-    deadline = time.monotonic() + within
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.005)
 
 
 @dataclass
@@ -150,11 +143,13 @@ async def test_sdk_launch_goes_pending_then_running_and_joins_the_fleet(env: Env
         r = await sdk(c.DescribeInstances, describe_req(InstanceIds=ids))
         return {i.InstanceState for i in r.InstanceSet}
 
-    deadline = time.monotonic() + 3
-    while await states() != {"RUNNING"}:
-        assert time.monotonic() < deadline, "instances never reached RUNNING"
-        await asyncio.sleep(0.02)
-    await until(lambda: all(s is not None and s.node_name in env.fleet.machines for s in spot))
+    async def running() -> bool | NotYet:
+        seen = await states()
+        return seen == {"RUNNING"} or NotYet(seen)
+
+    await until("both instances RUNNING", running, 3, every=0.02)
+    await until_holds("every spot instance's node in the fleet",
+                      lambda: all(s is not None and s.node_name in env.fleet.machines for s in spot), 3.0)
     assert inst.HostName == spot[0].node_name  # type: ignore[union-attr]
 
     resp = await sdk(c.RunInstances, run_req("tok-od-1", charge="POSTPAID_BY_HOUR", itype="S5.LARGE8"))
@@ -228,7 +223,7 @@ async def test_launch_errors_use_the_documented_codes(env: Env) -> None:
     assert (inst.node_labels, inst.node_taints) == ({"gpuops.io/pool": "a", "tier": "gpu"},
                                                     [{"key": "gpu", "value": "yes", "effect": "NoSchedule"}])
     assert inst.launch_options["subnetId"] == "subnet-1" and inst.launch_options["instanceName"] == "pool-a"
-    await until(lambda: inst.node_name in env.fleet.machines)
+    await until_holds("the instance's node in the fleet", lambda: inst.node_name in env.fleet.machines, 3.0)
     m = env.fleet.machines[inst.node_name]
     assert m.labels["tier"] == "gpu" and m.taints == [{"key": "gpu", "value": "yes", "effect": "NoSchedule"}]
 
@@ -289,13 +284,13 @@ async def test_rate_limits_are_a_sliding_second_per_action(env: Env) -> None:
     assert body["Response"]["Error"]["Code"] == "InvalidInstanceId.NotFound"
     _, body, _ = await env.raw("DescribeInstances", {})
     assert body["Response"]["Error"]["Code"] == "RequestLimitExceeded"
-    start = time.monotonic()
-    while True:  # refused calls do not count: the window frees up a second after the first accepted call
+
+    async def accepted() -> bool | NotYet:
         _, body, _ = await env.raw("DescribeInstances", {})
-        if "Error" not in body["Response"]:
-            break
-        assert time.monotonic() - start < 2.0
-        await asyncio.sleep(0.02)
+        return "Error" not in body["Response"] or NotYet(body)
+
+    # refused calls do not count: the window frees up a second after the first accepted call
+    await until("DescribeInstances accepted again", accepted, 2.0, every=0.02)
     runs = await asyncio.gather(*(env.raw("RunInstances", {"InstanceType": "S5.LARGE8", "ClientToken": f"r{i}",
                                                            "Placement": {"Zone": ZONE}}) for i in range(12)))
     codes = [b["Response"].get("Error", {}).get("Code") for _, b, _ in runs]
@@ -347,11 +342,14 @@ async def test_describe_pages_with_total_count_and_filters(env: Env) -> None:
     for req, code in errors:
         assert (await sdk_error(c.DescribeInstances, req)).code == code
     # terminated instances are not listed; terminating ones are, as TERMINATING
-    await until(lambda: all(i.state == "running" for i in env.cloud.spot.instances.values()))
+    await until_holds("every instance running",
+                      lambda: all(i.state == "running" for i in env.cloud.spot.instances.values()), 3.0)
     await sdk(c.TerminateInstances, terminate_req(b))
     assert set(await ids({"Name": "instance-state", "Values": ["TERMINATING"]})) == set(b)
-    await until(lambda: all(env.cvm.instance(i) is None or env.cvm.instance(i).state == "terminated"  # type: ignore[union-attr]
-                            for i in b))
+    await until_holds("every instance of b terminated or gone",
+                      lambda: all(env.cvm.instance(i) is None
+                                  or env.cvm.instance(i).state == "terminated"  # type: ignore[union-attr]
+                                  for i in b), 3.0)
     assert await ids({"Name": "tag:pool", "Values": ["b"]}) == []
 
 
@@ -362,7 +360,8 @@ async def test_describe_pages_with_total_count_and_filters(env: Env) -> None:
 async def test_terminate_is_all_or_nothing(env: Env) -> None:
     c = env.client()
     running = list((await sdk(c.RunInstances, run_req("t-run", count=3))).InstanceIdSet)
-    await until(lambda: all(env.cvm.instance(i).state == "running" for i in running))  # type: ignore[union-attr]
+    await until_holds("every running instance RUNNING",
+                      lambda: all(env.cvm.instance(i).state == "running" for i in running), 3.0)  # type: ignore[union-attr]
     pending = list((await sdk(c.RunInstances, run_req("t-pend"))).InstanceIdSet)
     e = await sdk_error(c.TerminateInstances, terminate_req(running[:1] + pending))
     assert e.code == "UnsupportedOperation.InstanceStatePending" and pending[0] in e.message
@@ -376,7 +375,8 @@ async def test_terminate_is_all_or_nothing(env: Env) -> None:
     assert e.code == "InvalidParameterValue.LimitExceeded"
     e = await sdk_error(c.TerminateInstances, terminate_req(["i-0123456789abcdef0"]))
     assert e.code == "InvalidInstanceId.Malformed"
-    await until(lambda: env.cvm.instance(running[0]).state == "terminated")  # type: ignore[union-attr]
+    await until_holds("the first running instance terminated",
+                      lambda: env.cvm.instance(running[0]).state == "terminated", 3.0)  # type: ignore[union-attr]
     e = await sdk_error(c.TerminateInstances, terminate_req(running[:1]))
     assert e.code == "InvalidInstanceId.NotFound"
 

@@ -3,11 +3,9 @@ pagination, filters, throttling, faults and TerminateInstances' all-or-nothing u
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import functools
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 from unittest import mock
 
@@ -16,6 +14,7 @@ import boto3
 import botocore.config
 import pytest
 from botocore.exceptions import ClientError
+from waiting import until_holds
 
 from gpuops_sim.cloud import CloudOptions, CloudServer, InstanceType
 from gpuops_sim.cloud.ec2 import Ec2Server
@@ -32,14 +31,6 @@ SESSION = boto3.session.Session()  # shared: it caches the parsed service model
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-async def until(pred: Callable[[], bool], within: float = 5.0) -> None:
-    deadline = time.monotonic() + within
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
 
 
 class Env:
@@ -161,7 +152,7 @@ async def test_min_and_max_count_against_spot_capacity(env: Env) -> None:
                                       MaxCount=1, ClientToken="cap-2", **SPOT)
     assert (code, status) == ("InsufficientInstanceCapacity", 500)
     await env.call("terminate_instances", InstanceIds=[out["Instances"][0]["InstanceId"]])
-    await until(lambda: env.cloud.spot.used["gpu.l4.1x"] == 2)
+    await until_holds("two gpu.l4.1x in use", lambda: env.cloud.spot.used["gpu.l4.1x"] == 2)
     code, _, _ = await env.error("run_instances", ImageId=AMI, InstanceType="gpu.l4.1x", MinCount=2,
                                  MaxCount=2, ClientToken="cap-3", **SPOT)
     assert code == "InsufficientInstanceCapacity"  # fewer than MinCount free: nothing is launched
@@ -175,7 +166,7 @@ async def test_pending_running_shutting_down_terminated_and_the_node(env: Env) -
     iid = out["Instances"][0]["InstanceId"]
     node = out["Instances"][0]["PrivateDnsName"].split(".")[0]
     assert (await env.states([iid]))[iid] == "pending"
-    await until(lambda: env.cloud.spot.instances[iid].state == "running")
+    await until_holds("the instance running", lambda: env.cloud.spot.instances[iid].state == "running")
     assert (await env.states([iid]))[iid] == "running"
     machine = env.fleet.machines[node]
     assert machine.provider_id == f"aws:///{ZONE}/{iid}"
@@ -183,7 +174,7 @@ async def test_pending_running_shutting_down_terminated_and_the_node(env: Env) -
     t = out["TerminatingInstances"][0]
     assert (t["PreviousState"]["Name"], t["CurrentState"]["Name"]) == ("running", "shutting-down")
     assert t["CurrentState"]["Code"] == 32
-    await until(lambda: env.cloud.spot.instances[iid].state == "terminated")
+    await until_holds("the instance terminated", lambda: env.cloud.spot.instances[iid].state == "terminated")
     desc = await env.call("describe_instances", InstanceIds=[iid])
     inst = desc["Reservations"][0]["Instances"][0]
     assert inst["State"]["Name"] == "terminated" and inst["StateReason"]["Code"] == "Client.UserInitiatedShutdown"
@@ -196,7 +187,7 @@ async def test_pending_running_shutting_down_terminated_and_the_node(env: Env) -
 async def test_launch_failed_reads_as_terminated_with_server_internal_error(env: Env) -> None:
     env.cloud.spot.set_launch_failure_rate(1.0)
     iid = (await env.run("fails"))["Instances"][0]["InstanceId"]
-    await until(lambda: env.cloud.spot.instances[iid].state == "launch-failed")
+    await until_holds("the instance launch-failed", lambda: env.cloud.spot.instances[iid].state == "launch-failed")
     inst = (await env.call("describe_instances", InstanceIds=[iid]))["Reservations"][0]["Instances"][0]
     assert inst["State"] == {"Code": 48, "Name": "terminated"}
     assert inst["StateReason"]["Code"] == "Server.InternalError"

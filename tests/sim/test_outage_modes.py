@@ -6,6 +6,7 @@ import asyncio
 
 import aiohttp
 import pytest
+from waiting import refuses_connections, until
 
 from gpuops_sim.apiserver import APIServer
 
@@ -41,7 +42,7 @@ async def test_refuse_mode_closes_the_port_then_listens_again_on_it() -> None:
     async with APIServer() as s, aiohttp.ClientSession() as session:
         port = s.port
         outage = asyncio.ensure_future(s.outage(1.0))
-        await asyncio.sleep(0.1)
+        await until("the port closed", lambda: refuses_connections(port), 1.0, every=0.01)
         with pytest.raises(aiohttp.ClientConnectionError):
             await _get(session, s, limit_s=0.5)
         await outage

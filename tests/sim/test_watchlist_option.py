@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from waiting import until_holds
 
 from gpuops.kube.client import Client
 from gpuops.kube.informer import Informer
@@ -49,14 +49,6 @@ def cm(name: str) -> dict[str, Any]:
 async def get(s: APIServer, path: str, params: dict[str, str]) -> tuple[int, dict[str, Any]]:
     async with aiohttp.ClientSession() as http, http.get(s.url + path, params=params) as r:
         return r.status, json.loads(await r.read())
-
-
-async def until(what: str, probe: Any, within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while not probe():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def test_streaming_list_refused_as_upstream_without_the_feature_gate(server: APIServer) -> None:
@@ -123,7 +115,7 @@ async def test_informer_falls_back_to_a_paginated_list(server: APIServer, tmp_pa
             assert (inf.reflector.streaming_lists, inf.reflector.paginated_lists) == (0, 1)
             assert not inf.reflector.streaming  # remembered for this server
             await client.create(CONFIGMAPS, cm("after"), "default")
-            await until("the watch after the list", lambda: inf.store.get("default/after") is not None)
+            await until_holds("the watch after the list", lambda: inf.store.get("default/after") is not None, 10.0)
         finally:
             await inf.stop()
     finally:

@@ -380,21 +380,10 @@ class PowerClient:
             if last.ok:
                 log.info("power webhook accepted", attempt=number, status=last.status, **fields)
                 return done(True, False, "")
-            if not last.retryable:
-                log.warning("power webhook refused", attempt=number, status=last.status, error=last.problem,
-                            **fields)
-                return done(False, False, f"POST {url}: {_headline(last)} ({_why_final(last.status)}){_detail(last)}")
-            if attempts >= self.max_attempts:
-                log.warning("power webhook failed", attempt=number, status=last.status, error=last.problem,
-                            **fields)
-                return done(False, True, f"POST {url}: {_headline(last)} after {_tries(attempts, transition)}"
-                                         f"{_detail(last)}")
-            if last.retry_after is not None and last.retry_after > self.retry_after_cap:
-                log.warning("power webhook deferred by Retry-After", attempt=number, status=last.status,
-                            retry_after=last.retry_after, **fields)
-                return done(False, True, f"POST {url}: {_headline(last)} after {_tries(attempts, transition)};"
-                                         f" the server asks to retry after {last.retry_after:g} s, longer than"
-                                         f" {self.retry_after_cap:g} s{_detail(last)}")
+            stop = self._stop(last, attempts, transition, url, fields)
+            if stop is not None:
+                retryable, error = stop
+                return done(False, retryable, error)
             delay = last.retry_after if last.retry_after is not None else self.backoff(attempts)
             if deadline is not None and self._clock() + delay >= deadline:
                 log.warning("power webhook failed: no time left", attempt=number, status=last.status,
@@ -404,6 +393,27 @@ class PowerClient:
             log.info("power webhook retry", attempt=number, status=last.status, error=last.problem,
                      delay=round(delay, 3), **fields)
             await self._sleep(delay)
+
+    def _stop(self, last: _Try, attempts: int, transition: Transition, url: str,
+              fields: Mapping[str, object]) -> tuple[bool, str] | None:
+        """Whether a failed attempt ends the call, without looking at the deadline: (retryable later, error)
+        for a non-retryable answer, the last allowed attempt or a Retry-After beyond the cap; None to retry."""
+        number = transition.first_attempt + attempts - 1
+        if not last.retryable:
+            log.warning("power webhook refused", attempt=number, status=last.status, error=last.problem,
+                        **fields)
+            return False, f"POST {url}: {_headline(last)} ({_why_final(last.status)}){_detail(last)}"
+        if attempts >= self.max_attempts:
+            log.warning("power webhook failed", attempt=number, status=last.status, error=last.problem,
+                        **fields)
+            return True, f"POST {url}: {_headline(last)} after {_tries(attempts, transition)}{_detail(last)}"
+        if last.retry_after is not None and last.retry_after > self.retry_after_cap:
+            log.warning("power webhook deferred by Retry-After", attempt=number, status=last.status,
+                        retry_after=last.retry_after, **fields)
+            return True, (f"POST {url}: {_headline(last)} after {_tries(attempts, transition)};"
+                          f" the server asks to retry after {last.retry_after:g} s, longer than"
+                          f" {self.retry_after_cap:g} s{_detail(last)}")
+        return None
 
     async def _attempt(self, endpoint: Endpoint, transition: Transition, body: bytes, limit: float,
                        secrets: list[str], *, timed_by_deadline: bool) -> _Try:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
@@ -33,14 +33,15 @@ import structlog
 from gpuops.accounting.capacity import (
     GpuNode,
     NodeState,
+    ScaleDownPlan,
     ScaleDownPolicy,
+    ScaleUpPlan,
     plan_scale_down,
     plan_scale_up,
 )
 from gpuops.accounting.quantity import parse_quantity
 from gpuops.controllers.coexistence import CONDITION, DO_NOT_DISRUPT, conflict_condition, power_off_hold
 from gpuops.controllers.scheduling import INDEX_UNSCHEDULABLE, unschedulable
-from gpuops.controllers.secretscope import SecretScope
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
 from gpuops.kube.controller import Controller, Request, Result, requeue_at
@@ -71,6 +72,7 @@ from .api import (
 from .demand import NodeView, demand, gpu_request, is_unschedulable, uses_gpus
 from .metrics import BOOT_TIMEOUTS, DECISION_SECONDS, IDLE_GPU_SECONDS, PLAN_SECONDS, REFUSALS
 from .power import WEBHOOK_REQUESTS, Endpoint, Outcome, PowerClient, Transition, display_url, idempotency_key
+from .settings import Settings
 
 __all__ = ["DRAIN_TAINT", "PLAN", "Autoprovisioner", "Observed", "Settings", "wall_clock"]
 
@@ -85,24 +87,6 @@ _SECOND = 1_000_000
 _STATE = {"Off": NodeState.OFF, "PoweringOn": NodeState.POWERING_ON, "Ready": NodeState.READY,
           "Draining": NodeState.DRAINING, "PoweringOff": NodeState.POWERING_OFF}
 
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """Cluster-wide knobs (flags of `gpuops run`)."""
-
-    min_warm_gpus: int = 0
-    max_concurrent_power_offs: int = 10
-    boot_backoff_base: float = 300.0
-    boot_backoff_max: float = 1800.0
-    drain_recheck: float = 2.0
-    off_recheck: float = 5.0
-    webhook_retry: float = 10.0
-    refused_backoff_base: float = 10.0
-    """After a webhook refuses a transition (4xx, bad URL or Secret): the first wait, doubling per refusal."""
-    refused_backoff_max: float = 300.0
-    secret_scope: SecretScope = field(default_factory=SecretScope)
-    """Namespaces whose Secrets a group's secretRef may name (the operator's own, plus --secret-namespaces)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,10 +304,39 @@ class Autoprovisioner:
     # ------------------------------------------------------------------------------------------ the planner
 
     async def plan(self) -> Result | None:
+        """The cluster-wide decision: which groups to power on for the unschedulable GPU pods and which idle
+        ones to power off. Each decision is written to its group's status before anything is sent."""
         now = self.clock()
         s = self.settings
+        by_node = self._managed_by_node()
+        valid = list(by_node.values())
+        wake: list[int] = []
+        nodes, views = self._plan_inputs(valid, now, wake)
+        # the index holds only the pods the scheduler gave up on (a scan of every pod cost O(pods) per plan);
+        # in name order, so the plan does not depend on the index's set order
+        waiting = sorted(self.pods.store.by_index(INDEX_UNSCHEDULABLE, ""),
+                         key=lambda p: (p.metadata.namespace, p.metadata.name))
+        pending = demand(waiting, views)
+        started = time.perf_counter()
+        up = plan_scale_up(nodes, pending)
+        policy = ScaleDownPolicy(min_warm_gpus=s.min_warm_gpus, max_concurrent_power_offs=s.max_concurrent_power_offs,
+                                 unneeded_time=0, scale_up_cooldown=0)
+        held = self._kept_on(nodes, by_node)
+        down = plan_scale_down(nodes, now=now, policy=policy, needed={*up.placements.values(), *held})
+        PLAN_SECONDS.observe(time.perf_counter() - started)
+        lost = await self._decide_all(up, down, by_node, now)
+        for u in up.unschedulable:
+            log.debug("pending pod fits no managed node", pod=u.pod, reason=str(u.reason))
+        wake += await self._track_idle(valid, now)
+        if lost:  # the event that made the group newer may be the one that started this plan: nothing else wakes it
+            return Result(requeue=True)
+        return requeue_at(now, wake)
+
+    def _managed_by_node(self) -> dict[str, GPUNodeGroup]:
+        """The group that manages each node: valid, allowed its credentials, not being deleted, and the first of
+        the groups naming the node (`owner`)."""
         by_node: dict[str, GPUNodeGroup] = {}
-        for g in sorted(self.groups.store.list(), key=_seniority):  # a node's first group manages it (`owner`)
+        for g in sorted(self.groups.store.list(), key=_seniority):
             try:
                 check_spec(g.spec)
             except SpecError:
@@ -332,11 +345,15 @@ class Autoprovisioner:
                 continue
             if not g.metadata.deletion_timestamp:
                 by_node.setdefault(g.spec.node_name, g)
-        valid = list(by_node.values())
+        return by_node
+
+    def _plan_inputs(self, valid: list[GPUNodeGroup], now: int,
+                     wake: list[int]) -> tuple[list[GpuNode], list[NodeView]]:
+        """The groups as the planner sees them, and as pending pods' selectors and tolerations see their nodes;
+        adds their wake-ups. A group whose data cannot be planned is left out with a Warning Event."""
         last_up = max((t for g in valid if (t := _t(g.status.last_scale_up)) is not None), default=None)
         nodes: list[GpuNode] = []
         views: list[NodeView] = []
-        wake: list[int] = []
         for g in valid:
             try:
                 planned = self._planned(g, now, last_up, wake)
@@ -348,22 +365,21 @@ class Autoprovisioner:
             if planned is not None:
                 nodes.append(planned[0])
                 views.append(planned[1])
-        # the index holds only the pods the scheduler gave up on (a scan of every pod cost O(pods) per plan);
-        # in name order, so the plan does not depend on the index's set order
-        waiting = sorted(self.pods.store.by_index(INDEX_UNSCHEDULABLE, ""),
-                         key=lambda p: (p.metadata.namespace, p.metadata.name))
-        pending = demand(waiting, views)
-        started = time.perf_counter()
-        up = plan_scale_up(nodes, pending)
-        policy = ScaleDownPolicy(min_warm_gpus=s.min_warm_gpus, max_concurrent_power_offs=s.max_concurrent_power_offs,
-                                 unneeded_time=0, scale_up_cooldown=0)
+        return nodes, views
+
+    def _kept_on(self, nodes: list[GpuNode], by_node: dict[str, GPUNodeGroup]) -> dict[str, str]:
+        """Idle Ready nodes that must not be drained (`blocker`), with why."""
         held = {n.name: why for n in nodes if n.state is NodeState.READY and n.gpu_pods == 0
                 and (why := self.blocker(by_node[n.name])) is not None}
         for name, why in held.items():
             log.debug("idle node kept on", node=name, reason=why)
-        down = plan_scale_down(nodes, now=now, policy=policy, needed={*up.placements.values(), *held})
-        PLAN_SECONDS.observe(time.perf_counter() - started)
-        lost = False  # a decision whose write lost to a newer version: plan again once the cache has it
+        return held
+
+    async def _decide_all(self, up: ScaleUpPlan, down: ScaleDownPlan, by_node: dict[str, GPUNodeGroup],
+                          now: int) -> bool:
+        """Write every power-on, then every power-off decision. True when a write lost to a newer version of
+        its group: plan again once the cache has it."""
+        lost = False
         for name in up.power_on:
             g = by_node[name]
             pods = sorted(p for p, n in up.placements.items() if n == name)
@@ -377,12 +393,7 @@ class Autoprovisioner:
         for name in down.power_off:
             if not await self._decide(by_node[name], "down", now, "no GPU pods for scaleDownUnneededSeconds"):
                 lost = self._lost_to_conflict(by_node[name]) or lost
-        for u in up.unschedulable:
-            log.debug("pending pod fits no managed node", pod=u.pod, reason=str(u.reason))
-        wake += await self._track_idle(valid, now)
-        if lost:  # the event that made the group newer may be the one that started this plan: nothing else wakes it
-            return Result(requeue=True)
-        return requeue_at(now, wake)
+        return lost
 
     def _lost_to_conflict(self, group: GPUNodeGroup) -> bool:
         if group.metadata.name in self._conflicts:
@@ -474,72 +485,21 @@ class Autoprovisioner:
     # ------------------------------------------------------------------------------------------ one group
 
     async def drive(self, group: GPUNodeGroup) -> Result | None:
+        """One step of the group's state machine (see the module docstring)."""
         now = self.clock()
-        st = group.status
-        state = st.state or "Off"
+        state = group.status.state or "Off"
         obs = self.observe(group)
         up = obs.ready and obs.gpus > 0
-        if not st.state or _refused(group):  # first sight (or first since it was refused): say where it stands
-            if up:
-                await self._become(group, now, "Ready", "NodeReady", f"{group.spec.node_name} is up")
-            else:
-                await self._become(group, now, "Off", "Observed", f"{group.spec.node_name} is not up; it is powered"
-                                   " on when pending GPU pods need it")
-            return None
+        if not group.status.state or _refused(group):  # first sight (or first since it was refused)
+            return await self._first_sight(group, now, up)
         if state == "PoweringOn":
-            tr = st.transition
-            if tr is not None and tr.direction == "up" and not tr.sent and not up:
-                if (held := self._held(group, tr, now)) is not None:
-                    return held
-                outcome = await self._send(group, group.spec.scale_up, tr)
-                if not outcome.ok:
-                    return await self._webhook_failed(group, tr, outcome, now)
-                return None  # the status write brings us back
-            if up:
-                await self._become(group, now, "Ready", "NodeReady",
-                                   f"{group.spec.node_name} is Ready with {obs.gpus} GPUs allocatable",
-                                   transition=None, boot_deadline=None, failures=0, backoff_until=None)
-                await self._untaint(obs.node)
-                return None
-            deadline = _t(st.boot_deadline)
-            if deadline is not None and now >= deadline:
-                failures = st.failures + 1
-                pause = min(self.settings.boot_backoff_max, self.settings.boot_backoff_base * 2 ** (failures - 1))
-                if await self._become(group, now, "Failed", "BootTimeout",
-                                      f"{group.spec.node_name} was not Ready with GPUs within "
-                                      f"{group.spec.boot_timeout_seconds}s of the power-on; another machine may be "
-                                      f"tried; this one is offered again in {pause:g}s", warning=True,
-                                      transition=None, failures=failures,
-                                      backoff_until=format_time(now + round(pause * _SECOND))):
-                    BOOT_TIMEOUTS.inc()  # once per timeout: a write lost to a conflict is retried, not counted
-                return None
-            return requeue_at(now, [deadline])
+            return await self._powering_on(group, obs, now, up)
         if state == "Failed":
-            if up:
-                await self._become(group, now, "Ready", "NodeReady", f"{group.spec.node_name} came up late",
-                                   failures=0, backoff_until=None)  # it boots after all: a later timeout starts over
-                return None
-            until = _t(st.backoff_until)
-            if until is None or now >= until:
-                await self._become(group, now, "Off", "BackoffOver", "offered to the planner again")
-                return None
-            return requeue_at(now, [until])
+            return await self._failed(group, now, up)
         if state == "Draining":
             return await self._drain(group, obs, now)
         if state == "PoweringOff":
-            tr = st.transition
-            if tr is not None and tr.direction == "down" and not tr.sent:
-                if (held := self._held(group, tr, now)) is not None:
-                    return held
-                outcome = await self._send(group, group.spec.scale_down, tr)
-                if not outcome.ok:
-                    return await self._webhook_failed(group, tr, outcome, now)
-                return None
-            if obs.node is None or not obs.ready:
-                await self._become(group, now, "Off", "PoweredOff", f"{group.spec.node_name} is down",
-                                   transition=None, idle_since=None)
-                return None
-            return Result(requeue_after=self.settings.off_recheck)
+            return await self._powering_off(group, obs, now)
         # Off and Ready follow the node
         if state == "Off" and up:
             await self._become(group, now, "Ready", "NodeReady", f"{group.spec.node_name} is up (not by us)")
@@ -547,6 +507,77 @@ class Autoprovisioner:
             await self._become(group, now, "Off", "NodeGone", f"{group.spec.node_name} left the cluster",
                                idle_since=None)
         return None
+
+    async def _first_sight(self, group: GPUNodeGroup, now: int, up: bool) -> Result | None:
+        """Say where a group stands that we had not managed yet: Ready or Off, after its node."""
+        if up:
+            await self._become(group, now, "Ready", "NodeReady", f"{group.spec.node_name} is up")
+        else:
+            await self._become(group, now, "Off", "Observed", f"{group.spec.node_name} is not up; it is powered"
+                               " on when pending GPU pods need it")
+        return None
+
+    async def _request(self, group: GPUNodeGroup, hook: Webhook, tr: PendingTransition, now: int) -> Result | None:
+        """Call the transition's webhook unless a failed call's wait is still due; a failure waits again."""
+        if (held := self._held(group, tr, now)) is not None:
+            return held
+        outcome = await self._send(group, hook, tr)
+        if not outcome.ok:
+            return await self._webhook_failed(group, tr, outcome, now)
+        return None  # the status write brings us back
+
+    async def _powering_on(self, group: GPUNodeGroup, obs: Observed, now: int, up: bool) -> Result | None:
+        """POST scale-up once, then Ready when the node is up with its GPUs, or Failed past the boot deadline."""
+        st = group.status
+        tr = st.transition
+        if tr is not None and tr.direction == "up" and not tr.sent and not up:
+            return await self._request(group, group.spec.scale_up, tr, now)
+        if up:
+            await self._become(group, now, "Ready", "NodeReady",
+                               f"{group.spec.node_name} is Ready with {obs.gpus} GPUs allocatable",
+                               transition=None, boot_deadline=None, failures=0, backoff_until=None)
+            await self._untaint(obs.node)
+            return None
+        deadline = _t(st.boot_deadline)
+        if deadline is not None and now >= deadline:
+            await self._boot_timed_out(group, now)
+            return None
+        return requeue_at(now, [deadline])
+
+    async def _boot_timed_out(self, group: GPUNodeGroup, now: int) -> None:
+        """Failed, backing off (doubling per consecutive timeout) before the machine is offered again."""
+        failures = group.status.failures + 1
+        pause = min(self.settings.boot_backoff_max, self.settings.boot_backoff_base * 2 ** (failures - 1))
+        if await self._become(group, now, "Failed", "BootTimeout",
+                              f"{group.spec.node_name} was not Ready with GPUs within "
+                              f"{group.spec.boot_timeout_seconds}s of the power-on; another machine may be "
+                              f"tried; this one is offered again in {pause:g}s", warning=True,
+                              transition=None, failures=failures,
+                              backoff_until=format_time(now + round(pause * _SECOND))):
+            BOOT_TIMEOUTS.inc()  # once per timeout: a write lost to a conflict is retried, not counted
+
+    async def _failed(self, group: GPUNodeGroup, now: int, up: bool) -> Result | None:
+        """Ready if the machine came up after all; Off (offered to the planner again) once the backoff is over."""
+        if up:
+            await self._become(group, now, "Ready", "NodeReady", f"{group.spec.node_name} came up late",
+                               failures=0, backoff_until=None)  # it boots after all: a later timeout starts over
+            return None
+        until = _t(group.status.backoff_until)
+        if until is None or now >= until:
+            await self._become(group, now, "Off", "BackoffOver", "offered to the planner again")
+            return None
+        return requeue_at(now, [until])
+
+    async def _powering_off(self, group: GPUNodeGroup, obs: Observed, now: int) -> Result | None:
+        """POST scale-down once, then Off when the node is NotReady or gone."""
+        tr = group.status.transition
+        if tr is not None and tr.direction == "down" and not tr.sent:
+            return await self._request(group, group.spec.scale_down, tr, now)
+        if obs.node is None or not obs.ready:
+            await self._become(group, now, "Off", "PoweredOff", f"{group.spec.node_name} is down",
+                               transition=None, idle_since=None)
+            return None
+        return Result(requeue_after=self.settings.off_recheck)
 
     async def _drain(self, group: GPUNodeGroup, obs: Observed, now: int) -> Result | None:
         tr = group.status.transition

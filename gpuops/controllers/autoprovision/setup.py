@@ -4,16 +4,15 @@ become GPUNodeGroup objects at start. `gpuops run` calls `setup` through its Con
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 import structlog
 
 from gpuops.controllers.secretscope import SecretScope
+from gpuops.controllers.wiring import Installed, add_side_tasks
 from gpuops.kube.controller import Controller, Predicate, resource_version_changed
 from gpuops.kube.errors import AlreadyExists
 from gpuops.kube.events import EventRecorder
@@ -21,10 +20,11 @@ from gpuops.kube.informer import INDEX_NAMESPACE, INDEX_NODE, by_namespace, pods
 from gpuops.kube.manager import Manager
 from gpuops.kube.resources import NODES, PDBS, PODS
 
-from .api import API_VERSION, GROUPS, KIND, GPUNodeGroup, groups_from_env
+from .api import API_VERSION, GROUPS, KIND, EnvGroup, GPUNodeGroup, groups_from_env
 from .metrics import STATE_COLLECTOR
 from .power import PowerClient
-from .reconciler import Autoprovisioner, Settings, wall_clock
+from .reconciler import Autoprovisioner, wall_clock
+from .settings import Settings
 
 __all__ = ["COMPONENT", "CONTROLLER_NAME", "AutoprovisionController", "install", "setup"]
 
@@ -34,12 +34,7 @@ FIELD_MANAGER = "gpuops-autoprovision-env"
 log = structlog.get_logger("gpuops.controllers.autoprovision")
 
 
-@dataclass(frozen=True, slots=True)
-class AutoprovisionController:
-    reconciler: Autoprovisioner
-    controller: Controller
-    recorder: EventRecorder
-    power: PowerClient
+AutoprovisionController = Installed[Autoprovisioner]
 
 
 def _spec_or_meta_changed(old: GPUNodeGroup, new: GPUNodeGroup) -> bool:
@@ -79,38 +74,27 @@ def install(
     controller.watch(pods, reconciler.map_deleted_pod, predicates=[Predicate(create=_never, update=_never)])
     reconciler.controller = controller
     manager.add(controller)
-    seed_groups = groups_from_env(os.environ if env is None else env)
+    seed = groups_from_env(os.environ if env is None else env)
+    add_side_tasks(manager, CONTROLLER_NAME, recorder, lambda: STATE_COLLECTOR.register(groups.store.list),
+                   first=lambda: _create_seed_groups(manager, seed), close=[client.close])
+    return AutoprovisionController(reconciler, controller, recorder)
 
-    async def side_tasks() -> None:
-        unregister = STATE_COLLECTOR.register(groups.store.list)
-        recorder.start()
+
+async def _create_seed_groups(manager: Manager, seed: list[EnvGroup]) -> None:
+    """The seed's environment variables (GPU_NODE_<n>_*), as objects users can see and edit."""
+    for g in seed:
+        body = {"apiVersion": API_VERSION, "kind": KIND,
+                "metadata": {"name": g.spec.node_name, "labels": {"gpuops.io/from-env": g.prefix.lower()}},
+                "spec": msgspec.to_builtins(g.spec)}
         try:
-            for g in seed_groups:  # the seed's environment variables, as objects users can see and edit
-                body = {"apiVersion": API_VERSION, "kind": KIND,
-                        "metadata": {"name": g.spec.node_name, "labels": {"gpuops.io/from-env": g.prefix.lower()}},
-                        "spec": msgspec.to_builtins(g.spec)}
-                try:
-                    await manager.client.create(GROUPS, body, field_manager=FIELD_MANAGER)
-                    log.info("node group created from environment", group=g.spec.node_name, prefix=g.prefix)
-                except AlreadyExists:
-                    pass  # created by an earlier start (or by hand): the object is the truth now
-            await asyncio.Event().wait()
-        finally:
-            unregister()
-            await recorder.stop(timeout=2.0)
-            await client.close()
-
-    manager.add_runnable(f"{CONTROLLER_NAME}-events-and-metrics", side_tasks)
-    return AutoprovisionController(reconciler, controller, recorder, client)
+            await manager.client.create(GROUPS, body, field_manager=FIELD_MANAGER)
+            log.info("node group created from environment", group=g.spec.node_name, prefix=g.prefix)
+        except AlreadyExists:
+            pass  # created by an earlier start (or by hand): the object is the truth now
 
 
-async def setup(manager: Manager) -> None:
-    """The ControllerRegistry entry. Reads `autoprovision_min_warm_gpus` and
-    `autoprovision_max_concurrent_power_offs` and `secret_namespaces` from the manager's settings (`gpuops run`
-    flags)."""
-    s = manager.settings
-    install(manager, settings=Settings(
-        min_warm_gpus=int(s.get("autoprovision_min_warm_gpus", 0)),
-        max_concurrent_power_offs=int(s.get("autoprovision_max_concurrent_power_offs", 10)),
-        secret_scope=SecretScope.from_settings(s),
-    ))
+def setup(manager: Manager, settings: Settings) -> None:
+    """The registry's entry (settings.CONTROLLER): Secrets may be read in this process's namespace and
+    `settings.secret_namespaces`."""
+    scope = SecretScope.of_process(settings.secret_namespaces)
+    install(manager, settings=msgspec.structs.replace(settings, secret_scope=scope))

@@ -377,10 +377,8 @@ class Enforcer:
     async def _evict_one(
         self, budget: GPUWorkloadBudget, spec: ParsedSpec, sit: Situation, t: Target, state: _Evictions, out: Outcome
     ) -> None:
-        opts = self.options
-        pod, now = t.pod, sit.now
-        name, uid = pod.metadata.name, pod.metadata.uid
-        usage = format_gpu_hours(t.usage)
+        pod = t.pod
+        uid = pod.metadata.uid
         grace = spec.eviction_grace if spec.eviction_grace is not None else pod.spec.termination_grace_period_seconds
         key = f"{budget.metadata.namespace}/{budget.metadata.name}"
         sent = self.clock()
@@ -393,43 +391,61 @@ class Enforcer:
         pre = {"uid": uid, **({"resourceVersion": pod.metadata.resource_version}
                               if pod.metadata.resource_version else {})}
         try:
-            await self.client.evict(name, pod.metadata.namespace, grace_period_seconds=spec.eviction_grace,
-                                    preconditions=pre)
+            await self.client.evict(pod.metadata.name, pod.metadata.namespace,
+                                    grace_period_seconds=spec.eviction_grace, preconditions=pre)
         except NotFound:
             state.blocked.pop(uid, None)
             return
         except Conflict:  # the pod changed since the cache's copy: its update event brings a fresh decision
-            self.answered_at.pop(uid, None)
-            if self.stopped_at.pop(uid, None) is not None and self.on_stop is not None:
-                self.on_stop(key, uid, None)
-            log.info("eviction skipped: the pod changed since the cached copy", pod=f"{pod.metadata.namespace}/{name}")
+            self._unstop(key, uid)
+            log.info("eviction skipped: the pod changed since the cached copy",
+                     pod=f"{pod.metadata.namespace}/{pod.metadata.name}")
             return
         except ApiError as e:
-            self.answered_at.pop(uid, None)
-            if self.stopped_at.pop(uid, None) is not None and self.on_stop is not None:
-                self.on_stop(key, uid, None)  # refused: it runs on, and counts on
-            prior = state.blocked.get(uid)
-            attempts = (prior.attempts if prior else 0) + 1
-            # 429 is also the API server's throttling (with Retry-After): only the eviction's own answer names a PDB
-            pdb = isinstance(e, TooManyRequests) and "disruption budget" in (e.message or "").lower()
-            base = opts.eviction_backoff_base if pdb else opts.error_retry
-            delay = min(opts.eviction_backoff_max, base * 2 ** (attempts - 1))
-            if e.retry_after:
-                delay = max(delay, min(e.retry_after, opts.eviction_backoff_max))
-            reason = "EvictionBlocked" if pdb else "EvictionFailed"
-            why = "a PodDisruptionBudget allows no disruption now" if pdb else f"{e.status} {e.reason}: {e.message}"
-            message = f"eviction of pod {name} refused ({why}); attempt {attempts}, next try in {delay:g}s"
-            state.blocked[uid] = _Blocked(attempts, now + round(delay * _SECOND), reason, message)
-            self.event(budget, "Warning", reason, message)
-            _count(key, "Evict", "Blocked" if pdb else "Error")
-            out.last = LastEnforcement(action="Evict", pod=name, time=format_time(now),
-                                       result="Blocked" if pdb else "Failed", message=message)
-            log.warning("eviction refused", pod=f"{pod.metadata.namespace}/{name}", reason=reason,
-                        attempt=attempts, retry_in=delay, error=str(e))
+            self._unstop(key, uid)  # refused: it runs on, and counts on
+            self._refused(budget, pod, e, state, out, sit.now)
             return
         state.blocked.pop(uid, None)
         if uid in self.stopped_at:
             self.answered_at[uid] = self.clock()
+        self._evicted(budget, t, sit, out)
+
+    def _unstop(self, key: str, uid: str) -> None:
+        """The eviction was not taken: withdraw the stop recorded as it was sent, if any."""
+        self.answered_at.pop(uid, None)
+        if self.stopped_at.pop(uid, None) is not None and self.on_stop is not None:
+            self.on_stop(key, uid, None)
+
+    def _refused(
+        self, budget: GPUWorkloadBudget, pod: Pod, e: ApiError, state: _Evictions, out: Outcome, now: int
+    ) -> None:
+        """Back the pod off (exponentially, from a shorter base for a PodDisruptionBudget's refusal) and say so:
+        an Event, the enforcement series, status.lastEnforcement."""
+        opts = self.options
+        name, uid = pod.metadata.name, pod.metadata.uid
+        prior = state.blocked.get(uid)
+        attempts = (prior.attempts if prior else 0) + 1
+        # 429 is also the API server's throttling (with Retry-After): only the eviction's own answer names a PDB
+        pdb = isinstance(e, TooManyRequests) and "disruption budget" in (e.message or "").lower()
+        base = opts.eviction_backoff_base if pdb else opts.error_retry
+        delay = min(opts.eviction_backoff_max, base * 2 ** (attempts - 1))
+        if e.retry_after:
+            delay = max(delay, min(e.retry_after, opts.eviction_backoff_max))
+        reason = "EvictionBlocked" if pdb else "EvictionFailed"
+        why = "a PodDisruptionBudget allows no disruption now" if pdb else f"{e.status} {e.reason}: {e.message}"
+        message = f"eviction of pod {name} refused ({why}); attempt {attempts}, next try in {delay:g}s"
+        state.blocked[uid] = _Blocked(attempts, now + round(delay * _SECOND), reason, message)
+        self.event(budget, "Warning", reason, message)
+        _count(f"{budget.metadata.namespace}/{budget.metadata.name}", "Evict", "Blocked" if pdb else "Error")
+        out.last = LastEnforcement(action="Evict", pod=name, time=format_time(now),
+                                   result="Blocked" if pdb else "Failed", message=message)
+        log.warning("eviction refused", pod=f"{pod.metadata.namespace}/{name}", reason=reason,
+                    attempt=attempts, retry_in=delay, error=str(e))
+
+    def _evicted(self, budget: GPUWorkloadBudget, t: Target, sit: Situation, out: Outcome) -> None:
+        """Say that the pod was evicted: Events on the budget and the pod, the series, status.lastEnforcement."""
+        pod = t.pod
+        name, usage = pod.metadata.name, format_gpu_hours(t.usage)
         message = (
             f"evicted pod {name} ({usage} GPU-hours in the window): budget over quota"
             f" ({format_gpu_hours(sit.consumed)} of {format_gpu_hours(sit.quota)} GPU-hours); its usage keeps counting"
@@ -438,8 +454,9 @@ class Enforcer:
         with contextlib.suppress(ValueError):
             self.recorder.record(pod, "Warning", "EvictedByBudget",
                                  f"evicted by GPUWorkloadBudget {budget.metadata.name}: the budget is over quota")
-        _count(key, "Evict", "Evicted")
-        out.last = LastEnforcement(action="Evict", pod=name, time=format_time(now), result="Evicted", message=message)
+        _count(f"{budget.metadata.namespace}/{budget.metadata.name}", "Evict", "Evicted")
+        out.last = LastEnforcement(action="Evict", pod=name, time=format_time(sit.now), result="Evicted",
+                                   message=message)
         log.info("evicted pod", pod=f"{pod.metadata.namespace}/{name}", usage_gpu_hours=usage)
 
     # ------------------------------------------------------------------------------------------ writes

@@ -3,11 +3,10 @@ and the metrics source, all added to a `Manager`. `gpuops run` calls `setup` thr
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from gpuops.controllers.wiring import Installed, add_side_tasks
 from gpuops.kube.controller import Controller, Predicate, resource_version_changed
 from gpuops.kube.events import EventRecorder
 from gpuops.kube.manager import Manager
@@ -18,24 +17,16 @@ from .api import BUDGETS, PAUSED_BY, GPUWorkloadBudget
 from .enforcement import Enforcer
 from .metrics import COLLECTOR
 from .reconciler import BudgetReconciler, Options, wall_clock
+from .settings import Settings
 
 __all__ = ["COMPONENT", "CONTROLLER_NAME", "BudgetController", "install", "setup"]
 
-DEFAULT_STATUS_REFRESH = 60.0
-"""Seconds between status rewrites while pods run (what `kubectl get gwb` shows drifts by at most this)."""
-DEFAULT_WORKERS = 16
-"""A budget reconcile mostly waits on its one status write: with 1,000 budgets and 100 pod completions/s the
-4 workers other controllers use were all busy waiting (bench/scale.py) while the work queue grew."""
 CONTROLLER_NAME = "budget"
 COMPONENT = "gpuops-budget-controller"
 """source.component / reportingComponent of our Events."""
 
 
-@dataclass(frozen=True, slots=True)
-class BudgetController:
-    reconciler: BudgetReconciler
-    controller: Controller
-    recorder: EventRecorder
+BudgetController = Installed[BudgetReconciler]
 
 
 def _spec_or_meta_changed(old: GPUWorkloadBudget, new: GPUWorkloadBudget) -> bool:
@@ -85,25 +76,11 @@ def install(
         Predicate(create=_paused, update=lambda a, b: _paused(a) or _paused(b), delete=_paused)])
     reconciler.controller = controller
     manager.add(controller)
-
-    async def side_tasks() -> None:
-        unregister = COLLECTOR.register(reconciler)
-        recorder.start()
-        try:
-            await asyncio.Event().wait()
-        finally:
-            unregister()
-            await recorder.stop(timeout=2.0)
-
-    manager.add_runnable(f"{CONTROLLER_NAME}-events-and-metrics", side_tasks)
+    add_side_tasks(manager, CONTROLLER_NAME, recorder, lambda: COLLECTOR.register(reconciler))
     return BudgetController(reconciler, controller, recorder)
 
 
-async def setup(manager: Manager) -> None:
-    """The ControllerRegistry entry: `CONTROLLERS.register("budget", "gpuops.controllers.budget:setup")`.
-
-    Reads `budget_status_refresh` (seconds, 0 = only on changes) and `budget_max_concurrent_reconciles` from
-    the manager's settings (`gpuops run --budget-status-refresh`, `--budget-max-concurrent-reconciles`)."""
-    refresh = float(manager.settings.get("budget_status_refresh", DEFAULT_STATUS_REFRESH))
-    workers = int(manager.settings.get("budget_max_concurrent_reconciles", DEFAULT_WORKERS))
-    install(manager, options=Options(status_refresh=refresh or None), max_concurrent_reconciles=workers)
+def setup(manager: Manager, settings: Settings) -> None:
+    """The registry's entry (settings.CONTROLLER)."""
+    install(manager, options=Options(status_refresh=settings.status_refresh or None),
+            max_concurrent_reconciles=settings.max_concurrent_reconciles)

@@ -30,7 +30,6 @@ import contextlib
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 import msgspec
 import structlog
@@ -66,6 +65,7 @@ from .api import (
 )
 from .metrics import ALLOCATION_SECONDS, PLAN_FAILURES
 from .reports import refused_reports
+from .settings import Settings
 
 __all__ = [
     "CONDITION",
@@ -90,21 +90,6 @@ HOSTNAME = "kubernetes.io/hostname"
 _SECOND = 1_000_000
 _LIVE = ("Pending", "Created", "Bound")
 _DONE = ("Succeeded", "Failed")
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    pending_timeout: float = 60.0
-    """A claim still Pending after this (its agent is gone or stuck) is deleted and the pod planned again."""
-    agent_stale: float = 120.0
-    """A MigNode whose heartbeat is older than this is not planned on (its agent is down)."""
-    retry: float = 30.0
-    """How often a pod that fits nowhere is looked at again even without a capacity change."""
-    failed_backoff: float = 2.0
-    advertise_timeout: float = 60.0
-    """Slices offered this long ago that the agent has not advertised, or the kubelet has not listed in the node's
-    allocatable, make the pod DeviceNotAdvertised (a Warning): the agent's device plugin is not registered with
-    the kubelet, or the kubelet does not take its devices. The pod keeps waiting; either may recover."""
 
 
 def gated(pod: Pod) -> tuple[str, ...]:
@@ -209,6 +194,7 @@ class Allocator:
     # ------------------------------------------------------------------------------------------ reconcile
 
     async def reconcile(self, req: Request) -> Result | None:
+        """Plan, create and offer a gated pod's MIG slices, then ungate it; release a finished pod's claims."""
         pod = self.pods.store.get(f"{req.namespace}/{req.name}")
         if pod is None:
             self._seen_waiting.pop((req.namespace, req.name), None)
@@ -243,12 +229,20 @@ class Allocator:
         if not live:
             return await self._plan(pod, profiles)
         if any(c.status.phase == "Pending" for c in live):
-            pending = [c for c in live if c.status.phase == "Pending"]
-            await self._waiting(pod, "CreatingSlices", f"waiting for the node agent on {live[0].spec.node_name} to"
-                                f" create {len(pending)} slice(s) ({', '.join(c.spec.profile for c in pending)})")
-            created = min(parse_time_or_none(c.metadata.creation_timestamp) or now for c in live)
-            return Result(requeue_after=max(0.1, (created + self.settings.pending_timeout * _SECOND - now) / _SECOND))
-        # every slice exists: advertise them (one pod per node and profile at a time), then ungate
+            return await self._creating(pod, live, now)
+        return await self._offer(pod, live, now)
+
+    async def _creating(self, pod: Pod, live: list[AllocationClaim], now: int) -> Result:
+        """Wait for the agent to create the Pending slices; look again when the oldest claim would be stuck."""
+        pending = [c for c in live if c.status.phase == "Pending"]
+        await self._waiting(pod, "CreatingSlices", f"waiting for the node agent on {live[0].spec.node_name} to"
+                            f" create {len(pending)} slice(s) ({', '.join(c.spec.profile for c in pending)})")
+        created = min(parse_time_or_none(c.metadata.creation_timestamp) or now for c in live)
+        return Result(requeue_after=max(0.1, (created + self.settings.pending_timeout * _SECOND - now) / _SECOND))
+
+    async def _offer(self, pod: Pod, live: list[AllocationClaim], now: int) -> Result | None:
+        """Every slice exists: advertise them (one pod per node and profile at a time), then ungate the pod once
+        the agent offers them and the kubelet lists them."""
         node = live[0].spec.node_name
         profiles_here = {c.spec.profile for c in live}
         if not all(ADVERTISE in (c.metadata.annotations or {}) for c in live):

@@ -4,12 +4,11 @@ ControllerRegistry, together with the admission webhook (which serves on every r
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from gpuops.controllers.coexistence import mig_manager_conflict
+from gpuops.controllers.wiring import Installed, add_side_tasks
 from gpuops.kube.controller import Controller, Predicate, resource_version_changed
 from gpuops.kube.events import EventRecorder
 from gpuops.kube.informer import INDEX_NODE, Informer, pods_by_node
@@ -24,7 +23,6 @@ from .allocator import (
     INDEX_CLAIMS_BY_POD,
     INDEX_GATED,
     Allocator,
-    Settings,
     claims_by_node,
     claims_by_pod,
     gated,
@@ -32,6 +30,7 @@ from .allocator import (
 from .api import CLAIMS, MIG_NODES, OUR_PREFIX, MigNode
 from .conflicts import MigConflicts
 from .metrics import STATE_COLLECTOR
+from .settings import DEFAULT_NAMESPACE, Settings
 
 __all__ = ["COMPONENT", "CONTROLLER_NAME", "MigAllocatorController", "install", "setup"]
 
@@ -39,11 +38,7 @@ CONTROLLER_NAME = "migslicer"
 COMPONENT = "gpuops-mig-allocator"
 
 
-@dataclass(frozen=True, slots=True)
-class MigAllocatorController:
-    allocator: Allocator
-    controller: Controller
-    recorder: EventRecorder
+MigAllocatorController = Installed[Allocator]
 
 
 def _mig_allocatable_changed(old: Node, new: Node) -> bool:
@@ -95,16 +90,8 @@ def install(
     def _gated() -> int:
         return len(pods.store.by_index(INDEX_GATED, ""))
 
-    async def side_tasks() -> None:
-        unregister = STATE_COLLECTOR.register((mig_nodes.store.list, claims.store.list, _gated))
-        recorder.start()
-        try:
-            await asyncio.Event().wait()
-        finally:
-            unregister()
-            await recorder.stop(timeout=2.0)
-
-    manager.add_runnable(f"{CONTROLLER_NAME}-events-and-metrics", side_tasks)
+    add_side_tasks(manager, CONTROLLER_NAME, recorder,
+                   lambda: STATE_COLLECTOR.register((mig_nodes.store.list, claims.store.list, _gated)))
     return MigAllocatorController(allocator, controller, recorder)
 
 
@@ -125,18 +112,14 @@ def _conditions_or_node_changed(old: MigNode, new: MigNode) -> bool:
     return old.status.conditions != new.status.conditions or old.spec != new.spec
 
 
-async def setup(manager: Manager) -> None:
-    """The ControllerRegistry entry: the allocator (leader-elected) and, unless `mig_webhook_port` is 0, the
-    admission webhook with its caBundle patcher (on every replica)."""
-    s = manager.settings
-    install(manager, settings=Settings(advertise_timeout=float(s.get("mig_advertise_timeout", 60.0))))
-    port = int(s.get("mig_webhook_port", 9443))
-    if port:
+def setup(manager: Manager, settings: Settings) -> None:
+    """The registry's entry (settings.CONTROLLER): the allocator (leader-elected) and, unless the webhook port
+    is 0, the admission webhook with its caBundle patcher (on every replica)."""
+    install(manager, settings=settings)
+    if settings.webhook_port:
         from . import webhook
 
-        namespace = s.get("mig_webhook_namespace") or own_namespace() or webhook.DEFAULT_NAMESPACE
-        webhook.install(manager, service=str(s.get("mig_webhook_service") or webhook.DEFAULT_SERVICE),
-                        namespace=namespace, port=port, host=s.get("mig_webhook_host"),
-                        cert_dir=s.get("mig_webhook_cert_dir"))
-
-
+        webhook.install(manager, service=settings.webhook_service,
+                        namespace=settings.webhook_namespace or own_namespace() or DEFAULT_NAMESPACE,
+                        port=settings.webhook_port, host=settings.webhook_host or None,
+                        cert_dir=settings.webhook_cert_dir)

@@ -50,6 +50,7 @@ from .certs import (
     service_dns_names,
 )
 from .mutation import MutationResult, mutate
+from .settings import DEFAULT_NAMESPACE, DEFAULT_PORT, DEFAULT_SERVICE
 from .webhook_http import Answer, HttpServer, Limits
 
 __all__ = [
@@ -73,9 +74,6 @@ log = structlog.get_logger("gpuops.controllers.migslicer.webhook")
 
 MUTATE_PATH: Final = "/mutate-pods"
 HEALTH_PATH: Final = "/healthz"
-DEFAULT_SERVICE: Final = "gpuops-webhook"
-DEFAULT_NAMESPACE: Final = "gpuops-system"
-DEFAULT_PORT: Final = 9443
 DEFAULT_CONFIG_NAME: Final = "gpuops-mig-slicer"
 FIELD_MANAGER: Final = "gpuops-mig-slicer-cabundle"
 ADMISSION_V1: Final = "admission.k8s.io/v1"

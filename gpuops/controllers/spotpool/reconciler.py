@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 import structlog
 
-from gpuops.accounting.pool import InstanceState, PoolInstance, plan_pool
+from gpuops.accounting.pool import InstanceState, PoolInstance, PoolPlan, plan_pool
 from gpuops.accounting.pool import PoolSpec as PlanSpec
 from gpuops.controllers.coexistence import CONDITION, KARPENTER_NODEPOOL, NO_CONFLICT, karpenter_nodepool
 from gpuops.controllers.errors import SpecError
@@ -39,7 +39,6 @@ from gpuops.controllers.scheduling import (
     unschedulable,
     uses_gpus,
 )
-from gpuops.controllers.secretscope import SecretScope
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
 from gpuops.kube.controller import Controller, Request, Result, requeue_at
@@ -81,6 +80,7 @@ from .providers.base import (
     ProviderConfig,
     ProviderError,
 )
+from .settings import Settings
 
 __all__ = ["INDEX_UNSCHEDULABLE", "Settings", "SpotPoolReconciler", "client_token", "owner_tags", "unschedulable"]
 
@@ -104,30 +104,6 @@ _BLOCKING = ("CredentialsInvalid", "QuotaExceeded", "CapacityError")
 KARPENTER_NODES = "KarpenterManagedNodes"
 """ConflictDetected reason (and Event reason) of a pool some of whose nodes Karpenter manages too."""
 """Conditions that, while True, say why a pool short of instances is not Ready."""
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """Knobs of `gpuops run` (`--spotpool-*`)."""
-
-    resync_seconds: float = 30.0
-    """Describe every pool at least this often: catches reclaims no node agent reported."""
-    launch_resolve_seconds: float = 300.0
-    """Instances the cloud answered but describe never lists within this are taken as lost."""
-    retry_base: float = 1.0
-    retry_max: float = 60.0
-    capacity_backoff_base: float = 30.0
-    capacity_backoff_max: float = 600.0
-    config_retry: float = 300.0
-    """Credentials, quota and invalid-request errors: retried this rarely (a fix of the Secret or spec, which
-    changes the pool or is seen on this timer, is what helps)."""
-    drain_recheck: float = 2.0
-    call_timeout: float = 15.0
-    secret_recheck: float = 5.0
-    """While the cloud refuses the keys (or the Secret is missing), the Secret is read again this often (a GET
-    on the API server); the cloud is called again only once the Secret changed, or after config_retry."""
-    secret_scope: SecretScope = field(default_factory=SecretScope)
-    """Namespaces whose Secrets credentialsSecretRef may name (the operator's own, plus --secret-namespaces)."""
 
 
 def owner_tags(pool: SpotPool) -> dict[str, str]:
@@ -296,9 +272,24 @@ class SpotPoolReconciler:
 
     async def _converge_step(self, pool: SpotPool, provider: Provider, instances: list[CloudInstance], step: Step
                              ) -> Result | None:
+        """Steps 3 to 7 of the module docstring. The cloud calls keep one order: the launch (the pending one
+        again, or a new one), then the scale-in's terminate, then the cleanup's."""
         now = self.clock()
-        s = self.settings
         self._condition(step, pool, "CredentialsInvalid", "False", "Authenticated", "the cloud accepted the keys")
+        views = await self._match_nodes(pool, instances, step, now)
+        pl, in_flight = self._settle_pending_launch(pool, step, views, now)
+        plan = self._plan(pool, views, in_flight)
+        step.status = msgspec.structs.replace(step.status, desired=plan.target)
+        pool, result = await self._launch_as_planned(pool, provider, step, pl, plan.launch, views, now)
+        await self._scale_in(pool, provider, step, views, {i for b in plan.retire for i in b}, now)
+        await self._report(pool, step, views, plan, now)
+        if result is not None:
+            return result
+        return requeue_at(self.clock(), step.wake)
+
+    async def _match_nodes(self, pool: SpotPool, instances: list[CloudInstance], step: Step, now: int) -> list[View]:
+        """Step 3: each described instance with its Node (joined nodes get the pool's label and taints); a
+        Reclaimed Event for each newly doomed one; what the cloud no longer lists is forgotten."""
         known = set(self._doomed)
         views = [self._view(pool, i, now) for i in instances]
         for v in views:
@@ -316,27 +307,36 @@ class SpotPoolReconciler:
             del self._owner_of[iid]  # gone from the cloud: nothing to remember
             self._doomed.discard(iid)
             self._awaiting.pop(iid, None)
+        return views
 
-        # 4. the pending launch
+    def _settle_pending_launch(self, pool: SpotPool, step: Step, views: list[View],
+                               now: int) -> tuple[PendingLaunch | None, int]:
+        """Step 4: the pending launch still open (None once resolved or lost) and how many of its instances are
+        not listed yet (`in_flight` of the plan)."""
         pl = step.status.pending_launch
         in_flight = 0
-        if pl is not None:
-            bought = [v for v in views if v.inst.launch_id == pl.client_token]
-            missing = [i for i in pl.instance_ids if i not in listed]
-            # resolved: everything it bought is listed, or its answer was lost but the cloud did it
-            if (pl.instance_ids and not missing) or (not pl.instance_ids and bought):
-                if not pl.instance_ids:
-                    self._replaced(pool.metadata.name, len(bought), views)
-                pl = None
-            elif pl.instance_ids and now - (_t(pl.since) or now) > s.launch_resolve_seconds * _SECOND:
-                step.event("Warning", "LaunchLost", f"instances {', '.join(missing)} of launch {pl.client_token} "
-                           f"were never listed within {s.launch_resolve_seconds:g}s; counted as lost")
-                pl = None
-            else:
-                in_flight = len(missing) if pl.instance_ids else pl.count
-            step.status = msgspec.structs.replace(step.status, pending_launch=pl)
+        if pl is None:
+            return pl, in_flight
+        s = self.settings
+        listed = {v.inst.id for v in views}
+        bought = [v for v in views if v.inst.launch_id == pl.client_token]
+        missing = [i for i in pl.instance_ids if i not in listed]
+        # resolved: everything it bought is listed, or its answer was lost but the cloud did it
+        if (pl.instance_ids and not missing) or (not pl.instance_ids and bought):
+            if not pl.instance_ids:
+                self._replaced(pool.metadata.name, len(bought), views)
+            pl = None
+        elif pl.instance_ids and now - (_t(pl.since) or now) > s.launch_resolve_seconds * _SECOND:
+            step.event("Warning", "LaunchLost", f"instances {', '.join(missing)} of launch {pl.client_token} "
+                       f"were never listed within {s.launch_resolve_seconds:g}s; counted as lost")
+            pl = None
+        else:
+            in_flight = len(missing) if pl.instance_ids else pl.count
+        step.status = msgspec.structs.replace(step.status, pending_launch=pl)
+        return pl, in_flight
 
-        # 5. plan
+    def _plan(self, pool: SpotPool, views: list[View], in_flight: int) -> PoolPlan:
+        """Step 5, the decision: doomed instances count as terminating, so they are not capacity."""
         pending = self._demand(pool) if pool.spec.scale_on_demand else None
         plan_instances = [PoolInstance(
             id=v.inst.id,
@@ -345,10 +345,14 @@ class SpotPoolReconciler:
             node=v.node.metadata.name if v.node is not None else None,
             gpu_pods=v.gpu_pods if v.node is not None else 0,
         ) for v in views]
-        plan = plan_pool(PlanSpec(minimum=pool.spec.minimum, maximum=pool.spec.maximum,
+        return plan_pool(PlanSpec(minimum=pool.spec.minimum, maximum=pool.spec.maximum,
                                   instance_gpus=pool.spec.template.gpus_per_instance),
                          plan_instances, in_flight=in_flight, pending=pending)
-        step.status = msgspec.structs.replace(step.status, desired=plan.target)
+
+    async def _launch_as_planned(self, pool: SpotPool, provider: Provider, step: Step, pl: PendingLaunch | None,
+                                 count: int, views: list[View], now: int) -> tuple[SpotPool, Result | None]:
+        """Step 5, the launch: the pending one is resent (after its backoff) until the cloud answers, or waited
+        for until describe lists it; without one, a new launch of `count` instances when the plan wants more."""
         result: Result | None = None
         retry_at = self._retry_at.get(pool.metadata.name, 0)
         if pl is not None and not pl.instance_ids and now < retry_at:
@@ -356,12 +360,15 @@ class SpotPoolReconciler:
         elif pl is not None and not pl.instance_ids:
             pool, result = await self._launch(pool, provider, step, pl, views)
         elif pl is not None:
-            step.wake.append(now + round(s.drain_recheck * _SECOND))  # wait for describe to list them
-        elif plan.launch > 0:
-            pool, result = await self._new_launch(pool, provider, step, plan.launch, views, now)
+            step.wake.append(now + round(self.settings.drain_recheck * _SECOND))  # wait for describe to list them
+        elif count > 0:
+            pool, result = await self._new_launch(pool, provider, step, count, views, now)
+        return pool, result
 
-        # 6. scale-in, cleanup, reclaimed nodes
-        await self._retire(pool, provider, step, views, {i for b in plan.retire for i in b}, now)
+    async def _scale_in(self, pool: SpotPool, provider: Provider, step: Step, views: list[View], chosen: set[str],
+                        now: int) -> None:
+        """Step 6: retire the chosen instances, terminate failed and stopped ones, drain reclaimed nodes."""
+        await self._retire(pool, provider, step, views, chosen, now)
         cleanup = [v.inst.id for v in views if v.inst.state is InstanceState.LAUNCH_FAILED or v.inst.state in STOPPED]
         if cleanup:
             await self._terminate(pool, provider, step, cleanup, "launch-failed")
@@ -370,13 +377,11 @@ class SpotPoolReconciler:
                 await nd.set_retire_taint(self.client, v.node, True)
                 await nd.drain(self.client, self.pods, v.node.metadata.name)
 
-        # 7. status
+    async def _report(self, pool: SpotPool, step: Step, views: list[View], plan: PoolPlan, now: int) -> None:
+        """Step 7: status in one write, then the step's Events."""
         self._summarize(pool, step, views, plan.target, plan.unfit)
-        step.wake.append(now + round(s.resync_seconds * _SECOND))
+        step.wake.append(now + round(self.settings.resync_seconds * _SECOND))
         await self._finish(pool, step)
-        if result is not None:
-            return result
-        return requeue_at(self.clock(), step.wake)
 
     # ------------------------------------------------------------------------------------------ views
 

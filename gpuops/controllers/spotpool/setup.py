@@ -3,13 +3,14 @@ metrics, all added to a `Manager`. `gpuops run` calls `setup` through its Contro
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from gpuops.controllers.coexistence import karpenter_nodepool
 from gpuops.controllers.secretscope import SecretScope
+from gpuops.controllers.wiring import Installed, add_side_tasks
 from gpuops.kube import conditions as cond
 from gpuops.kube.controller import Controller, Predicate, resource_version_changed
 from gpuops.kube.events import EventRecorder
@@ -24,7 +25,8 @@ from .api import POOLS, SpotPool
 from .metrics import STATE_COLLECTOR
 from .providers import make_provider
 from .providers.base import Provider, ProviderConfig
-from .reconciler import INDEX_UNSCHEDULABLE, Settings, SpotPoolReconciler, unschedulable
+from .reconciler import INDEX_UNSCHEDULABLE, SpotPoolReconciler, unschedulable
+from .settings import MIN_RESYNC, Settings
 
 __all__ = ["COMPONENT", "CONTROLLER_NAME", "SpotPoolController", "install", "setup"]
 
@@ -32,11 +34,7 @@ CONTROLLER_NAME = "spotpool"
 COMPONENT = "gpuops-spotpool-controller"
 
 
-@dataclass(frozen=True, slots=True)
-class SpotPoolController:
-    reconciler: SpotPoolReconciler
-    controller: Controller
-    recorder: EventRecorder
+SpotPoolController = Installed[SpotPoolReconciler]
 
 
 def _node_facts(n: Node) -> tuple[Any, ...]:
@@ -81,24 +79,14 @@ def install(
     reconciler.controller = controller
     manager.add(controller)
 
-    async def side_tasks() -> None:
-        unregister = STATE_COLLECTOR.register(pools.store.list)
-        recorder.start()
-        try:
-            await asyncio.Event().wait()
-        finally:
-            unregister()
-            await recorder.stop(timeout=2.0)
-            await reconciler.close()
-
-    manager.add_runnable(f"{CONTROLLER_NAME}-events-and-metrics", side_tasks)
+    add_side_tasks(manager, CONTROLLER_NAME, recorder, lambda: STATE_COLLECTOR.register(pools.store.list),
+                   close=[reconciler.close])
     return SpotPoolController(reconciler, controller, recorder)
 
 
-async def setup(manager: Manager) -> None:
-    """The ControllerRegistry entry; reads `spotpool_resync`, `spotpool_call_timeout` and `secret_namespaces` from
-    the manager's settings (`gpuops run` flags)."""
-    resync = max(1.0, float(manager.settings.get("spotpool_resync", 30.0)))
-    timeout = float(manager.settings.get("spotpool_call_timeout", 15.0))
-    install(manager, settings=Settings(resync_seconds=resync, call_timeout=timeout,
-                                       secret_scope=SecretScope.from_settings(manager.settings)))
+def setup(manager: Manager, settings: Settings) -> None:
+    """The registry's entry (settings.CONTROLLER): Secrets may be read in this process's namespace and
+    `settings.secret_namespaces`."""
+    install(manager, settings=msgspec.structs.replace(
+        settings, resync_seconds=max(MIN_RESYNC, settings.resync_seconds),
+        secret_scope=SecretScope.of_process(settings.secret_namespaces)))

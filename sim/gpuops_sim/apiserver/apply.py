@@ -1105,6 +1105,107 @@ def _undeclared_error(where: str, paths: list[Path]) -> StatusError:
     return StatusError(400, "BadRequest", f"failed to create typed patch object ({where}): {detail}")
 
 
+def _checked_metadata(live: dict[str, Any] | None, config: Any, api_version: str) -> dict[str, Any]:
+    """Refuse a configuration upstream cannot decode as this object; returns its metadata (empty if none)."""
+    if not isinstance(config, dict):
+        raise bad_request("error decoding patch: the applied configuration must be an object")
+    cmeta = config.get("metadata")
+    if isinstance(cmeta, dict) and cmeta.get("managedFields") is not None:
+        raise bad_request("metadata.managedFields must be nil")
+    kind = config.get("kind")
+    if config.get("apiVersion") != api_version or (live is not None and live.get("kind") not in (None, kind)):
+        raise bad_request(f"invalid object type: {_gvk_string(config.get('apiVersion'), kind)}")
+    return cmeta if isinstance(cmeta, dict) else {}
+
+
+def _live_managers(live: dict[str, Any] | None) -> dict[Identity, _Entry]:
+    """The live object's managedFields; an undecodable entry is the server's fault, hence 500."""
+    try:
+        return _decode((live or {}).get("metadata", {}).get("managedFields"))
+    except _DecodeError as err:
+        raise StatusError(500, "", f"failed to decode managed fields: {err}") from err
+
+
+def _config_fields(
+    walker: _Walker, applied: dict[str, Any], api_version: str, list_keys: ListKeys | None, where: str
+) -> set[Path]:
+    """The field set the configuration claims; a value of the wrong shape (500, as upstream) or a field the
+    schema does not declare (400) refuses the apply."""
+    try:
+        config_set = walker.field_set(applied, True)
+    except _TypedError as err:
+        raise StatusError(500, "", f"failed to create typed patch object ({where}): {err}") from err
+    typed_against = _structural_schema(walker.schema, api_version, list_keys)
+    undeclared = _undeclared(walker, applied, typed_against) if typed_against is not None else []
+    if undeclared:
+        raise _undeclared_error(where, undeclared)
+    return config_set
+
+
+def _adopt_unmanaged(
+    walker: _Walker, schema: _Schema, base: dict[str, Any], managers: dict[Identity, _Entry], api_version: str, now: str
+) -> None:
+    """An object no manager has recorded yet: its fields become owned by before-first-apply, so the first
+    apply that changes them meets a conflict instead of silently taking them."""
+    c = walker.compare(schema.skeleton({}), schema.skeleton(base))
+    owned = (c.added | c.modified) - _STRIP
+    if owned:
+        first = _identity(BEFORE_FIRST_APPLY, "Update", api_version, "")
+        managers[first] = _Entry(owned, api_version, now)
+
+
+def _merge_dropping_forgotten(
+    walker: _Walker,
+    schema: _Schema,
+    base: dict[str, Any],
+    applied: dict[str, Any],
+    config_set: set[Path],
+    managers: dict[Identity, _Entry],
+    me: Identity,
+) -> Any:
+    """Merge the configuration onto the live object, removing the fields this applier set last time and
+    left out now, unless another manager (or this configuration) still holds them."""
+    last = managers.get(me)
+    merged = walker.merge(base, applied)
+    if last is not None and last.fields:
+        # The configuration's metadata.name holds metadata here: it is stripped from the sets only afterwards.
+        owned_now = set(config_set)
+        for ident, e in managers.items():
+            if ident != me:
+                owned_now |= e.fields
+        held = _with_named_ancestors(schema, owned_now)
+        merged = walker.remove(merged, _with_named_ancestors(schema, last.fields) - held, held)
+    return merged
+
+
+def _take_changed_fields(
+    walker: _Walker,
+    schema: _Schema,
+    base: dict[str, Any],
+    merged: Any,
+    managers: dict[Identity, _Entry],
+    me: Identity,
+    *,
+    force: bool,
+    kubectl: bool,
+    api_version: str,
+) -> None:
+    """Fields the apply changes that other managers own are conflicts (409) unless forced (or allowed by
+    kubectl's last-applied annotation); otherwise the other managers lose them, and any field it removed."""
+    c = walker.compare(schema.skeleton(base), schema.skeleton(merged))
+    changed = c.added | c.modified
+    conflicts = {i: e.fields & changed for i, e in managers.items() if i != me and e.fields & changed}
+    if conflicts and not force:
+        allowed = _allowed_by_last_applied(walker, base, api_version) if kubectl else set()
+        remaining = {i: s - allowed for i, s in conflicts.items() if s - allowed}
+        if remaining:
+            raise _conflict_error(remaining)
+    for ident, e in managers.items():
+        if ident != me:
+            e.fields -= conflicts.get(ident, set())
+            e.fields -= c.removed
+
+
 def server_side_apply(
     live: dict[str, Any] | None,
     config: dict[str, Any],
@@ -1127,14 +1228,8 @@ def server_side_apply(
     field paths the endpoint ignores (upstream's reset fields: ("status",) on a main resource with a status
     subresource); by default the status subresource ignores everything but status.
     """
-    if not isinstance(config, dict):
-        raise bad_request("error decoding patch: the applied configuration must be an object")
-    cmeta = config.get("metadata")
-    if isinstance(cmeta, dict) and cmeta.get("managedFields") is not None:
-        raise bad_request("metadata.managedFields must be nil")
+    meta = _checked_metadata(live, config, api_version)
     kind = config.get("kind")
-    if config.get("apiVersion") != api_version or (live is not None and live.get("kind") not in (None, kind)):
-        raise bad_request(f"invalid object type: {_gvk_string(config.get('apiVersion'), kind)}")
     if reset_fields is None:
         kept = ("status", "apiVersion", "kind")
         reset_fields = [(k,) for k in config if k not in kept] if subresource == "status" else []
@@ -1142,53 +1237,20 @@ def server_side_apply(
     schema = _Schema(_group(api_version), str(kind or ""), list_keys)
     walker = _Walker(schema)
     base = strip_managed_fields(live) if live is not None else {}
-    try:
-        managers = _decode((live or {}).get("metadata", {}).get("managedFields"))
-    except _DecodeError as err:
-        raise StatusError(500, "", f"failed to decode managed fields: {err}") from err
-    meta: dict[str, Any] = cmeta if isinstance(cmeta, dict) else {}
+    managers = _live_managers(live)
     where = f"{_gvk_string(api_version, kind)} {meta.get('namespace', '')}/{meta.get('name', '')}"
-    try:
-        config_set = walker.field_set(applied, True)
-    except _TypedError as err:
-        raise StatusError(500, "", f"failed to create typed patch object ({where}): {err}") from err
-    typed_against = _structural_schema(schema, api_version, list_keys)
-    undeclared = _undeclared(walker, applied, typed_against) if typed_against is not None else []
-    if undeclared:
-        raise _undeclared_error(where, undeclared)
-    new_set = config_set - _STRIP
+    config_set = _config_fields(walker, applied, api_version, list_keys, where)
     if live is not None and not managers:
-        c = walker.compare(schema.skeleton({}), schema.skeleton(base))
-        owned = (c.added | c.modified) - _STRIP
-        if owned:
-            first = _identity(BEFORE_FIRST_APPLY, "Update", api_version, "")
-            managers[first] = _Entry(owned, api_version, now)
-
+        _adopt_unmanaged(walker, schema, base, managers, api_version, now)
     me = _identity(manager, "Apply", api_version, subresource)
     last = managers.get(me)
-    merged = walker.merge(base, applied)
-    if last is not None and last.fields:
-        # The configuration's metadata.name holds metadata here: it is stripped from the sets only afterwards.
-        owned_now = set(config_set)
-        for ident, e in managers.items():
-            if ident != me:
-                owned_now |= e.fields
-        held = _with_named_ancestors(schema, owned_now)
-        merged = walker.remove(merged, _with_named_ancestors(schema, last.fields) - held, held)
-    c = walker.compare(schema.skeleton(base), schema.skeleton(merged))
-    changed = c.added | c.modified
-    conflicts = {i: e.fields & changed for i, e in managers.items() if i != me and e.fields & changed}
-    if conflicts and not force:
-        allowed = _allowed_by_last_applied(walker, base, api_version) if manager == "kubectl" else set()
-        remaining = {i: s - allowed for i, s in conflicts.items() if s - allowed}
-        if remaining:
-            raise _conflict_error(remaining)
-    for ident, e in managers.items():
-        if ident != me:
-            e.fields -= conflicts.get(ident, set())
-            e.fields -= c.removed
+    merged = _merge_dropping_forgotten(walker, schema, base, applied, config_set, managers, me)
+    kubectl = manager == "kubectl"
+    _take_changed_fields(
+        walker, schema, base, merged, managers, me, force=force, kubectl=kubectl, api_version=api_version
+    )
     unchanged = json_equal(base, merged)
-    managers[me] = _Entry(new_set, api_version, (last.time if last else None) if unchanged else now)
+    managers[me] = _Entry(config_set - _STRIP, api_version, (last.time if last else None) if unchanged else now)
     result = _drop_nulls(base if unchanged else merged)
     if manager == "kubectl":
         _set_last_applied(result, config)

@@ -767,6 +767,69 @@ def pod_bound_extra(pod: Mapping[str, Any], bound_object: Callable[[str, str, st
     return extra
 
 
+def _token_seconds(spec: Mapping[str, Any], causes: list[Cause]) -> int:
+    """spec.expirationSeconds, defaulted to an hour; a lifetime out of bounds is a cause, a non-integer a 400."""
+    seconds = spec.get("expirationSeconds")
+    if seconds is None:
+        seconds = DEFAULT_TOKEN_SECONDS
+    if not isinstance(seconds, int) or isinstance(seconds, bool):
+        raise bad_request("TokenRequest: spec.expirationSeconds must be an integer")
+    if seconds < MIN_TOKEN_SECONDS:
+        causes.append(Cause("FieldValueInvalid", f"Invalid value: {seconds}: may not specify a duration less "
+                            "than 10 minutes", "spec.expirationSeconds"))
+    elif seconds > MAX_TOKEN_SECONDS:
+        causes.append(Cause("FieldValueTooLong", f"Invalid value: {seconds}: may not specify a duration "
+                            "larger than 2^32 seconds", "spec.expirationSeconds"))
+    return seconds
+
+
+def _bound_object_extra(
+    spec: dict[str, Any],
+    namespace: str,
+    bound_object: Callable[[str, str, str], Mapping[str, Any] | None] | None,
+    causes: list[Cause],
+) -> dict[str, tuple[str, ...]]:
+    """The user extra naming spec.boundObjectRef's object (which must exist, with the uid given if any); the
+    ref in `spec` gets the object's uid. An unsupported kind is a cause."""
+    ref = spec.get("boundObjectRef")
+    if not ref:
+        return {}
+    ref_kind, ref_name, ref_uid = str(ref.get("kind", "")), str(ref.get("name", "")), str(ref.get("uid", ""))
+    if ref_kind not in _BOUND_KINDS:
+        causes.append(Cause("FieldValueNotSupported", f'Unsupported value: "{ref_kind}": supported values: '
+                            + ", ".join(f'"{k}"' for k in _BOUND_KINDS), "spec.boundObjectRef.kind"))
+        return {}
+    if bound_object is None:
+        return {}
+    obj = bound_object(ref_kind, namespace if ref_kind != "Node" else "", ref_name)
+    obj_uid = str(((obj or {}).get("metadata") or {}).get("uid", ""))
+    if obj is None or (ref_uid and ref_uid != obj_uid):
+        what = f"{ref_kind.lower()}s" if ref_kind != "Node" else "nodes"
+        raise StatusError(404, "NotFound", f'{what} "{ref_name}" not found', name=ref_name, kind=what)
+    key = {"Pod": "pod", "Secret": "secret", "Node": "node"}[ref_kind]
+    extra: dict[str, tuple[str, ...]] = {
+        f"authentication.kubernetes.io/{key}-name": (ref_name,),
+        f"authentication.kubernetes.io/{key}-uid": (obj_uid,),
+    }
+    if ref_kind == "Pod":
+        extra.update(_pod_node_extra(obj or {}, bound_object))
+    spec["boundObjectRef"] = dict(ref, uid=obj_uid)
+    return extra
+
+
+def _token_response(name: str, namespace: str, spec: dict[str, Any], token: str, expires: float) -> dict[str, Any]:
+    """The TokenRequest as answered: the defaulted spec and the token with its expiry."""
+    stamp = datetime.fromtimestamp(int(expires), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "kind": "TokenRequest",
+        "apiVersion": "authentication.k8s.io/v1",
+        "metadata": {"name": name, "namespace": namespace,
+                     "creationTimestamp": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")},
+        "spec": spec,
+        "status": {"token": token, "expirationTimestamp": stamp},
+    }
+
+
 def token_request(
     body: Any,
     service_account: Mapping[str, Any],
@@ -786,38 +849,9 @@ def token_request(
     namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
     spec = dict(body.get("spec") or {})
     causes: list[Cause] = []
-    seconds = spec.get("expirationSeconds")
-    if seconds is None:
-        seconds = DEFAULT_TOKEN_SECONDS
-    if not isinstance(seconds, int) or isinstance(seconds, bool):
-        raise bad_request("TokenRequest: spec.expirationSeconds must be an integer")
-    if seconds < MIN_TOKEN_SECONDS:
-        causes.append(Cause("FieldValueInvalid", f"Invalid value: {seconds}: may not specify a duration less "
-                            "than 10 minutes", "spec.expirationSeconds"))
-    elif seconds > MAX_TOKEN_SECONDS:
-        causes.append(Cause("FieldValueTooLong", f"Invalid value: {seconds}: may not specify a duration "
-                            "larger than 2^32 seconds", "spec.expirationSeconds"))
+    seconds = _token_seconds(spec, causes)
     audiences = [str(a) for a in spec.get("audiences") or []] or list(authn.api_audiences)
-    extra: dict[str, tuple[str, ...]] = {}
-    ref = spec.get("boundObjectRef")
-    if ref:
-        ref_kind, ref_name, ref_uid = str(ref.get("kind", "")), str(ref.get("name", "")), str(ref.get("uid", ""))
-        if ref_kind not in _BOUND_KINDS:
-            causes.append(Cause("FieldValueNotSupported", f'Unsupported value: "{ref_kind}": supported values: '
-                                + ", ".join(f'"{k}"' for k in _BOUND_KINDS), "spec.boundObjectRef.kind"))
-        elif bound_object is not None:
-            obj = bound_object(ref_kind, namespace if ref_kind != "Node" else "", ref_name)
-            obj_uid = str(((obj or {}).get("metadata") or {}).get("uid", ""))
-            if obj is None or (ref_uid and ref_uid != obj_uid):
-                what = f"{ref_kind.lower()}s" if ref_kind != "Node" else "nodes"
-                raise StatusError(404, "NotFound", f'{what} "{ref_name}" not found', name=ref_name,
-                                  kind=what)
-            key = {"Pod": "pod", "Secret": "secret", "Node": "node"}[ref_kind]
-            extra = {f"authentication.kubernetes.io/{key}-name": (ref_name,),
-                     f"authentication.kubernetes.io/{key}-uid": (obj_uid,)}
-            if ref_kind == "Pod":
-                extra.update(_pod_node_extra(obj or {}, bound_object))
-            spec["boundObjectRef"] = dict(ref, uid=obj_uid)
+    extra = _bound_object_extra(spec, namespace, bound_object, causes)
     if causes:
         raise invalid("TokenRequest", "authentication.k8s.io", name, causes)
     # Like upstream, the token's ID reaches authorizers and audit as user extra (one per issued token).
@@ -827,15 +861,7 @@ def token_request(
                                         expires=expires, extra=extra)
     spec["audiences"] = audiences
     spec["expirationSeconds"] = seconds
-    stamp = datetime.fromtimestamp(int(expires), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {
-        "kind": "TokenRequest",
-        "apiVersion": "authentication.k8s.io/v1",
-        "metadata": {"name": name, "namespace": namespace,
-                     "creationTimestamp": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")},
-        "spec": spec,
-        "status": {"token": token, "expirationTimestamp": stamp},
-    }
+    return _token_response(name, namespace, spec, token, expires)
 
 
 def _sar_attributes(spec: Mapping[str, Any], user: UserInfo, kind: str) -> Attributes:
@@ -912,36 +938,32 @@ def _bootstrap_meta(name: str) -> dict[str, Any]:
     }
 
 
-def bootstrap_policy() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The default ClusterRoles and ClusterRoleBindings any authenticated client relies on (discovery, can-i).
+def _bootstrap_role(name: str, rules: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"apiVersion": f"{_RBAC_GROUP}/v1", "kind": "ClusterRole", "metadata": _bootstrap_meta(name), "rules": rules}
 
-    A subset of kube-apiserver's bootstrap policy; the server seeds these when it turns RBAC on.
-    """
-    rbac_v1 = f"{_RBAC_GROUP}/v1"
 
-    def role(name: str, rules: list[dict[str, Any]]) -> dict[str, Any]:
-        meta = _bootstrap_meta(name)
-        return {"apiVersion": rbac_v1, "kind": "ClusterRole", "metadata": meta, "rules": rules}
+def _bootstrap_binding(name: str, groups: list[str]) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{_RBAC_GROUP}/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": _bootstrap_meta(name),
+        "roleRef": {"apiGroup": _RBAC_GROUP, "kind": "ClusterRole", "name": name},
+        "subjects": [{"apiGroup": _RBAC_GROUP, "kind": "Group", "name": g} for g in groups],
+    }
 
-    def binding(name: str, groups: list[str]) -> dict[str, Any]:
-        return {
-            "apiVersion": rbac_v1,
-            "kind": "ClusterRoleBinding",
-            "metadata": _bootstrap_meta(name),
-            "roleRef": {"apiGroup": _RBAC_GROUP, "kind": "ClusterRole", "name": name},
-            "subjects": [{"apiGroup": _RBAC_GROUP, "kind": "Group", "name": g} for g in groups],
-        }
 
+def _bootstrap_roles() -> list[dict[str, Any]]:
+    """The default ClusterRoles: full access for system:masters, and what every client needs to discover."""
     public_info = ["/healthz", "/livez", "/readyz", "/version", "/version/"]
-    roles = [
-        role(
+    return [
+        _bootstrap_role(
             "cluster-admin",
             [
                 {"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]},
                 {"nonResourceURLs": ["*"], "verbs": ["*"]},
             ],
         ),
-        role(
+        _bootstrap_role(
             "system:discovery",
             [
                 {
@@ -958,8 +980,8 @@ def bootstrap_policy() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
                 }
             ],
         ),
-        role("system:public-info-viewer", [{"nonResourceURLs": public_info, "verbs": ["get"]}]),
-        role(
+        _bootstrap_role("system:public-info-viewer", [{"nonResourceURLs": public_info, "verbs": ["get"]}]),
+        _bootstrap_role(
             "system:basic-user",
             [
                 {
@@ -975,10 +997,17 @@ def bootstrap_policy() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
             ],
         ),
     ]
+
+
+def bootstrap_policy() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The default ClusterRoles and ClusterRoleBindings any authenticated client relies on (discovery, can-i).
+
+    A subset of kube-apiserver's bootstrap policy; the server seeds these when it turns RBAC on.
+    """
     bindings = [
-        binding("cluster-admin", [MASTERS]),
-        binding("system:discovery", [AUTHENTICATED]),
-        binding("system:public-info-viewer", [AUTHENTICATED, UNAUTHENTICATED]),
-        binding("system:basic-user", [AUTHENTICATED]),
+        _bootstrap_binding("cluster-admin", [MASTERS]),
+        _bootstrap_binding("system:discovery", [AUTHENTICATED]),
+        _bootstrap_binding("system:public-info-viewer", [AUTHENTICATED, UNAUTHENTICATED]),
+        _bootstrap_binding("system:basic-user", [AUTHENTICATED]),
     ]
-    return roles, bindings
+    return _bootstrap_roles(), bindings

@@ -168,13 +168,9 @@ def _qos(spec: dict[str, Any]) -> str:
     return "Guaranteed" if guaranteed else "Burstable"
 
 
-def validate_pod_spec(spec: Any, path: str) -> list[Cause]:
-    if not isinstance(spec, dict):
-        return [Cause("FieldValueRequired", "Required value", path)]
+def _container_causes(spec: dict[str, Any], path: str) -> list[Cause]:
+    """Each container and init container needs a unique DNS label name and an image."""
     causes: list[Cause] = []
-    containers = spec.get("containers")
-    if not containers:
-        causes.append(Cause("FieldValueRequired", "Required value", f"{path}.containers"))
     names: set[str] = set()
     for kind in ("initContainers", "containers"):
         for i, c in enumerate(spec.get(kind) or []):
@@ -195,15 +191,13 @@ def validate_pod_spec(spec: Any, path: str) -> list[Cause]:
                 names.add(name)
             if not c.get("image"):
                 causes.append(Cause("FieldValueRequired", "Required value", f"{p}.image"))
-    rp = spec.get("restartPolicy")
-    if rp is not None and rp not in ("Always", "OnFailure", "Never"):
-        causes.append(
-            Cause(
-                "FieldValueNotSupported",
-                f'Unsupported value: {_q(rp)}: supported values: "Always", "OnFailure", "Never"',
-                f"{path}.restartPolicy",
-            )
-        )
+    return causes
+
+
+def _scheduling_gate_causes(spec: dict[str, Any], path: str) -> list[Cause]:
+    """Scheduling gates hold a pod back from the scheduler, so a pod already bound to a node may have none;
+    each gate needs a unique qualified name."""
+    causes: list[Cause] = []
     gates = spec.get("schedulingGates") or []
     if gates and spec.get("nodeName"):
         causes.append(
@@ -234,6 +228,27 @@ def validate_pod_spec(spec: Any, path: str) -> list[Cause]:
             )
         else:
             seen.add(gname)
+    return causes
+
+
+def validate_pod_spec(spec: Any, path: str) -> list[Cause]:
+    if not isinstance(spec, dict):
+        return [Cause("FieldValueRequired", "Required value", path)]
+    causes: list[Cause] = []
+    containers = spec.get("containers")
+    if not containers:
+        causes.append(Cause("FieldValueRequired", "Required value", f"{path}.containers"))
+    causes.extend(_container_causes(spec, path))
+    rp = spec.get("restartPolicy")
+    if rp is not None and rp not in ("Always", "OnFailure", "Never"):
+        causes.append(
+            Cause(
+                "FieldValueNotSupported",
+                f'Unsupported value: {_q(rp)}: supported values: "Always", "OnFailure", "Never"',
+                f"{path}.restartPolicy",
+            )
+        )
+    causes.extend(_scheduling_gate_causes(spec, path))
     return causes
 
 
@@ -346,69 +361,95 @@ def _default_match_resources(match: Any) -> None:
                 rule.setdefault("scope", "*")
 
 
+def _prepare_pod(obj: dict[str, Any]) -> None:
+    spec = obj.setdefault("spec", {})
+    if isinstance(spec, dict):
+        _pod_admission_defaults(spec)
+        obj["status"] = {"phase": "Pending", "qosClass": _qos(spec)}
+
+
+def _prepare_namespace(obj: dict[str, Any]) -> None:
+    meta = obj["metadata"]
+    # `null` decodes to an empty map in Go, so a null spec or labels gets the same defaults as none.
+    obj["spec"] = {**(obj.get("spec") or {}), "finalizers": ["kubernetes"]}
+    obj["status"] = {"phase": "Active"}
+    meta["labels"] = {**(meta.get("labels") or {}), "kubernetes.io/metadata.name": meta["name"]}
+
+
+def _prepare_job(obj: dict[str, Any]) -> None:
+    """Job defaults, and the labels tying the Job's pods to it (its selector, unless manualSelector)."""
+    meta = obj["metadata"]
+    spec = obj.setdefault("spec", {})
+    if not isinstance(spec, dict):
+        return
+    if spec.get("completions") is None and spec.get("parallelism") is None:
+        spec["completions"] = 1
+    spec.setdefault("parallelism", 1)
+    spec.setdefault("backoffLimit", 6)
+    spec.setdefault("completionMode", "NonIndexed")
+    spec.setdefault("suspend", False)
+    spec.setdefault("podReplacementPolicy", "TerminatingOrFailed")
+    uid = meta["uid"]
+    tmpl = spec.setdefault("template", {})
+    tmeta = tmpl.setdefault("metadata", {})
+    labels = tmeta.setdefault("labels", {})
+    user_labels = dict(labels)
+    labels.update(
+        {
+            "batch.kubernetes.io/controller-uid": uid,
+            "controller-uid": uid,
+            "batch.kubernetes.io/job-name": meta["name"],
+            "job-name": meta["name"],
+        }
+    )
+    if not spec.get("manualSelector"):
+        spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
+    if not meta.get("labels"):
+        # SetDefaults_Job: a Job without labels takes its template's; with none given, defaulting on
+        # read copies the generated ones (controller-uid, job-name), as `kubectl get job -o yaml` shows.
+        meta["labels"] = user_labels or dict(labels)
+    obj["status"] = {}
+
+
+def _prepare_service(obj: dict[str, Any]) -> None:
+    spec = obj.setdefault("spec", {})
+    if isinstance(spec, dict):
+        spec.setdefault("type", "ClusterIP")
+        spec.setdefault("sessionAffinity", "None")
+        for p in spec.get("ports") or []:
+            if isinstance(p, dict):
+                p.setdefault("protocol", "TCP")
+                p.setdefault("targetPort", p.get("port"))
+    obj["status"] = {"loadBalancer": {}}
+
+
+def _prepare_admission_policy(kind: str, obj: dict[str, Any]) -> None:
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        return
+    if kind == "ValidatingAdmissionPolicy":
+        spec.setdefault("failurePolicy", "Fail")
+        _default_match_resources(spec.get("matchConstraints"))
+    else:
+        _default_match_resources(spec.get("matchResources"))
+
+
 def prepare_create(group: str, kind: str, obj: dict[str, Any]) -> None:
     """Defaults and server-owned fields set on create, in place (obj is the handler's private copy)."""
-    meta = obj["metadata"]
     defaults.apply(group, kind, obj)
     if (group, kind) == ("", "Pod"):
-        spec = obj.setdefault("spec", {})
-        if isinstance(spec, dict):
-            _pod_admission_defaults(spec)
-            obj["status"] = {"phase": "Pending", "qosClass": _qos(spec)}
+        _prepare_pod(obj)
     elif (group, kind) == ("", "Namespace"):
-        # `null` decodes to an empty map in Go, so a null spec or labels gets the same defaults as none.
-        obj["spec"] = {**(obj.get("spec") or {}), "finalizers": ["kubernetes"]}
-        obj["status"] = {"phase": "Active"}
-        meta["labels"] = {**(meta.get("labels") or {}), "kubernetes.io/metadata.name": meta["name"]}
+        _prepare_namespace(obj)
     elif (group, kind) == ("batch", "Job"):
-        spec = obj.setdefault("spec", {})
-        if isinstance(spec, dict):
-            if spec.get("completions") is None and spec.get("parallelism") is None:
-                spec["completions"] = 1
-            spec.setdefault("parallelism", 1)
-            spec.setdefault("backoffLimit", 6)
-            spec.setdefault("completionMode", "NonIndexed")
-            spec.setdefault("suspend", False)
-            spec.setdefault("podReplacementPolicy", "TerminatingOrFailed")
-            uid = meta["uid"]
-            tmpl = spec.setdefault("template", {})
-            tmeta = tmpl.setdefault("metadata", {})
-            labels = tmeta.setdefault("labels", {})
-            user_labels = dict(labels)
-            labels.update(
-                {
-                    "batch.kubernetes.io/controller-uid": uid,
-                    "controller-uid": uid,
-                    "batch.kubernetes.io/job-name": meta["name"],
-                    "job-name": meta["name"],
-                }
-            )
-            if not spec.get("manualSelector"):
-                spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
-            if not meta.get("labels"):
-                # SetDefaults_Job: a Job without labels takes its template's; with none given, defaulting on
-                # read copies the generated ones (controller-uid, job-name), as `kubectl get job -o yaml` shows.
-                meta["labels"] = user_labels or dict(labels)
-            obj["status"] = {}
-    elif (group, kind) == ("admissionregistration.k8s.io", "ValidatingAdmissionPolicy"):
-        spec = obj.get("spec")
-        if isinstance(spec, dict):
-            spec.setdefault("failurePolicy", "Fail")
-            _default_match_resources(spec.get("matchConstraints"))
-    elif (group, kind) == ("admissionregistration.k8s.io", "ValidatingAdmissionPolicyBinding"):
-        spec = obj.get("spec")
-        if isinstance(spec, dict):
-            _default_match_resources(spec.get("matchResources"))
+        _prepare_job(obj)
+    elif group == "admissionregistration.k8s.io" and kind in (
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ):
+        _prepare_admission_policy(kind, obj)
     elif (group, kind) == ("", "Service"):
-        spec = obj.setdefault("spec", {})
-        if isinstance(spec, dict):
-            spec.setdefault("type", "ClusterIP")
-            spec.setdefault("sessionAffinity", "None")
-            for p in spec.get("ports") or []:
-                if isinstance(p, dict):
-                    p.setdefault("protocol", "TCP")
-                    p.setdefault("targetPort", p.get("port"))
-        obj["status"] = {"loadBalancer": {}}
+        _prepare_service(obj)
     elif group in ("apps", "batch", "policy", "networking.k8s.io", "certificates.k8s.io"):
         obj["status"] = {}  # status is the controllers' to write: a create starts from none
     elif (group, kind) in (("", "PersistentVolume"), ("", "PersistentVolumeClaim")):

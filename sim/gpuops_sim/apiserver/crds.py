@@ -143,6 +143,23 @@ class _SchemaCheck:
     # -- OpenAPI and structural checks of one node (level: root, field or item) --
 
     def _node(self, s: Mapping[str, Any], path: str, level: str, inside_meta: bool) -> None:
+        self._openapi_subset(s, path, inside_meta)
+        self._structural(s, path, level)
+        self._list_type(s, path)
+        self._rules(s, path)
+        for k, p in _map(s.get("properties")).items():
+            if isinstance(p, Mapping):
+                child_meta = inside_meta or (level == "root" and k == "metadata")
+                self._node(p, f"{path}.properties[{k}]", "field", child_meta)
+        addl = s.get("additionalProperties")
+        if isinstance(addl, Mapping):
+            self._node(addl, f"{path}.additionalProperties", "field", inside_meta)
+        items = s.get("items")
+        if isinstance(items, Mapping):
+            self._node(items, f"{path}.items", "item", inside_meta)
+
+    def _openapi_subset(self, s: Mapping[str, Any], path: str, inside_meta: bool) -> None:
+        """The OpenAPI v3 keywords a CRD schema may not use, or not in this combination."""
         errs = self.schema_errs
         t = s.get("type")
         if isinstance(t, str) and t and t not in _OPENAPI_TYPES:
@@ -175,9 +192,12 @@ class _SchemaCheck:
                     "uniqueItems cannot be set to true since the runtime complexity becomes quadratic",
                 )
             )
-        props = _map(s.get("properties"))
+        self._openapi_combinations(s, path, inside_meta)
+
+    def _openapi_combinations(self, s: Mapping[str, Any], path: str, inside_meta: bool) -> None:
+        errs = self.schema_errs
         addl = s.get("additionalProperties")
-        if addl is not None and props and (addl is False or isinstance(addl, Mapping)):
+        if addl is not None and _map(s.get("properties")) and (addl is False or isinstance(addl, Mapping)):
             errs.append(
                 sch.field_forbidden(
                     f"{path}.additionalProperties", "additionalProperties and properties are mutual exclusive"
@@ -193,26 +213,28 @@ class _SchemaCheck:
         if isinstance(pattern, str) and pattern and (why := sch.pattern_error(pattern)) is not None:
             detail = f"must be a valid regular expression, but isn't: {why}"
             errs.append(sch.field_invalid(f"{path}.pattern", pattern, detail))
-        self._structural(s, path, level)
-        self._list_type(s, path)
-        self._rules(s, path)
-        for k, p in props.items():
-            if isinstance(p, Mapping):
-                child_meta = inside_meta or (level == "root" and k == "metadata")
-                self._node(p, f"{path}.properties[{k}]", "field", child_meta)
-        if isinstance(addl, Mapping):
-            self._node(addl, f"{path}.additionalProperties", "field", inside_meta)
-        items = s.get("items")
-        if isinstance(items, Mapping):
-            self._node(items, f"{path}.items", "item", inside_meta)
 
     def _structural(self, s: Mapping[str, Any], path: str, level: str) -> None:
+        self._extension_conflicts(s, path, level)
+        self._structural_type(s, path, level)
+        self._structural_properties(s, path, level)
+        skip_any_of = s.get("anyOf") == _INT_OR_STRING_ANY_OF
+        all_of = _list(s.get("allOf"))
+        skip_first = (
+            bool(all_of)
+            and isinstance(all_of[0], Mapping)
+            and all_of[0].get("anyOf") == _INT_OR_STRING_ANY_OF
+        )
+        self._junctors(s, path, skip_any_of, skip_first)
+        self._completeness(s, s, path, path)
+
+    def _extension_conflicts(self, s: Mapping[str, Any], path: str, level: str) -> None:
+        """Arrays need items, the root no additionalProperties, and the x-kubernetes extensions exclude each other."""
         errs = self.structural
-        t = _str(s.get("type"))
         int_or_string = s.get("x-kubernetes-int-or-string") is True
         preserve = s.get("x-kubernetes-preserve-unknown-fields")
         embedded = s.get("x-kubernetes-embedded-resource") is True
-        if t == "array" and not isinstance(s.get("items"), Mapping):
+        if _str(s.get("type")) == "array" and not isinstance(s.get("items"), Mapping):
             errs.append(sch.field_required(f"{path}.items", "must be specified"))
         if s.get("additionalProperties") is not None and level == "root":
             errs.append(sch.field_forbidden(f"{path}.additionalProperties", "must not be used at the root"))
@@ -238,6 +260,14 @@ class _SchemaCheck:
                     "must be false if x-kubernetes-int-or-string is true",
                 )
             )
+
+    def _structural_type(self, s: Mapping[str, Any], path: str, level: str) -> None:
+        """A structural schema states every node's type: object for an embedded resource and at the root."""
+        errs = self.structural
+        t = _str(s.get("type"))
+        int_or_string = s.get("x-kubernetes-int-or-string") is True
+        preserve = s.get("x-kubernetes-preserve-unknown-fields")
+        embedded = s.get("x-kubernetes-embedded-resource") is True
         if embedded and t != "object":
             if not t:
                 errs.append(
@@ -267,6 +297,13 @@ class _SchemaCheck:
             )
         if level == "root" and t and t != "object":
             errs.append(sch.field_invalid(f"{path}.type", t, "must be object at the root"))
+
+    def _structural_properties(self, s: Mapping[str, Any], path: str, level: str) -> None:
+        """An object that is a resource (the root, an embedded one) has string kind and apiVersion and only the
+        metadata upstream allows; an embedded resource that keeps no unknown fields declares its properties."""
+        errs = self.structural
+        preserve = s.get("x-kubernetes-preserve-unknown-fields")
+        embedded = s.get("x-kubernetes-embedded-resource") is True
         props = _map(s.get("properties"))
         if level == "root" or embedded:
             for k in ("kind", "apiVersion"):
@@ -288,15 +325,6 @@ class _SchemaCheck:
                     "x-kubernetes-preserve-unknown-fields",
                 )
             )
-        skip_any_of = s.get("anyOf") == _INT_OR_STRING_ANY_OF
-        all_of = _list(s.get("allOf"))
-        skip_first = (
-            bool(all_of)
-            and isinstance(all_of[0], Mapping)
-            and all_of[0].get("anyOf") == _INT_OR_STRING_ANY_OF
-        )
-        self._junctors(s, path, skip_any_of, skip_first)
-        self._completeness(s, s, path, path)
 
     def _metadata(self, m: Mapping[str, Any], path: str, check: bool, level: str) -> None:
         if check and m.get("type") != "object":
@@ -390,39 +418,20 @@ class _SchemaCheck:
                 )
 
     def _list_type(self, s: Mapping[str, Any], path: str) -> None:
-        errs = self.schema_errs
         lt = s.get("x-kubernetes-list-type")
         keys = s.get("x-kubernetes-list-map-keys")
         if lt is not None:
-            if s.get("type") != "array":
-                if not s.get("type"):
-                    errs.append(
-                        sch.field_required(
-                            f"{path}.type", "must be array if x-kubernetes-list-type is specified"
-                        )
-                    )
-                else:
-                    errs.append(
-                        sch.field_invalid(
-                            f"{path}.type",
-                            s.get("type"),
-                            "must be array if x-kubernetes-list-type is specified",
-                        )
-                    )
-            if lt not in ("atomic", "set", "map"):
-                errs.append(
-                    sch.field_not_supported(f"{path}.x-kubernetes-list-type", lt, ["atomic", "set", "map"])
-                )
+            self._list_type_value(s, path, lt)
         if keys:
             if lt is None:
-                errs.append(
+                self.schema_errs.append(
                     sch.field_required(
                         f"{path}.x-kubernetes-list-type",
                         "must be map if x-kubernetes-list-map-keys is non-empty",
                     )
                 )
             elif lt != "map":
-                errs.append(
+                self.schema_errs.append(
                     sch.field_invalid(
                         f"{path}.x-kubernetes-list-type",
                         lt,
@@ -430,43 +439,71 @@ class _SchemaCheck:
                     )
                 )
         if lt == "map":
-            items = s.get("items")
-            if not keys:
+            self._list_map(s, path, keys)
+
+    def _list_type_value(self, s: Mapping[str, Any], path: str, lt: Any) -> None:
+        """x-kubernetes-list-type belongs on an array and is atomic, set or map."""
+        errs = self.schema_errs
+        if s.get("type") != "array":
+            if not s.get("type"):
                 errs.append(
                     sch.field_required(
-                        f"{path}.x-kubernetes-list-map-keys",
-                        "must not be empty if x-kubernetes-list-type is map",
-                    )
-                )
-            if not isinstance(items, Mapping):
-                errs.append(
-                    sch.field_required(f"{path}.items", "must have a schema if x-kubernetes-list-type is map")
-                )
-            elif items.get("type") != "object":
-                errs.append(
-                    sch.field_invalid(
-                        f"{path}.items.type",
-                        items.get("type"),
-                        "must be object if parent array's x-kubernetes-list-type is map",
+                        f"{path}.type", "must be array if x-kubernetes-list-type is specified"
                     )
                 )
             else:
-                item_props = _map(items.get("properties"))
-                key_list = [k for k in _list(keys) if isinstance(k, str)]
-                if any(k not in item_props for k in key_list):
-                    errs.append(
-                        sch.field_invalid(
-                            f"{path}.x-kubernetes-list-map-keys",
-                            keys,
-                            "entries must all be names of item properties",
-                        )
+                errs.append(
+                    sch.field_invalid(
+                        f"{path}.type",
+                        s.get("type"),
+                        "must be array if x-kubernetes-list-type is specified",
                     )
-                if len(set(key_list)) != len(key_list):
-                    errs.append(
-                        sch.field_invalid(
-                            f"{path}.x-kubernetes-list-map-keys", keys, "must not contain duplicate entries"
-                        )
+                )
+        if lt not in ("atomic", "set", "map"):
+            errs.append(
+                sch.field_not_supported(f"{path}.x-kubernetes-list-type", lt, ["atomic", "set", "map"])
+            )
+
+    def _list_map(self, s: Mapping[str, Any], path: str, keys: Any) -> None:
+        """A map list's items are objects, keyed by distinct properties of theirs."""
+        errs = self.schema_errs
+        items = s.get("items")
+        if not keys:
+            errs.append(
+                sch.field_required(
+                    f"{path}.x-kubernetes-list-map-keys",
+                    "must not be empty if x-kubernetes-list-type is map",
+                )
+            )
+        if not isinstance(items, Mapping):
+            errs.append(
+                sch.field_required(f"{path}.items", "must have a schema if x-kubernetes-list-type is map")
+            )
+        elif items.get("type") != "object":
+            errs.append(
+                sch.field_invalid(
+                    f"{path}.items.type",
+                    items.get("type"),
+                    "must be object if parent array's x-kubernetes-list-type is map",
+                )
+            )
+        else:
+            item_props = _map(items.get("properties"))
+            key_list = [k for k in _list(keys) if isinstance(k, str)]
+            if any(k not in item_props for k in key_list):
+                errs.append(
+                    sch.field_invalid(
+                        f"{path}.x-kubernetes-list-map-keys",
+                        keys,
+                        "entries must all be names of item properties",
                     )
+                )
+            if len(set(key_list)) != len(key_list):
+                errs.append(
+                    sch.field_invalid(
+                        f"{path}.x-kubernetes-list-map-keys", keys, "must not contain duplicate entries"
+                    )
+                )
 
     def _rules(self, s: Mapping[str, Any], path: str) -> None:
         rules = s.get("x-kubernetes-validations")
@@ -477,74 +514,89 @@ class _SchemaCheck:
             if not isinstance(rule, Mapping):
                 self.schema_errs.append(sch.field_invalid(rpath, rule, "must be an object"))
                 continue
-            src = rule.get("rule")
-            message = rule.get("message")
-            if not isinstance(src, str) or not src:
-                self.schema_errs.append(sch.field_required(f"{rpath}.rule", "rule is not specified"))
-            if message is not None and isinstance(message, str):
-                if not message.strip():
-                    self.schema_errs.append(
-                        sch.field_invalid(f"{rpath}.message", message, "must be non-empty if specified")
-                    )
-                elif "\n" in message:
-                    self.schema_errs.append(
-                        sch.field_invalid(f"{rpath}.message", message, "must not contain line breaks")
-                    )
-            elif isinstance(src, str) and "\n" in src and not message:
+            self._rule_texts(rule, rpath)
+            self._rule_field_path(rule, rpath, s)
+            self._rule_compiles(rule, rpath)
+
+    def _rule_texts(self, rule: Mapping[str, Any], rpath: str) -> None:
+        """A rule is required; its message, messageExpression and reason, if given, must be usable."""
+        src = rule.get("rule")
+        message = rule.get("message")
+        if not isinstance(src, str) or not src:
+            self.schema_errs.append(sch.field_required(f"{rpath}.rule", "rule is not specified"))
+        if message is not None and isinstance(message, str):
+            if not message.strip():
                 self.schema_errs.append(
-                    sch.field_required(
-                        f"{rpath}.message", "message must be specified if rule contains line breaks"
+                    sch.field_invalid(f"{rpath}.message", message, "must be non-empty if specified")
+                )
+            elif "\n" in message:
+                self.schema_errs.append(
+                    sch.field_invalid(f"{rpath}.message", message, "must not contain line breaks")
+                )
+        elif isinstance(src, str) and "\n" in src and not message:
+            self.schema_errs.append(
+                sch.field_required(
+                    f"{rpath}.message", "message must be specified if rule contains line breaks"
+                )
+            )
+        msg_expr = rule.get("messageExpression")
+        if msg_expr is not None and not (isinstance(msg_expr, str) and msg_expr.strip()):
+            self.schema_errs.append(
+                sch.field_required(
+                    f"{rpath}.messageExpression", "messageExpression must be non-empty if specified"
+                )
+            )
+        reason = rule.get("reason")
+        if reason is not None and reason not in _REASONS:
+            self.schema_errs.append(sch.field_not_supported(f"{rpath}.reason", reason, list(_REASONS)))
+
+    def _rule_field_path(self, rule: Mapping[str, Any], rpath: str, s: Mapping[str, Any]) -> None:
+        """A rule's fieldPath, if given, names a field of the schema the rule sits on."""
+        field_path = rule.get("fieldPath")
+        if field_path is None:
+            return
+        if not isinstance(field_path, str) or not field_path:
+            self.schema_errs.append(
+                sch.field_invalid(f"{rpath}.fieldPath", field_path, "must be non-empty if specified")
+            )
+        elif "\n" in field_path:
+            self.schema_errs.append(
+                sch.field_invalid(f"{rpath}.fieldPath", field_path, "must not contain line breaks")
+            )
+        elif not _valid_field_path(field_path, s):
+            self.schema_errs.append(
+                sch.field_invalid(f"{rpath}.fieldPath", field_path, "must be a valid path")
+            )
+
+    def _rule_compiles(self, rule: Mapping[str, Any], rpath: str) -> None:
+        """The rule and its messageExpression must compile (the latter is not tried if the rule fails)."""
+        src = rule.get("rule")
+        msg_expr = rule.get("messageExpression")
+        if isinstance(src, str) and src:
+            try:
+                compiled = cel.compile_rule(src)
+            except ValueError as e:
+                self.cel_errs.append(
+                    sch.field_invalid(f"{rpath}.rule", dict(rule), f"compilation failed: {e}")
+                )
+                return
+            if rule.get("optionalOldSelf") is True and not compiled.uses_old_self:
+                self.cel_errs.append(
+                    sch.field_invalid(
+                        f"{rpath}.optionalOldSelf", True, "may not be set if oldSelf is not used in rule"
                     )
                 )
-            msg_expr = rule.get("messageExpression")
-            if msg_expr is not None and not (isinstance(msg_expr, str) and msg_expr.strip()):
-                self.schema_errs.append(
-                    sch.field_required(
-                        f"{rpath}.messageExpression", "messageExpression must be non-empty if specified"
+        if isinstance(msg_expr, str) and msg_expr.strip():
+            try:
+                cel.compile_rule(msg_expr)
+            except ValueError as e:
+                self.cel_errs.append(
+                    sch.field_invalid(
+                        f"{rpath}.messageExpression",
+                        dict(rule),
+                        f"messageExpression compilation failed: {e}",
                     )
                 )
-            reason = rule.get("reason")
-            if reason is not None and reason not in _REASONS:
-                self.schema_errs.append(sch.field_not_supported(f"{rpath}.reason", reason, list(_REASONS)))
-            field_path = rule.get("fieldPath")
-            if field_path is not None:
-                if not isinstance(field_path, str) or not field_path:
-                    self.schema_errs.append(
-                        sch.field_invalid(f"{rpath}.fieldPath", field_path, "must be non-empty if specified")
-                    )
-                elif "\n" in field_path:
-                    self.schema_errs.append(
-                        sch.field_invalid(f"{rpath}.fieldPath", field_path, "must not contain line breaks")
-                    )
-                elif not _valid_field_path(field_path, s):
-                    self.schema_errs.append(
-                        sch.field_invalid(f"{rpath}.fieldPath", field_path, "must be a valid path")
-                    )
-            if isinstance(src, str) and src:
-                try:
-                    compiled = cel.compile_rule(src)
-                except ValueError as e:
-                    self.cel_errs.append(
-                        sch.field_invalid(f"{rpath}.rule", dict(rule), f"compilation failed: {e}")
-                    )
-                    continue
-                if rule.get("optionalOldSelf") is True and not compiled.uses_old_self:
-                    self.cel_errs.append(
-                        sch.field_invalid(
-                            f"{rpath}.optionalOldSelf", True, "may not be set if oldSelf is not used in rule"
-                        )
-                    )
-            if isinstance(msg_expr, str) and msg_expr.strip():
-                try:
-                    cel.compile_rule(msg_expr)
-                except ValueError as e:
-                    self.cel_errs.append(
-                        sch.field_invalid(
-                            f"{rpath}.messageExpression",
-                            dict(rule),
-                            f"messageExpression compilation failed: {e}",
-                        )
-                    )
 
     # -- defaults must be pruned and valid against their own schema --
 
@@ -707,15 +759,11 @@ def _subresource_errors(sub: Mapping[str, Any], path: str) -> list[Cause]:
     return errs
 
 
-def validate_crd(crd: dict[str, Any]) -> None:
-    """Raise 422 Invalid with upstream's causes if the CRD would be rejected by a kube-apiserver."""
-    c = default_crd(crd)
-    meta, spec = _map(c.get("metadata")), _map(c.get("spec"))
-    names = _map(spec.get("names"))
+def _crd_identity_errors(meta: Mapping[str, Any], spec: Mapping[str, Any], names: Mapping[str, Any]) -> list[Cause]:
+    """metadata.name is <plural>.<group>, the group a dotted DNS subdomain, the scope Cluster or Namespaced."""
     group, plural = _str(spec.get("group")), _str(names.get("plural"))
     name = _str(meta.get("name"))
     errs: list[Cause] = []
-
     if not name:
         errs.append(sch.field_required("metadata.name", "name or generateName is required"))
     else:
@@ -723,39 +771,47 @@ def validate_crd(crd: dict[str, Any]) -> None:
         if name != f"{plural}.{group}":
             msgs.append('must be spec.names.plural+"."+spec.group')
         errs.extend(sch.field_invalid("metadata.name", name, m) for m in msgs)
-
     if not group:
         errs.append(sch.field_required("spec.group"))
     elif msgs := sch.dns1123_subdomain_errors(group):
         errs.append(sch.field_invalid("spec.group", group, ",".join(msgs)))
     elif "." not in group:
         errs.append(sch.field_invalid("spec.group", group, "should be a domain with at least one dot"))
-
     scope = _str(spec.get("scope"))
     if not scope:
         errs.append(sch.field_required("spec.scope"))
     elif scope not in ("Cluster", "Namespaced"):
         errs.append(sch.field_not_supported("spec.scope", scope, ["Cluster", "Namespaced"]))
+    return errs
 
+
+def _version_errors(v: Mapping[str, Any], vpath: str) -> list[Cause]:
+    """One version: its name, schema, subresources, printer columns and selectable fields."""
+    errs: list[Cause] = []
+    vname = _str(v.get("name"))
+    if msgs := _dns1035(vname):
+        errs.append(sch.field_invalid(f"{vpath}.name", vname, ",".join(msgs)))
+    sub = _map(v.get("subresources"))
+    openapi = _map(v.get("schema")).get("openAPIV3Schema")
+    if openapi is None:
+        errs.append(sch.field_required(f"{vpath}.schema.openAPIV3Schema"))
+    else:
+        errs.extend(_SchemaCheck("status" in sub).run(openapi, f"{vpath}.schema.openAPIV3Schema"))
+    errs.extend(_subresource_errors(sub, f"{vpath}.subresources"))
+    for j, col in enumerate(_list(v.get("additionalPrinterColumns"))):
+        errs.extend(_column_errors(col, f"{vpath}.additionalPrinterColumns[{j}]"))
+    if v.get("selectableFields"):
+        s = openapi if isinstance(openapi, Mapping) else None
+        errs.extend(_selectable_errors(_list(v.get("selectableFields")), s, f"{vpath}.selectableFields"))
+    return errs
+
+
+def _versions_errors(spec: Mapping[str, Any]) -> list[Cause]:
+    """Every version's own errors, then: names unique, exactly one storage version."""
+    errs: list[Cause] = []
     versions = [v if isinstance(v, Mapping) else {} for v in _list(spec.get("versions"))]
     for i, v in enumerate(versions):
-        vpath = f"spec.versions[{i}]"
-        vname = _str(v.get("name"))
-        if msgs := _dns1035(vname):
-            errs.append(sch.field_invalid(f"{vpath}.name", vname, ",".join(msgs)))
-        sub = _map(v.get("subresources"))
-        openapi = _map(v.get("schema")).get("openAPIV3Schema")
-        if openapi is None:
-            errs.append(sch.field_required(f"{vpath}.schema.openAPIV3Schema"))
-        else:
-            errs.extend(_SchemaCheck("status" in sub).run(openapi, f"{vpath}.schema.openAPIV3Schema"))
-        errs.extend(_subresource_errors(sub, f"{vpath}.subresources"))
-        for j, col in enumerate(_list(v.get("additionalPrinterColumns"))):
-            errs.extend(_column_errors(col, f"{vpath}.additionalPrinterColumns[{j}]"))
-        if v.get("selectableFields"):
-            s = openapi if isinstance(openapi, Mapping) else None
-            errs.extend(_selectable_errors(_list(v.get("selectableFields")), s, f"{vpath}.selectableFields"))
-
+        errs.extend(_version_errors(v, f"spec.versions[{i}]"))
     raw_versions = _list(spec.get("versions"))
     vnames = [_str(v.get("name")) for v in versions]
     if len(set(vnames)) != len(vnames):
@@ -766,12 +822,11 @@ def validate_crd(crd: dict[str, Any]) -> None:
                 "spec.versions", raw_versions, "must have exactly one version marked as storage version"
             )
         )
+    return errs
 
-    for key in ("plural", "singular", "kind", "listKind"):
-        if not names.get(key):
-            errs.append(sch.field_required(f"spec.names.{key}"))
-    errs.extend(_names_errors(names, "spec.names"))
 
+def _conversion_errors(spec: Mapping[str, Any]) -> list[Cause]:
+    errs: list[Cause] = []
     strategy = _map(spec.get("conversion")).get("strategy")
     if strategy not in (None, "None", "Webhook"):
         errs.append(sch.field_not_supported("spec.conversion.strategy", strategy, ["None", "Webhook"]))
@@ -784,8 +839,23 @@ def validate_crd(crd: dict[str, Any]) -> None:
                 "spec.versions[*].schema instead",
             )
         )
+    return errs
+
+
+def validate_crd(crd: dict[str, Any]) -> None:
+    """Raise 422 Invalid with upstream's causes if the CRD would be rejected by a kube-apiserver."""
+    c = default_crd(crd)
+    meta, spec = _map(c.get("metadata")), _map(c.get("spec"))
+    names = _map(spec.get("names"))
+    errs = _crd_identity_errors(meta, spec, names)
+    errs.extend(_versions_errors(spec))
+    for key in ("plural", "singular", "kind", "listKind"):
+        if not names.get(key):
+            errs.append(sch.field_required(f"spec.names.{key}"))
+    errs.extend(_names_errors(names, "spec.names"))
+    errs.extend(_conversion_errors(spec))
     if errs:
-        raise invalid(_KIND, _GROUP, name, errs)
+        raise invalid(_KIND, _GROUP, _str(meta.get("name")), errs)
 
 
 def crd_resource_infos(crd: dict[str, Any]) -> list[ResourceInfo]:

@@ -50,6 +50,40 @@ def selectors(info: ResourceInfo, params: Mapping[str, str]) -> tuple[LabelSelec
     )
 
 
+def _list_limit(params: Mapping[str, str]) -> int:
+    limit_s = params.get("limit") or "0"
+    try:
+        return int(limit_s)
+    except ValueError:
+        raise bad_request(f'limit: Invalid value: "{limit_s}": must be an integer') from None
+
+
+def _forbidden_match(detail: str) -> StatusError:
+    return _list_options_invalid([Cause("FieldValueForbidden", f"Forbidden: {detail}", "resourceVersionMatch")])
+
+
+def _check_list_options(rv_s: str | None, rvm: str, cont: str) -> None:
+    """The combinations of resourceVersion, resourceVersionMatch and continue upstream refuses."""
+    if rvm and rvm not in ("Exact", "NotOlderThan"):
+        raise _list_options_invalid(
+            [
+                Cause(
+                    "FieldValueNotSupported",
+                    f'Unsupported value: "{rvm}": supported values: "Exact", "NotOlderThan", ""',
+                    "resourceVersionMatch",
+                )
+            ]
+        )
+    if rvm and not rv_s:
+        raise _forbidden_match("resourceVersionMatch is forbidden unless resourceVersion is provided")
+    if rvm == "Exact" and rv_s == "0":
+        raise _forbidden_match('resourceVersionMatch "exact" is forbidden for resourceVersion "0"')
+    if cont and rv_s not in (None, "", "0"):
+        raise bad_request("specifying resource version is not allowed when using continue")
+    if cont and rvm:
+        raise _forbidden_match("resourceVersionMatch is forbidden when continue is provided")
+
+
 @dataclass
 class Page:
     items: list[Stored]
@@ -89,59 +123,23 @@ class Lister:
     async def page(self, info: ResourceInfo, namespace: str | None, params: Mapping[str, str]) -> Page:
         rv_s = params.get("resourceVersion")
         rvm = params.get("resourceVersionMatch") or ""
-        limit_s = params.get("limit") or "0"
-        try:
-            limit = int(limit_s)
-        except ValueError:
-            raise bad_request(f'limit: Invalid value: "{limit_s}": must be an integer') from None
+        limit = _list_limit(params)
         cont = params.get("continue") or ""
-        if rvm and rvm not in ("Exact", "NotOlderThan"):
-            raise _list_options_invalid(
-                [
-                    Cause(
-                        "FieldValueNotSupported",
-                        f'Unsupported value: "{rvm}": supported values: "Exact", "NotOlderThan", ""',
-                        "resourceVersionMatch",
-                    )
-                ]
-            )
-        if rvm and not rv_s:
-            raise _list_options_invalid(
-                [
-                    Cause(
-                        "FieldValueForbidden",
-                        "Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
-                        "resourceVersionMatch",
-                    )
-                ]
-            )
-        if rvm == "Exact" and rv_s == "0":
-            raise _list_options_invalid(
-                [
-                    Cause(
-                        "FieldValueForbidden",
-                        'Forbidden: resourceVersionMatch "exact" is forbidden for resourceVersion "0"',
-                        "resourceVersionMatch",
-                    )
-                ]
-            )
-        if cont and rv_s not in (None, "", "0"):
-            raise bad_request("specifying resource version is not allowed when using continue")
-        if cont and rvm:
-            raise _list_options_invalid(
-                [
-                    Cause(
-                        "FieldValueForbidden",
-                        "Forbidden: resourceVersionMatch is forbidden when continue is provided",
-                        "resourceVersionMatch",
-                    )
-                ]
-            )
+        _check_list_options(rv_s, rvm, cont)
         label_sel, field_sel = selectors(info, params)
         unfiltered = label_sel.empty and field_sel.empty
         ns = namespace if info.namespaced else None
         if cont:
             return self._continue(info, ns, cont, limit, label_sel, field_sel, unfiltered)
+        at_rv, source = await self._source(info, ns, rv_s, rvm, limit)
+        items = self._filter(info, source, label_sel, field_sel)
+        return self._page(info, items, at_rv, limit, unfiltered)
+
+    async def _source(
+        self, info: ResourceInfo, ns: str | None, rv_s: str | None, rvm: str, limit: int
+    ) -> tuple[int, list[Stored]]:
+        """The objects the list reads and the resourceVersion they are at: the latest, or (Exact, or a first
+        page at a resourceVersion) the store as it was then. A resourceVersion from the future is waited for."""
         store = self.store
         at_rv = store.rv
         exact = False
@@ -156,11 +154,8 @@ class Lister:
         if exact:
             if at_rv < store.compacted_rv:
                 raise expired("The resourceVersion for the provided list is too old.")
-            source = store.snapshot_at(info.storage_key, at_rv, ns)
-        else:
-            source = list(store.iter(info.storage_key, ns))
-        items = self._filter(info, source, label_sel, field_sel)
-        return self._page(info, items, at_rv, limit, unfiltered)
+            return at_rv, store.snapshot_at(info.storage_key, at_rv, ns)
+        return at_rv, list(store.iter(info.storage_key, ns))
 
     def _filter(
         self, info: ResourceInfo, source: list[Stored], label_sel: LabelSelector, field_sel: FieldSelector

@@ -83,6 +83,210 @@ def _meta_sans_volatile(meta: dict[str, Any]) -> dict[str, Any]:
     return _without(meta, "resourceVersion", "generation")
 
 
+def _stamp_new_identity(meta: dict[str, Any], now: datetime) -> None:
+    """A new object's uid and creationTimestamp are the server's; what the client sent for them (and for
+    the other server-owned fields) is dropped."""
+    for k in (
+        "uid",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "resourceVersion",
+        "generation",
+        "selfLink",
+    ):
+        meta.pop(k, None)
+    meta["uid"] = str(uuid.uuid4())
+    meta["creationTimestamp"] = rfc3339(now)
+
+
+def _check_update_target(info: ResourceInfo, namespace: str, name: str, meta: dict[str, Any]) -> None:
+    """The body may not name another object than the URL does."""
+    if meta.get("name") and meta["name"] != name:
+        raise bad_request(f"the name of the object ({meta['name']}) does not match the name on the URL ({name})")
+    if info.namespaced and meta.get("namespace") and meta["namespace"] != namespace:
+        raise bad_request("the namespace of the provided object does not match the namespace sent on the request")
+
+
+def _check_update_version(
+    info: ResourceInfo, name: str, rv: Any, old: dict[str, Any], require_rv: bool | None
+) -> None:
+    """A resourceVersion in the body is a precondition (409 if stale); custom resources require one unless
+    the caller says otherwise (a patch never does)."""
+    if require_rv is None:
+        require_rv = info.is_custom
+    if rv:
+        if rv != old["metadata"]["resourceVersion"]:
+            raise conflict(info.resource, info.group, name)
+    elif require_rv:
+        raise invalid(
+            info.kind,
+            info.group,
+            name,
+            [
+                Cause(
+                    "FieldValueInvalid",
+                    "Invalid value: 0x0: must be specified for an update",
+                    "metadata.resourceVersion",
+                )
+            ],
+        )
+
+
+def _keep_server_metadata(
+    info: ResourceInfo, namespace: str, name: str, meta: dict[str, Any], old_meta: dict[str, Any]
+) -> None:
+    """Identity, timestamps and generation are the server's: an update keeps the stored ones."""
+    meta["name"] = name
+    if info.namespaced:
+        meta["namespace"] = namespace
+    for k in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds"):
+        if k in old_meta:
+            meta[k] = old_meta[k]
+        else:
+            meta.pop(k, None)
+    meta["generation"] = old_meta.get("generation")
+    if meta["generation"] is None:
+        meta.pop("generation")
+
+
+def _refuse_new_finalizers(info: ResourceInfo, name: str, meta: dict[str, Any], old_meta: dict[str, Any]) -> None:
+    """An object being deleted may lose finalizers but gain none."""
+    added = set(meta.get("finalizers") or []) - set(old_meta.get("finalizers") or [])
+    if added:
+        raise invalid(
+            info.kind,
+            info.group,
+            name,
+            [
+                Cause(
+                    "FieldValueForbidden",
+                    "Forbidden: no new finalizers can be added if the object is being "
+                    "deleted, found new finalizers []string{"  # Go's %#v of the sorted names
+                    + ", ".join(f'"{f}"' for f in sorted(added))
+                    + "}",
+                    "metadata.finalizers",
+                )
+            ],
+        )
+
+
+def _patched(info: ResourceInfo, ctype: str, old: dict[str, Any], body: Any) -> Any:
+    """The stored object with a JSON, merge or strategic merge patch applied (strategic: built-ins only)."""
+    if ctype == JSON_PATCH:
+        return apply_json_patch(old, body)
+    if ctype == MERGE_PATCH:
+        if not isinstance(body, dict):
+            raise bad_request("the body of a merge patch must be a JSON object")
+        return apply_merge_patch(old, body)
+    if ctype == STRATEGIC_PATCH:
+        if info.is_custom:
+            raise unsupported_media_type(
+                "the body of the request was in an unknown format - accepted media types include: "
+                "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"
+            )
+        if not isinstance(body, dict):
+            raise bad_request("the body of a strategic merge patch must be a JSON object")
+        return apply_strategic_merge_patch(old, body, info.group, info.kind)
+    accepted = "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"
+    if not info.is_custom:
+        accepted = (
+            "application/json-patch+json, application/merge-patch+json, "
+            "application/strategic-merge-patch+json, application/apply-patch+yaml"
+        )
+    raise unsupported_media_type(
+        f"the body of the request was in an unknown format - accepted media types include: {accepted}"
+    )
+
+
+def _check_patched(info: ResourceInfo, name: str, patched: Any) -> None:
+    """The patched object must still be an object of this kind, with the URL's name."""
+    if not isinstance(patched, dict):
+        raise StatusError(422, "Invalid", "the patch produced an object that is not a JSON object")
+    patched.setdefault("metadata", {})
+    if not isinstance(patched["metadata"], dict):
+        raise StatusError(422, "Invalid", "metadata must be an object")
+    if patched["metadata"].get("name") != name:
+        # Upstream's checkName on the patched object: a patch cannot rename (or unname) it.
+        raise bad_request(
+            f"the name of the object ({patched['metadata'].get('name') or ''}) does not match the name on "
+            f"the URL ({name})"
+        )
+    bschema = builtin_schema(info)
+    decode_err = builtin.builtin_decode_error(bschema, info.kind, patched) if bschema is not None else None
+    if decode_err:
+        raise invalid(
+            info.kind, info.group, name, [Cause("FieldValueInvalid", f"Invalid value: {decode_err}", "patch")]
+        )
+
+
+def _apply_config(info: ResourceInfo, name: str, body: Any, ctx: WriteContext) -> dict[str, Any]:
+    """The applied configuration, which needs a field manager and the URL's name; fields the kind's schema
+    does not know are warned about or refused as fieldValidation says."""
+    if not ctx.field_manager:
+        raise invalid(
+            "PatchOptions",
+            "meta.k8s.io",
+            "",
+            [Cause("FieldValueRequired", "Required value: is required for apply patch", "fieldManager")],
+        )
+    config = builtin.ensure_object(body)
+    cmeta = config["metadata"]
+    if cmeta.get("name") and cmeta["name"] != name:
+        raise bad_request(f"the name of the object ({cmeta['name']}) does not match the name on the URL ({name})")
+    if info.is_custom or builtin_schema(info) is not None:
+        target_schema = info.schema if info.is_custom else builtin_schema(info)
+        if target_schema is not None:
+            unknown = schema.unknown_fields(target_schema, config)
+            ctx.warnings.extend(schema.check_field_validation(unknown, ctx.field_validation))
+    return config
+
+
+def _check_delete_preconditions(
+    info: ResourceInfo, name: str, meta: dict[str, Any], options: dict[str, Any]
+) -> None:
+    """DeleteOptions.preconditions: the uid and resourceVersion the caller expects (409 if they differ)."""
+    pre = options.get("preconditions") or {}
+    if pre.get("uid") and pre["uid"] != meta.get("uid"):
+        raise conflict(
+            info.resource,
+            info.group,
+            name,
+            f"Precondition failed: UID in precondition: {pre['uid']}, UID in object meta: "
+            f"{meta.get('uid')}",
+        )
+    if pre.get("resourceVersion") and pre["resourceVersion"] != meta.get("resourceVersion"):
+        raise conflict(
+            info.resource,
+            info.group,
+            name,
+            f"Precondition failed: ResourceVersion in precondition: {pre['resourceVersion']}, "
+            f"ResourceVersion in object meta: {meta.get('resourceVersion')}",
+        )
+
+
+def _propagation_policy(options: dict[str, Any]) -> str | None:
+    """propagationPolicy, or what the older orphanDependents asks for; None lets the kind decide."""
+    policy = options.get("propagationPolicy")
+    if policy is None and options.get("orphanDependents") is not None:
+        policy = "Orphan" if options["orphanDependents"] else "Background"
+    if policy not in (None, "Background", "Foreground", "Orphan"):
+        raise invalid(
+            "DeleteOptions",
+            "meta.k8s.io",
+            "",
+            [
+                Cause(
+                    "FieldValueNotSupported",
+                    f'Unsupported value: "{policy}": supported values: "Foreground", "Background", "Orphan", "nil"',
+                    "propagationPolicy",
+                )
+            ],
+        )
+    return policy
+
+
+
 class ObjectAPI:
     def __init__(
         self,
@@ -305,73 +509,14 @@ class ObjectAPI:
         applied_fields: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         obj = builtin.ensure_object(body)
-        meta = obj["metadata"]
-        body_ns = meta.get("namespace")
-        if info.namespaced:
-            if body_ns and body_ns != namespace:
-                raise bad_request(
-                    "the namespace of the provided object does not match the namespace sent on the request"
-                )
-            meta["namespace"] = namespace
-        else:
-            meta.pop("namespace", None)
-        if not meta.get("name"):
-            gen = meta.get("generateName")
-            if not gen:
-                raise invalid(
-                    info.kind,
-                    info.group,
-                    "",
-                    [
-                        Cause(
-                            "FieldValueRequired",
-                            "Required value: name or generateName is required",
-                            "metadata.name",
-                        )
-                    ],
-                )
-            # kube-apiserver's alphabet (no vowels), and its retry on a taken name (RetryGenerateName, GA 1.31).
-            store_ns = namespace if info.namespaced else ""
-            for _ in range(8):
-                meta["name"] = f"{gen[:58]}{''.join(random.choices(_GENERATE_ALPHABET, k=5))}"
-                if self.store.get(info.storage_key, store_ns, meta["name"]) is None:
-                    break
+        self._name_new_object(info, namespace, obj["metadata"])
         self._check_namespace(info, namespace, creating=True)
         now = self.clock()
-        for k in (
-            "uid",
-            "creationTimestamp",
-            "deletionTimestamp",
-            "deletionGracePeriodSeconds",
-            "resourceVersion",
-            "generation",
-            "selfLink",
-        ):
-            meta.pop(k, None)
-        meta["uid"] = str(uuid.uuid4())
-        meta["creationTimestamp"] = rfc3339(now)
+        _stamp_new_identity(obj["metadata"], now)
         if info.status_subresource and info.is_custom:
             obj.pop("status", None)
         obj = self._validate(info, obj, None, ctx, check_unknown=True)
-        meta = obj["metadata"]
-        if info.has_generation:
-            meta["generation"] = 1
-        builtin.prepare_create(info.group, info.kind, obj)
-        if info.storage_key == SERVICES_GR:
-            services.allocate(obj, (s.obj for s in self.store.iter(SERVICES_GR)))
-        if info.storage_key == PODS_GR:
-            account = (obj.get("spec") or {}).get("serviceAccountName") or "default"
-            found = self.store.get(SERVICE_ACCOUNTS_GR, obj["metadata"].get("namespace", ""), str(account))
-            serviceaccount_admission.admit(obj, found.obj if found is not None else None)
-        if not info.is_custom:
-            obj = gojson.canonical(info.api_version, info.kind, obj)
-            builtin.normalize(info.group, info.kind, obj)
-            meta = obj["metadata"]
-        if info.storage_key == CRD_GR:
-            obj["status"] = crds.crd_established_status(obj, rfc3339(now))
-            fins = meta.setdefault("finalizers", [])
-            if CRD_CLEANUP not in fins:
-                fins.append(CRD_CLEANUP)
+        obj = self._prepare_created(info, obj, now)
         admitted = await self._admit(info, "CREATE", obj, None, ctx)
         assert admitted is not None
         obj = admitted
@@ -385,25 +530,96 @@ class ObjectAPI:
                 group=info.group,
                 kind=info.resource,
             )
-        obj["metadata"].pop("managedFields", None)
-        if applied_fields is not None:  # created by server-side apply, which may own nothing
-            if applied_fields:
-                obj["metadata"]["managedFields"] = applied_fields
-        else:
-            obj = update_managed_fields(
-                None,
-                obj,
-                manager=self._manager(ctx),
-                operation="Update",
-                api_version=info.api_version,
-                now=rfc3339(now),
-                list_keys=self._list_keys(info),
-            )
+        obj = self._created_managed_fields(info, obj, ctx, applied_fields, now)
         created = self._persist(info, obj, ctx)
         if info.storage_key == CORE_NS and not ctx.dry_run:
             for hook in self.on_namespace_created:
                 hook(name)
         return created
+
+    def _name_new_object(self, info: ResourceInfo, namespace: str, meta: dict[str, Any]) -> None:
+        """The request's namespace becomes the object's (the body may not name another; a cluster-scoped object
+        has none), and a generateName a free name."""
+        body_ns = meta.get("namespace")
+        if info.namespaced:
+            if body_ns and body_ns != namespace:
+                raise bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
+            meta["namespace"] = namespace
+        else:
+            meta.pop("namespace", None)
+        if not meta.get("name"):
+            meta["name"] = self._generated_name(info, namespace, meta.get("generateName"))
+
+    def _generated_name(self, info: ResourceInfo, namespace: str, gen: Any) -> str:
+        """kube-apiserver's alphabet (no vowels), and its retry on a taken name (RetryGenerateName, GA 1.31)."""
+        if not gen:
+            raise invalid(
+                info.kind,
+                info.group,
+                "",
+                [
+                    Cause(
+                        "FieldValueRequired",
+                        "Required value: name or generateName is required",
+                        "metadata.name",
+                    )
+                ],
+            )
+        store_ns = namespace if info.namespaced else ""
+        name = ""
+        for _ in range(8):
+            name = f"{gen[:58]}{''.join(random.choices(_GENERATE_ALPHABET, k=5))}"
+            if self.store.get(info.storage_key, store_ns, name) is None:
+                break
+        return name
+
+    def _prepare_created(self, info: ResourceInfo, obj: dict[str, Any], now: datetime) -> dict[str, Any]:
+        """The fields the server sets on a validated new object: generation, kind defaults, a Service's
+        cluster IP, a pod's service account token volume, Go's form for built-ins, a CRD's status."""
+        if info.has_generation:
+            obj["metadata"]["generation"] = 1
+        builtin.prepare_create(info.group, info.kind, obj)
+        if info.storage_key == SERVICES_GR:
+            services.allocate(obj, (s.obj for s in self.store.iter(SERVICES_GR)))
+        if info.storage_key == PODS_GR:
+            account = (obj.get("spec") or {}).get("serviceAccountName") or "default"
+            found = self.store.get(SERVICE_ACCOUNTS_GR, obj["metadata"].get("namespace", ""), str(account))
+            serviceaccount_admission.admit(obj, found.obj if found is not None else None)
+        if not info.is_custom:
+            obj = gojson.canonical(info.api_version, info.kind, obj)
+            builtin.normalize(info.group, info.kind, obj)
+        if info.storage_key == CRD_GR:
+            obj["status"] = crds.crd_established_status(obj, rfc3339(now))
+            fins = obj["metadata"].setdefault("finalizers", [])
+            if CRD_CLEANUP not in fins:
+                fins.append(CRD_CLEANUP)
+        return obj
+
+    def _created_managed_fields(
+        self,
+        info: ResourceInfo,
+        obj: dict[str, Any],
+        ctx: WriteContext,
+        applied_fields: list[dict[str, Any]] | None,
+        now: datetime,
+    ) -> dict[str, Any]:
+        """managedFields of a new object: the applier's (which may own nothing), or the creator's."""
+        obj["metadata"].pop("managedFields", None)
+        if applied_fields is not None:
+            if applied_fields:
+                obj["metadata"]["managedFields"] = applied_fields
+            return obj
+        return update_managed_fields(
+            None,
+            obj,
+            manager=self._manager(ctx),
+            operation="Update",
+            api_version=info.api_version,
+            now=rfc3339(now),
+            list_keys=self._list_keys(info),
+        )
 
     # ------------------------------------------------------------------------------------ update
 
@@ -444,69 +660,16 @@ class ObjectAPI:
         check_unknown: bool = True,
     ) -> dict[str, Any]:
         new = builtin.ensure_object(body)
-        meta = new["metadata"]
-        if meta.get("name") and meta["name"] != name:
-            raise bad_request(
-                f"the name of the object ({meta['name']}) does not match the name on the URL ({name})"
-            )
-        if info.namespaced and meta.get("namespace") and meta["namespace"] != namespace:
-            raise bad_request(
-                "the namespace of the provided object does not match the namespace sent on the request"
-            )
+        _check_update_target(info, namespace, name, new["metadata"])
         self._check_namespace(info, namespace, creating=False)
         current = self.get(info, namespace, name)
         old = current.obj
-        rv = meta.get("resourceVersion")
-        if require_rv is None:
-            require_rv = info.is_custom
-        if rv:
-            if rv != old["metadata"]["resourceVersion"]:
-                raise conflict(info.resource, info.group, name)
-        elif require_rv:
-            raise invalid(
-                info.kind,
-                info.group,
-                name,
-                [
-                    Cause(
-                        "FieldValueInvalid",
-                        "Invalid value: 0x0: must be specified for an update",
-                        "metadata.resourceVersion",
-                    )
-                ],
-            )
+        _check_update_version(info, name, new["metadata"].get("resourceVersion"), old, require_rv)
         new = clone(new)
         new = self._merge_for_subresource(info, old, new, subresource)
-        meta = new["metadata"]
-        meta["name"] = name
-        if info.namespaced:
-            meta["namespace"] = namespace
-        for k in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds"):
-            if k in old["metadata"]:
-                meta[k] = old["metadata"][k]
-            else:
-                meta.pop(k, None)
-        meta["generation"] = old["metadata"].get("generation")
-        if meta["generation"] is None:
-            meta.pop("generation")
+        _keep_server_metadata(info, namespace, name, new["metadata"], old["metadata"])
         if old["metadata"].get("deletionTimestamp"):
-            added = set(meta.get("finalizers") or []) - set(old["metadata"].get("finalizers") or [])
-            if added:
-                raise invalid(
-                    info.kind,
-                    info.group,
-                    name,
-                    [
-                        Cause(
-                            "FieldValueForbidden",
-                            "Forbidden: no new finalizers can be added if the object is being "
-                            "deleted, found new finalizers []string{"  # Go's %#v of the sorted names
-                            + ", ".join(f'"{f}"' for f in sorted(added))
-                            + "}",
-                            "metadata.finalizers",
-                        )
-                    ],
-                )
+            _refuse_new_finalizers(info, name, new["metadata"], old["metadata"])
         new = self._validate(info, new, old, ctx, check_unknown=check_unknown)
         if info.storage_key == SERVICES_GR and not subresource:
             services.keep_allocated(old, new, (s.obj for s in self.store.iter(SERVICES_GR)))
@@ -578,51 +741,8 @@ class ObjectAPI:
             )
         self._check_namespace(info, namespace, creating=False)
         current = self.get(info, namespace, name)
-        old = current.obj
-        if ctype == JSON_PATCH:
-            patched = apply_json_patch(old, body)
-        elif ctype == MERGE_PATCH:
-            if not isinstance(body, dict):
-                raise bad_request("the body of a merge patch must be a JSON object")
-            patched = apply_merge_patch(old, body)
-        elif ctype == STRATEGIC_PATCH:
-            if info.is_custom:
-                raise unsupported_media_type(
-                    "the body of the request was in an unknown format - accepted media types include: "
-                    "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"
-                )
-            if not isinstance(body, dict):
-                raise bad_request("the body of a strategic merge patch must be a JSON object")
-            patched = apply_strategic_merge_patch(old, body, info.group, info.kind)
-        else:
-            accepted = (
-                "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"
-            )
-            if not info.is_custom:
-                accepted = (
-                    "application/json-patch+json, application/merge-patch+json, "
-                    "application/strategic-merge-patch+json, application/apply-patch+yaml"
-                )
-            raise unsupported_media_type(
-                f"the body of the request was in an unknown format - accepted media types include: {accepted}"
-            )
-        if not isinstance(patched, dict):
-            raise StatusError(422, "Invalid", "the patch produced an object that is not a JSON object")
-        patched.setdefault("metadata", {})
-        if not isinstance(patched["metadata"], dict):
-            raise StatusError(422, "Invalid", "metadata must be an object")
-        if patched["metadata"].get("name") != name:
-            # Upstream's checkName on the patched object: a patch cannot rename (or unname) it.
-            raise bad_request(
-                f"the name of the object ({patched['metadata'].get('name') or ''}) does not match the name on "
-                f"the URL ({name})"
-            )
-        bschema = builtin_schema(info)
-        decode_err = builtin.builtin_decode_error(bschema, info.kind, patched) if bschema is not None else None
-        if decode_err:
-            raise invalid(
-                info.kind, info.group, name, [Cause("FieldValueInvalid", f"Invalid value: {decode_err}", "patch")]
-            )
+        patched = _patched(info, ctype, current.obj, body)
+        _check_patched(info, name, patched)
         obj = await self.update(info, namespace, name, patched, ctx, subresource, require_rv=False)
         return 200, obj
 
@@ -636,51 +756,17 @@ class ObjectAPI:
         subresource: str,
         force: bool,
     ) -> tuple[int, dict[str, Any]]:
-        if not ctx.field_manager:
-            raise invalid(
-                "PatchOptions",
-                "meta.k8s.io",
-                "",
-                [Cause("FieldValueRequired", "Required value: is required for apply patch", "fieldManager")],
-            )
-        config = builtin.ensure_object(body)
-        cmeta = config["metadata"]
-        if cmeta.get("name") and cmeta["name"] != name:
-            raise bad_request(
-                f"the name of the object ({cmeta['name']}) does not match the name on the URL ({name})"
-            )
-        if info.is_custom or builtin_schema(info) is not None:
-            target_schema = info.schema if info.is_custom else builtin_schema(info)
-            if target_schema is not None:
-                unknown = schema.unknown_fields(target_schema, config)
-                ctx.warnings.extend(schema.check_field_validation(unknown, ctx.field_validation))
+        config = _apply_config(info, name, body, ctx)
         self._check_namespace(info, namespace, creating=False)
         live = self.store.get(info.storage_key, namespace if info.namespaced else "", name)
-        now = rfc3339(self.clock())
+        cmeta = config["metadata"]
         cmeta.setdefault("name", name)
         if info.namespaced:
             cmeta.setdefault("namespace", namespace)
         if live is None:
             if subresource:
                 raise not_found(info.resource, info.group, name)
-            obj = server_side_apply(
-                None,
-                clone(config),
-                manager=ctx.field_manager,
-                force=force,
-                api_version=info.api_version,
-                now=now,
-                list_keys=self._list_keys(info),
-                reset_fields=self._reset_fields(info, subresource),
-            )
-            created = await self.create(
-                info,
-                namespace,
-                obj,
-                WriteContext(ctx.user, ctx.dry_run, ctx.field_manager, "Ignore", ctx.warnings),
-                applied_fields=obj["metadata"].get("managedFields") or [],
-            )
-            return 201, created
+            return 201, await self._apply_create(info, namespace, config, ctx, force)
         old = live.obj
         merged = server_side_apply(
             clone(old),
@@ -688,7 +774,7 @@ class ObjectAPI:
             manager=ctx.field_manager,
             force=force,
             api_version=info.api_version,
-            now=now,
+            now=rfc3339(self.clock()),
             subresource=subresource,
             list_keys=self._list_keys(info),
             reset_fields=self._reset_fields(info, subresource),
@@ -710,6 +796,28 @@ class ObjectAPI:
         )
         return 200, obj
 
+    async def _apply_create(
+        self, info: ResourceInfo, namespace: str, config: dict[str, Any], ctx: WriteContext, force: bool
+    ) -> dict[str, Any]:
+        """An apply to a missing object creates it, owned by the applier alone."""
+        obj = server_side_apply(
+            None,
+            clone(config),
+            manager=ctx.field_manager,
+            force=force,
+            api_version=info.api_version,
+            now=rfc3339(self.clock()),
+            list_keys=self._list_keys(info),
+            reset_fields=self._reset_fields(info, ""),
+        )
+        return await self.create(
+            info,
+            namespace,
+            obj,
+            WriteContext(ctx.user, ctx.dry_run, ctx.field_manager, "Ignore", ctx.warnings),
+            applied_fields=obj["metadata"].get("managedFields") or [],
+        )
+
     # ------------------------------------------------------------------------------------ delete
 
     async def delete(
@@ -717,24 +825,7 @@ class ObjectAPI:
     ) -> tuple[int, dict[str, Any]]:
         current = self.get(info, namespace, name)
         old = current.obj
-        meta = old["metadata"]
-        pre = options.get("preconditions") or {}
-        if pre.get("uid") and pre["uid"] != meta.get("uid"):
-            raise conflict(
-                info.resource,
-                info.group,
-                name,
-                f"Precondition failed: UID in precondition: {pre['uid']}, UID in object meta: "
-                f"{meta.get('uid')}",
-            )
-        if pre.get("resourceVersion") and pre["resourceVersion"] != meta.get("resourceVersion"):
-            raise conflict(
-                info.resource,
-                info.group,
-                name,
-                f"Precondition failed: ResourceVersion in precondition: {pre['resourceVersion']}, "
-                f"ResourceVersion in object meta: {meta.get('resourceVersion')}",
-            )
+        _check_delete_preconditions(info, name, old["metadata"], options)
         await self._admit(
             info,
             "DELETE",
@@ -743,46 +834,15 @@ class ObjectAPI:
             ctx,
             options=dict(options, kind="DeleteOptions", apiVersion="meta.k8s.io/v1"),
         )
-        policy = options.get("propagationPolicy")
-        if policy is None and options.get("orphanDependents") is not None:
-            policy = "Orphan" if options["orphanDependents"] else "Background"
-        if policy not in (None, "Background", "Foreground", "Orphan"):
-            raise invalid(
-                "DeleteOptions",
-                "meta.k8s.io",
-                "",
-                [
-                    Cause(
-                        "FieldValueNotSupported",
-                        f'Unsupported value: "{policy}": supported values: "Foreground", "Background", "Orphan", "nil"',
-                        "propagationPolicy",
-                    )
-                ],
-            )
+        policy = _propagation_policy(options)
         new = clone(old)
         nmeta = new["metadata"]
         now = self.clock()
-        grace = options.get("gracePeriodSeconds")
-        # Pod graceful deletion: bound, non-terminal pods wait for the kubelet.
         if info.storage_key == PODS_GR:
-            phase = (old.get("status") or {}).get("phase")
-            bound = bool((old.get("spec") or {}).get("nodeName"))
-            if grace is None:
-                grace = (old.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
-            if not bound or phase in ("Succeeded", "Failed"):
-                grace = 0
-            current_grace = nmeta.get("deletionGracePeriodSeconds")
-            if int(grace) > 0 and (current_grace is None or int(grace) < int(current_grace)):
-                nmeta["deletionTimestamp"] = rfc3339(now + timedelta(seconds=int(grace)))
-                if current_grace is None and "generation" in nmeta:
-                    nmeta["generation"] = int(nmeta["generation"]) + 1
-                nmeta["deletionGracePeriodSeconds"] = int(grace)
-                self._add_policy_finalizer(nmeta, policy)
-                if ctx.dry_run:
-                    return 200, new
-                return 200, self.store.put(info.storage_key, new).obj
-            if int(grace) > 0 and current_grace is not None:
-                return 200, old  # already terminating with a shorter grace period
+            grace = options.get("gracePeriodSeconds")
+            pending = self._graceful_pod_delete(info, old, new, grace, policy, ctx, now)
+            if pending is not None:
+                return 200, pending
         self._add_policy_finalizer(nmeta, policy)
         if nmeta.get("finalizers"):
             if not nmeta.get("deletionTimestamp"):
@@ -794,27 +854,62 @@ class ObjectAPI:
                 nmeta["deletionGracePeriodSeconds"] = 0
             if info.storage_key == CORE_NS:
                 new.setdefault("status", {})["phase"] = "Terminating"
-            if ctx.dry_run:
-                return 200, new
-            if new == old:
-                return 200, old
-            return 200, self.store.put(info.storage_key, new).obj
+            return 200, self._write_deleting(info, old, new, ctx)
         if info.storage_key == CORE_NS:
             # Namespaces always go through the namespace controller (spec.finalizers: kubernetes).
             nmeta["deletionTimestamp"] = nmeta.get("deletionTimestamp") or rfc3339(now)
             nmeta["deletionGracePeriodSeconds"] = 0
             new.setdefault("status", {})["phase"] = "Terminating"
-            if ctx.dry_run:
-                return 200, new
-            if new == old:
-                return 200, old
-            return 200, self.store.put(info.storage_key, new).obj
+            return 200, self._write_deleting(info, old, new, ctx)
         if ctx.dry_run:
             return 200, old
         gone = self.store.remove(info.storage_key, namespace if info.namespaced else "", name)
         assert gone is not None
         self._after_delete(info, gone.obj)
         return 200, gone.obj
+
+    def _graceful_pod_delete(
+        self,
+        info: ResourceInfo,
+        old: dict[str, Any],
+        new: dict[str, Any],
+        grace: Any,
+        policy: str | None,
+        ctx: WriteContext,
+        now: datetime,
+    ) -> dict[str, Any] | None:
+        """Pod graceful deletion: a bound, non-terminal pod gets a deletionTimestamp its grace period ahead and
+        waits for its kubelet (a shorter grace period brings it closer). None: the pod goes the usual way."""
+        nmeta = new["metadata"]
+        phase = (old.get("status") or {}).get("phase")
+        bound = bool((old.get("spec") or {}).get("nodeName"))
+        if grace is None:
+            grace = (old.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+        if not bound or phase in ("Succeeded", "Failed"):
+            grace = 0
+        current_grace = nmeta.get("deletionGracePeriodSeconds")
+        if int(grace) > 0 and (current_grace is None or int(grace) < int(current_grace)):
+            nmeta["deletionTimestamp"] = rfc3339(now + timedelta(seconds=int(grace)))
+            if current_grace is None and "generation" in nmeta:
+                nmeta["generation"] = int(nmeta["generation"]) + 1
+            nmeta["deletionGracePeriodSeconds"] = int(grace)
+            self._add_policy_finalizer(nmeta, policy)
+            if ctx.dry_run:
+                return new
+            return self.store.put(info.storage_key, new).obj
+        if int(grace) > 0 and current_grace is not None:
+            return old  # already terminating with a shorter grace period
+        return None
+
+    def _write_deleting(
+        self, info: ResourceInfo, old: dict[str, Any], new: dict[str, Any], ctx: WriteContext
+    ) -> dict[str, Any]:
+        """Store an object marked for deletion that waits for its finalizers (unless nothing changed)."""
+        if ctx.dry_run:
+            return new
+        if new == old:
+            return old
+        return self.store.put(info.storage_key, new).obj
 
     @staticmethod
     def _add_policy_finalizer(meta: dict[str, Any], policy: str | None) -> None:

@@ -213,10 +213,7 @@ class _DocBuilder:
         }
 
     def add_resource(self, info: ResourceInfo) -> None:
-        custom = info.is_custom
         kind_name = self.add_kind(info.group, info.version, info.kind, info)
-        gvk = _gvk(info.group, info.version, info.kind)
-        ns_word = "Namespaced" if info.namespaced else ""
         base = (
             f"{self.prefix}/namespaces/{{namespace}}/{info.resource}"
             if info.namespaced
@@ -228,29 +225,56 @@ class _DocBuilder:
                 _path_param("namespace", "object name and auth scope, such as for teams and projects")
             )
         verbs = set(info.verbs)
-        write_params = [_DRY_RUN, _FIELD_MANAGER, _FIELD_VALIDATION]
         list_name = ""
         if "list" in verbs:
-            list_name = self.add_list(info, kind_name, custom=custom)
-        watch_params = _WATCH_PARAMS if "watch" in verbs else []
+            list_name = self.add_list(info, kind_name, custom=info.is_custom)
+        collection = self._collection_ops(info, kind_name, list_name)
+        if collection:
+            self.paths[base] = {**collection, "parameters": [*common, _PRETTY]}
+        if info.namespaced and "list" in verbs:
+            self.paths[f"{self.prefix}/{info.resource}"] = {
+                "get": self.op(
+                    "list",
+                    f"list{self.gv_camel}{info.kind}ForAllNamespaces",
+                    _gvk(info.group, info.version, info.kind),
+                    f"list or watch objects of kind {info.kind}",
+                    responses=_responses(list_name, ["200"], watch=True),
+                ),
+                "parameters": [*_LIST_PARAMS, *self._watch_params(info), _PRETTY],
+            }
+        item_common = [_path_param("name", f"name of the {info.kind}"), *common, _PRETTY]
+        item = self._item_ops(info, kind_name)
+        if item:
+            self.paths[f"{base}/{{name}}"] = {**item, "parameters": item_common}
+        for sub in sorted(info.subresources):
+            self.add_subresource(info, sub, f"{base}/{{name}}/{sub}", item_common)
 
+    @staticmethod
+    def _watch_params(info: ResourceInfo) -> list[dict[str, Any]]:
+        return _WATCH_PARAMS if "watch" in info.verbs else []
+
+    def _collection_ops(self, info: ResourceInfo, kind_name: str, list_name: str) -> dict[str, Any]:
+        """list, create and deletecollection, as far as the resource serves them."""
+        verbs = set(info.verbs)
+        gvk = _gvk(info.group, info.version, info.kind)
+        suffix = f"{self.gv_camel}{'Namespaced' if info.namespaced else ''}{info.kind}"
         collection: dict[str, Any] = {}
         if "list" in verbs:
             collection["get"] = self.op(
                 "list",
-                f"list{self.gv_camel}{ns_word}{info.kind}",
+                f"list{suffix}",
                 gvk,
                 f"list or watch objects of kind {info.kind}",
-                parameters=[*_LIST_PARAMS, *watch_params],
+                parameters=[*_LIST_PARAMS, *self._watch_params(info)],
                 responses=_responses(list_name, ["200"], watch=True),
             )
         if "create" in verbs:
             collection["post"] = self.op(
                 "post",
-                f"create{self.gv_camel}{ns_word}{info.kind}",
+                f"create{suffix}",
                 gvk,
                 f"create a {info.kind}",
-                parameters=list(write_params),
+                parameters=[_DRY_RUN, _FIELD_MANAGER, _FIELD_VALIDATION],
                 requestBody=_body(kind_name),
                 responses=_responses(kind_name, ["200", "201", "202"]),
             )
@@ -258,68 +282,49 @@ class _DocBuilder:
             self.used_meta.add(DELETE_OPTIONS)
             collection["delete"] = self.op(
                 "deletecollection",
-                f"deleteCollection{self.gv_camel}{ns_word}{info.kind}",
+                f"deleteCollection{suffix}",
                 gvk,
                 f"delete collection of {info.kind}",
                 parameters=[*_DELETE_PARAMS, *_LIST_PARAMS],
                 requestBody=_body(DELETE_OPTIONS, required=False),
                 responses=_responses(STATUS, ["200"]),
             )
-        if collection:
-            self.paths[base] = {**collection, "parameters": [*common, _PRETTY]}
+        return collection
 
-        if info.namespaced and "list" in verbs:
-            self.paths[f"{self.prefix}/{info.resource}"] = {
-                "get": self.op(
-                    "list",
-                    f"list{self.gv_camel}{info.kind}ForAllNamespaces",
-                    gvk,
-                    f"list or watch objects of kind {info.kind}",
-                    responses=_responses(list_name, ["200"], watch=True),
-                ),
-                "parameters": [*_LIST_PARAMS, *watch_params, _PRETTY],
-            }
-
-        item_common = [_path_param("name", f"name of the {info.kind}"), *common, _PRETTY]
+    def _item_ops(self, info: ResourceInfo, kind_name: str) -> dict[str, Any]:
+        """get, update (put), patch and delete of one named object, as far as the resource serves them."""
+        verbs = set(info.verbs)
+        gvk = _gvk(info.group, info.version, info.kind)
+        suffix = f"{self.gv_camel}{'Namespaced' if info.namespaced else ''}{info.kind}"
         item: dict[str, Any] = {}
         if "get" in verbs:
             item["get"] = self.op(
-                "get",
-                f"read{self.gv_camel}{ns_word}{info.kind}",
-                gvk,
-                f"read the specified {info.kind}",
-                responses=_responses(kind_name, ["200"]),
+                "get", f"read{suffix}", gvk, f"read the specified {info.kind}", responses=_responses(kind_name, ["200"])
             )
         if "update" in verbs:
             item["put"] = self.op(
                 "put",
-                f"replace{self.gv_camel}{ns_word}{info.kind}",
+                f"replace{suffix}",
                 gvk,
                 f"replace the specified {info.kind}",
-                parameters=list(write_params),
+                parameters=[_DRY_RUN, _FIELD_MANAGER, _FIELD_VALIDATION],
                 requestBody=_body(kind_name),
                 responses=_responses(kind_name, ["200", "201"]),
             )
         if "patch" in verbs:
-            item["patch"] = self.patch_op(
-                f"patch{self.gv_camel}{ns_word}{info.kind}", gvk, info.kind, kind_name, custom=custom
-            )
+            item["patch"] = self.patch_op(f"patch{suffix}", gvk, info.kind, kind_name, custom=info.is_custom)
         if "delete" in verbs:
             self.used_meta.add(DELETE_OPTIONS)
             item["delete"] = self.op(
                 "delete",
-                f"delete{self.gv_camel}{ns_word}{info.kind}",
+                f"delete{suffix}",
                 gvk,
                 f"delete a {info.kind}",
                 parameters=list(_DELETE_PARAMS),
                 requestBody=_body(DELETE_OPTIONS, required=False),
                 responses=_responses(STATUS, ["200", "202"]),
             )
-        if item:
-            self.paths[f"{base}/{{name}}"] = {**item, "parameters": item_common}
-
-        for sub in sorted(info.subresources):
-            self.add_subresource(info, sub, f"{base}/{{name}}/{sub}", item_common)
+        return item
 
     def add_subresource(self, info: ResourceInfo, sub: str, path: str, params: list[dict[str, Any]]) -> None:
         body_kind, sub_verbs = info.subresources[sub]

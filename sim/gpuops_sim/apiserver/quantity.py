@@ -5,11 +5,13 @@ Written from the Quantity documentation, independently of the operator's account
 compared in a differential test, so a misreading of the rules shows up as a disagreement, not a shared bug.
 The canonical form loses no precision, prints no fraction, and uses the largest suffix that allows both;
 binary-suffixed values that are not whole numbers of at least 1024 print in decimal SI, and are capped at
-2^63-1; anything finer than a nano unit rounds up (away from zero) to one.
+2^63-1; anything finer than a nano unit rounds up (away from zero) to one. `parse_quantity` gives that stored
+amount as an exact Fraction, which is what the emulated scheduler and kubelets compare.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from fractions import Fraction
 
@@ -78,12 +80,36 @@ def _binary(value: Fraction) -> str:
     return f"{sign}{n}{_BINARY_SUFFIX.get(power, '')}"
 
 
-def canonical(text: str) -> str:
-    """The string the API server stores for `text` (ValueError if it is not a quantity)."""
+def _stored(text: str) -> tuple[Fraction, str]:
+    """(value, format) of what the API server keeps for `text`: rounded to nano units, binary ones capped."""
     value, form = parse(text)
     value = _round_to_nano(value)
     if form == "BinarySI" and abs(value) > _MAX_BINARY:
         value = Fraction(_MAX_BINARY if value > 0 else -_MAX_BINARY)
+    return value, form
+
+
+def parse_quantity(raw: str | int | float, *, allow_negative: bool = False) -> Fraction:
+    """The exact amount a quantity stands for once stored: the number `canonical` prints.
+
+    A JSON number in a quantity field is read as the literal it was written as (Python's `repr` of a float is
+    the literal `json.dumps` sends). ValueError for anything that is not a quantity, and for a negative amount
+    unless `allow_negative`: requests, limits, overhead and allocatable amounts are never negative.
+    """
+    if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+        raise ValueError(f"a quantity is a string or a JSON number, not {type(raw).__name__}")
+    if isinstance(raw, float) and not math.isfinite(raw):
+        raise ValueError(f"{raw!r} is not a quantity")
+    text = raw if isinstance(raw, str) else str(raw) if isinstance(raw, int) else repr(raw)
+    value, _ = _stored(text)
+    if value < 0 and not allow_negative:
+        raise ValueError(f"quantity {text!r} is negative")
+    return value
+
+
+def canonical(text: str) -> str:
+    """The string the API server stores for `text` (ValueError if it is not a quantity)."""
+    value, form = _stored(text)
     if form == "BinarySI" and (abs(value) < 1024 or value.denominator != 1):
         form = "DecimalSI"
     if form == "BinarySI":

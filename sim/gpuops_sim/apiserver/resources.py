@@ -95,6 +95,7 @@ def _r(
     )
 
 
+# A data table: one entry per built-in resource.
 def builtin_resources() -> list[ResourceInfo]:
     """The built-in resources of a kube-apiserver that gpuops and its tests use."""
     return [

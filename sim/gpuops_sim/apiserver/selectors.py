@@ -204,6 +204,43 @@ class Requirement:
         return f"{self.key}{sym}{vals}"
 
 
+def _values_count_error(op: str, values: Sequence[str]) -> str | None:
+    """How many values the operator takes, as upstream words the mistake (None: the count is right)."""
+    if op in (IN, NOT_IN) and not values:
+        return "for 'in', 'notin' operators, values set can't be empty"
+    if op in (EQUALS, DOUBLE_EQUALS, NOT_EQUALS) and len(values) != 1:
+        return "exact-match compatibility requires one single value"
+    if op in (EXISTS, DOES_NOT_EXIST) and values:
+        return "values set must be empty for exists and does not exist"
+    if op in (GREATER_THAN, LESS_THAN) and len(values) != 1:
+        return "for 'Gt', 'Lt' operators, exactly one value is required"
+    return None
+
+
+def _operator_errors(op: str, values: Sequence[str], path: str | None, values_path: str) -> list[str]:
+    """An unsupported operator, or values the operator cannot take (Gt and Lt compare integers)."""
+    if op not in (*_BINARY_OPERATORS, EXISTS, DOES_NOT_EXIST):
+        supported = ", ".join(go_quote(o) for o in (*_BINARY_OPERATORS, EXISTS, DOES_NOT_EXIST))
+        return [
+            f"{path + '.' if path else ''}operator: Unsupported value: {go_quote(op)}: "
+            f"supported values: {supported}"
+        ]
+    errs: list[str] = []
+    if (detail := _values_count_error(op, values)) is not None:
+        errs.append(_field_invalid(values_path, _go_string_slice(values), detail))
+    if op in (GREATER_THAN, LESS_THAN):
+        for i, v in enumerate(values):
+            if _parse_int64(v) is None:
+                errs.append(
+                    _field_invalid(
+                        f"{values_path}[{i}]",
+                        go_quote(v),
+                        "for 'Gt', 'Lt' operators, the value must be an integer",
+                    )
+                )
+    return errs
+
+
 def _new_requirement(key: str, op: str, values: Sequence[str], path: str | None) -> Requirement:
     """labels.NewRequirement: validate and build, or raise ValueError with upstream's message.
 
@@ -214,57 +251,7 @@ def _new_requirement(key: str, op: str, values: Sequence[str], path: str | None)
     values_path = f"{path}.values" if path else "values"
     if msgs := label_key_errors(key):
         errs.append(_field_invalid(key_path, go_quote(key), "; ".join(msgs)))
-    if op in (IN, NOT_IN):
-        if not values:
-            errs.append(
-                _field_invalid(
-                    values_path,
-                    _go_string_slice(values),
-                    "for 'in', 'notin' operators, values set can't be empty",
-                )
-            )
-    elif op in (EQUALS, DOUBLE_EQUALS, NOT_EQUALS):
-        if len(values) != 1:
-            errs.append(
-                _field_invalid(
-                    values_path,
-                    _go_string_slice(values),
-                    "exact-match compatibility requires one single value",
-                )
-            )
-    elif op in (EXISTS, DOES_NOT_EXIST):
-        if values:
-            errs.append(
-                _field_invalid(
-                    values_path,
-                    _go_string_slice(values),
-                    "values set must be empty for exists and does not exist",
-                )
-            )
-    elif op in (GREATER_THAN, LESS_THAN):
-        if len(values) != 1:
-            errs.append(
-                _field_invalid(
-                    values_path,
-                    _go_string_slice(values),
-                    "for 'Gt', 'Lt' operators, exactly one value is required",
-                )
-            )
-        for i, v in enumerate(values):
-            if _parse_int64(v) is None:
-                errs.append(
-                    _field_invalid(
-                        f"{values_path}[{i}]",
-                        go_quote(v),
-                        "for 'Gt', 'Lt' operators, the value must be an integer",
-                    )
-                )
-    else:
-        supported = ", ".join(go_quote(o) for o in (*_BINARY_OPERATORS, EXISTS, DOES_NOT_EXIST))
-        errs.append(
-            f"{path + '.' if path else ''}operator: Unsupported value: {go_quote(op)}: "
-            f"supported values: {supported}"
-        )
+    errs.extend(_operator_errors(op, values, path, values_path))
     for i, v in enumerate(values):
         if msgs := label_value_errors(v):
             errs.append(_field_invalid(f"{values_path}[{i}][{key}]", go_quote(v), "; ".join(msgs)))

@@ -99,6 +99,36 @@ def status_response(err: StatusError) -> web.Response:
     return resp
 
 
+def _check_resource_route(route: Route, info: ResourceInfo, method: str, query: Mapping[str, str]) -> None:
+    """Refuse a path the resource is not served at (404) and a verb its subresource does not serve (405)."""
+    # Namespaced resources are reachable without /namespaces/{ns}/ only for lists and watches across all.
+    if info.namespaced and not route.namespaced_path and route.resource != "namespaces" and (
+        route.name or method != "GET"
+    ):
+        raise not_found_path()
+    if not info.namespaced and route.namespaced_path:
+        raise not_found_path()
+    sub = route.subresource
+    if sub and sub not in info.subresources and not (info.resource == "namespaces" and sub == "finalize"):
+        raise not_found_path()
+    if sub in STREAMING_SUBRESOURCES and sub in info.subresources:
+        raise bad_request(podlog.refused(info.resource, sub))
+    if sub in info.subresources:
+        # Each subresource serves only its own verbs (eviction/binding: create; status: get/update/patch);
+        # anything else must not fall through to the main resource's handler.
+        verb = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+        if verb.get(method) not in info.subresources[sub][1] or (method == "GET" and "watch" in query):
+            raise method_not_allowed()
+
+
+def _expected_body(info: ResourceInfo, sub: str) -> tuple[str, str]:
+    """The (apiVersion, kind) a write's body has at this endpoint."""
+    if sub == "scale":
+        return (scale.SCALE_API_VERSION, "Scale")
+    return (info.group_version, info.subresources[sub][0] if sub in info.subresources else info.kind)
+
+
+
 class APIServer:
     def __init__(
         self,
@@ -132,16 +162,28 @@ class APIServer:
         self.port = port
         # kubectl sends bearer tokens only over TLS: serve HTTPS with a CA of our own when asked.
         self.serving_cert = make_serving_cert([host, "localhost", "127.0.0.1"]) if tls else None
-        self.authorization = authorization
-        self.admin_token = admin_token or secrets.token_urlsafe(24)
         self.store = Store(history_size=history_size, history_age=history_age, watcher_buffer=watcher_buffer)
         self.registry = Registry()
+        self._init_auth(authorization, admin_token, anonymous)
+        self._init_outside_hooks()
+        self._init_handlers(
+            continue_ttl, WatchSettings(bookmark_interval, watch_timeout, watch_list), terminated_pod_gc_threshold
+        )
+        self._seed(seed_namespaces)
+
+    def _init_auth(self, authorization: str, admin_token: str | None, anonymous: bool) -> None:
+        """Authentication (the admin's token, anonymous requests if allowed) and authorization."""
+        self.authorization = authorization
+        self.admin_token = admin_token or secrets.token_urlsafe(24)
         self.authn = auth.Authenticator(allow_anonymous=anonymous)
         self.authn.add_token(self.admin_token, auth.UserInfo("admin", groups=("system:masters",)))
         self.rbac = _StoreRBAC(self.store)
         # Called with every authorization decision (allowed or not, RBAC or AlwaysAllow), in request order: the
         # emulator's audit log, e.g. to prove a ServiceAccount never met a 403 or to replay its requests.
         self.audit_hooks: list[Callable[[auth.Decision], None]] = []
+
+    def _init_outside_hooks(self) -> None:
+        """What the emulated cluster around the server provides: how Services are reached, the pods' output."""
         self.service_endpoints: dict[tuple[str, str], str] = {}
         # How a webhook Service is reached when the emulated cluster routes Services itself (its pod network):
         # (namespace, name, port) -> host:port, None when that network does not know the Service.
@@ -149,12 +191,17 @@ class APIServer:
         # The output of containers that really run (the emulated kubelet's process runtime), for pods/log:
         # (namespace, pod, container, previous) -> text, None for a container that never ran as a process.
         self.pod_log_source: Callable[[str, str, str, bool], str | None] | None = None
+
+    def _init_handlers(
+        self, continue_ttl: float, watch_settings: WatchSettings, terminated_pod_gc_threshold: int | None
+    ) -> None:
+        """The object API with its webhooks, lists, watches, the built-in controllers, and the serving state."""
         self.webhooks = WebhookCaller(self._resolve_service)
         self.api = ObjectAPI(self.store, self.registry, self.webhooks)
         self.api.on_crd_change.append(self._crd_changed)
         self.api.on_namespace_created.append(self.fill_namespace)
         self.lister = Lister(self.store, continue_ttl=continue_ttl)
-        self.watch_settings = WatchSettings(bookmark_interval, watch_timeout, watch_list)
+        self.watch_settings = watch_settings
         self.controllers = ControllerLoops(self.api, terminated_pod_gc_threshold)
         self.faults = Faults()
         self.requests_total = 0
@@ -165,7 +212,6 @@ class APIServer:
         self._openapi_cache: dict[tuple[int, str], dict[str, Any]] = {}
         self._answering = asyncio.Event()
         self._answering.set()
-        self._seed(seed_namespaces)
 
     # ------------------------------------------------------------------------------------ lifecycle
 
@@ -663,106 +709,112 @@ class APIServer:
         query: dict[str, str],
     ) -> web.StreamResponse:
         method = request.method
-        # Namespaced resources are reachable without /namespaces/{ns}/ only for lists and watches across all.
-        if info.namespaced and not route.namespaced_path and route.resource != "namespaces" and (
-            route.name or method != "GET"
-        ):
-            raise not_found_path()
-        if not info.namespaced and route.namespaced_path:
-            raise not_found_path()
-        ns = route.namespace if info.namespaced else ""
-        if info.storage_key == ("", "namespaces"):
-            ns = ""
-        sub = route.subresource
-        if sub and sub not in info.subresources and not (info.resource == "namespaces" and sub == "finalize"):
-            raise not_found_path()
-        if sub in STREAMING_SUBRESOURCES and sub in info.subresources:
-            raise bad_request(podlog.refused(info.resource, sub))
-        if sub in info.subresources:
-            # Each subresource serves only its own verbs (eviction/binding: create; status: get/update/patch);
-            # anything else must not fall through to the main resource's handler.
-            verb = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
-            if verb.get(method) not in info.subresources[sub][1] or (method == "GET" and "watch" in query):
-                raise method_not_allowed()
+        _check_resource_route(route, info, method, query)
         if info.create_only:
             if method != "POST" or route.name:
                 raise method_not_allowed()
             return await self._review(request, info, user)
-        name = route.name
-        # Query booleans as upstream decodes them: anything but "0"/"false" is true (Python clients send "True").
-        watch = route.legacy_watch or query.get("watch", "0").lower() not in ("0", "false")
+        ns = route.namespace if info.namespaced else ""
+        if info.storage_key == ("", "namespaces"):
+            ns = ""
         if method == "GET":
-            if watch:
-                q = dict(query)
-                if name:
-                    q["fieldSelector"] = ",".join(
-                        f for f in (query.get("fieldSelector", ""), f"metadata.name={name}") if f
-                    )
-                return await self._watch(
-                    request, info, ns if route.namespaced_path or not info.namespaced else None, q
-                )
-            if name:
-                await self._wait_fresh(query.get("resourceVersion"))
-                if sub == "scale":
-                    return self._answerer(request, info)(scale.scale_of(info, self.api.get(info, ns, name).obj),
-                                                         200, None)
-                if sub == "log":
-                    text = podlog.pod_log(self.api.get(info, ns, name).obj, query, self.pod_log_source)
-                    return web.Response(text=text, content_type="text/plain")
-                return self._get(request, info, ns, name)
-            return await self._list(request, info, ns if route.namespaced_path else None, query)
+            return await self._read(request, route, info, ns, query)
         ctx = self._context(request, user, query)
-        answer = self._answerer(request, info)
-        expect = (info.group_version, info.subresources[sub][0] if sub in info.subresources else info.kind)
-        if sub == "scale":
-            expect = (scale.SCALE_API_VERSION, "Scale")
         if method == "POST":
-            body = await self._read_body(request, expect)
-            if sub == "eviction":
-                return answer(await self.api.evict(ns, name, body, ctx), 201, ctx.warnings)
-            if sub == "binding":
-                return answer(await self.api.bind(ns, name, body, ctx), 201, ctx.warnings)
-            if sub == "token" and info.storage_key == ("", "serviceaccounts"):
-                return answer(self._token_request(info, ns, name, body), 201, None)
-            if name:
-                raise method_not_allowed()
-            obj = await self.api.create(info, ns, body, ctx)
-            return answer(obj, 201, ctx.warnings)
+            return await self._post(request, route, info, ns, ctx)
         if method == "PUT":
-            if not name:
-                raise method_not_allowed()
-            body = await self._read_body(request, expect)
-            if sub == "scale":
-                return answer(await scale.write_scale(self.api, info, ns, name, body, ctx), 200, ctx.warnings)
-            if sub == "finalize":
-                return answer(await self._finalize_namespace(info, name, body, ctx), 200, ctx.warnings)
-            obj = await self.api.update(info, ns, name, body, ctx, sub)
-            return answer(obj, 200, ctx.warnings)
+            return await self._put(request, route, info, ns, ctx)
         if method == "PATCH":
-            if not name:
-                raise method_not_allowed()
-            body = await self._read_body(request)
-            force = query.get("force", "0").lower() not in ("0", "false")
-            if sub == "scale":
-                ctype = request.headers.get("Content-Type", "")
-                return answer(await scale.patch_scale(self.api, info, ns, name, ctype, body, ctx), 200, ctx.warnings)
-            code, obj = await self.api.patch(
-                info, ns, name, request.headers.get("Content-Type", ""), body, ctx, sub, force
-            )
-            return answer(obj, code, ctx.warnings)
+            return await self._patch(request, route, info, ns, query, ctx)
         if method == "DELETE":
-            options = await self._delete_options(request, query, info.group_version)
-            if options.get("dryRun"):
-                ctx.dry_run = True
-            if not name:
-                if "deletecollection" not in info.verbs or info.storage_key == ("", "namespaces"):
-                    raise method_not_allowed()  # upstream's namespace storage has no DeleteCollection
-                return await self._delete_collection(
-                    request, info, ns if route.namespaced_path else None, query, options, ctx
-                )
-            code, obj = await self.api.delete(info, ns, name, options, ctx)
-            return answer(obj, code, ctx.warnings)
+            return await self._delete(request, route, info, ns, query, ctx)
         raise method_not_allowed()
+
+    async def _read(
+        self, request: web.Request, route: Route, info: ResourceInfo, ns: str, query: dict[str, str]
+    ) -> web.StreamResponse:
+        """GET: a watch, one object (or its scale or log), or a list."""
+        name, sub = route.name, route.subresource
+        # Query booleans as upstream decodes them: anything but "0"/"false" is true (Python clients send "True").
+        if route.legacy_watch or query.get("watch", "0").lower() not in ("0", "false"):
+            q = dict(query)
+            if name:
+                q["fieldSelector"] = ",".join(f for f in (query.get("fieldSelector", ""), f"metadata.name={name}") if f)
+            return await self._watch(request, info, ns if route.namespaced_path or not info.namespaced else None, q)
+        if name:
+            await self._wait_fresh(query.get("resourceVersion"))
+            if sub == "scale":
+                return self._answerer(request, info)(scale.scale_of(info, self.api.get(info, ns, name).obj), 200, None)
+            if sub == "log":
+                text = podlog.pod_log(self.api.get(info, ns, name).obj, query, self.pod_log_source)
+                return web.Response(text=text, content_type="text/plain")
+            return self._get(request, info, ns, name)
+        return await self._list(request, info, ns if route.namespaced_path else None, query)
+
+    async def _post(
+        self, request: web.Request, route: Route, info: ResourceInfo, ns: str, ctx: WriteContext
+    ) -> web.StreamResponse:
+        """POST: a create, or a subresource that creates (eviction, binding, a ServiceAccount's token)."""
+        name, sub = route.name, route.subresource
+        answer = self._answerer(request, info)
+        body = await self._read_body(request, _expected_body(info, sub))
+        if sub == "eviction":
+            return answer(await self.api.evict(ns, name, body, ctx), 201, ctx.warnings)
+        if sub == "binding":
+            return answer(await self.api.bind(ns, name, body, ctx), 201, ctx.warnings)
+        if sub == "token" and info.storage_key == ("", "serviceaccounts"):
+            return answer(self._token_request(info, ns, name, body), 201, None)
+        if name:
+            raise method_not_allowed()
+        obj = await self.api.create(info, ns, body, ctx)
+        return answer(obj, 201, ctx.warnings)
+
+    async def _put(
+        self, request: web.Request, route: Route, info: ResourceInfo, ns: str, ctx: WriteContext
+    ) -> web.StreamResponse:
+        """PUT: an update of an object, its status or scale, or a namespace's finalizers."""
+        name, sub = route.name, route.subresource
+        answer = self._answerer(request, info)
+        if not name:
+            raise method_not_allowed()
+        body = await self._read_body(request, _expected_body(info, sub))
+        if sub == "scale":
+            return answer(await scale.write_scale(self.api, info, ns, name, body, ctx), 200, ctx.warnings)
+        if sub == "finalize":
+            return answer(await self._finalize_namespace(info, name, body, ctx), 200, ctx.warnings)
+        obj = await self.api.update(info, ns, name, body, ctx, sub)
+        return answer(obj, 200, ctx.warnings)
+
+    async def _patch(
+        self, request: web.Request, route: Route, info: ResourceInfo, ns: str, query: dict[str, str], ctx: WriteContext
+    ) -> web.StreamResponse:
+        name, sub = route.name, route.subresource
+        answer = self._answerer(request, info)
+        if not name:
+            raise method_not_allowed()
+        body = await self._read_body(request)
+        force = query.get("force", "0").lower() not in ("0", "false")
+        ctype = request.headers.get("Content-Type", "")
+        if sub == "scale":
+            return answer(await scale.patch_scale(self.api, info, ns, name, ctype, body, ctx), 200, ctx.warnings)
+        code, obj = await self.api.patch(info, ns, name, ctype, body, ctx, sub, force)
+        return answer(obj, code, ctx.warnings)
+
+    async def _delete(
+        self, request: web.Request, route: Route, info: ResourceInfo, ns: str, query: dict[str, str], ctx: WriteContext
+    ) -> web.StreamResponse:
+        """DELETE: one object, or the collection."""
+        name = route.name
+        options = await self._delete_options(request, query, info.group_version)
+        if options.get("dryRun"):
+            ctx.dry_run = True
+        if not name:
+            if "deletecollection" not in info.verbs or info.storage_key == ("", "namespaces"):
+                raise method_not_allowed()  # upstream's namespace storage has no DeleteCollection
+            scope = ns if route.namespaced_path else None
+            return await self._delete_collection(request, info, scope, query, options, ctx)
+        code, obj = await self.api.delete(info, ns, name, options, ctx)
+        return self._answerer(request, info)(obj, code, ctx.warnings)
 
     def _answerer(self, request: web.Request, info: ResourceInfo) -> Callable[[Any, int, list[str] | None],
                                                                              web.Response]:

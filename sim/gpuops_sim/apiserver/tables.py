@@ -23,6 +23,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -850,102 +851,85 @@ def _has_condition(conditions: list[Any], type_: str) -> bool:
     return any(_g(c, "type") == type_ and _g(c, "status") == "True" for c in conditions)
 
 
-def _pod_row(pod: Mapping[str, Any], now: datetime) -> tuple[Cells, list[dict[str, str]]]:
-    """printPod: READY counts ready containers (and started sidecars), STATUS is the most telling reason."""
-    spec, status = _dict(pod.get("spec")), _dict(pod.get("status"))
-    init_specs = _list(spec.get("initContainers"))
-    sidecar_specs = [c for c in init_specs if _g(c, "restartPolicy") == "Always"]
-    sidecars = {_g(c, "name") for c in sidecar_specs}
-    total = len(_list(spec.get("containers"))) + len(sidecar_specs)
-    conditions = _list(status.get("conditions"))
-    phase = _str(status.get("phase"))
-    reason = _str(status.get("reason")) or phase
-    for c in conditions:
-        if _g(c, "type") == "PodScheduled" and _g(c, "reason") == "SchedulingGated":
-            reason = "SchedulingGated"
+@dataclass
+class _PodTally:
+    """What printPod gathers from a pod's container statuses on the way to its READY, STATUS and RESTARTS."""
 
-    ready = restarts = sidecar_restarts = 0
+    reason: str
+    ready: int = 0
+    restarts: int = 0
     last_restart: datetime | None = None
+    sidecar_restarts: int = 0
     last_sidecar_restart: datetime | None = None
-    initializing = False
+
+
+def _tally_init_containers(t: _PodTally, status: Mapping[str, Any], init_count: int, sidecars: set[Any]) -> bool:
+    """Count init containers' restarts and started sidecars; True while one is still initializing (the
+    first that neither succeeded nor runs as a started sidecar), whose state becomes the reason."""
     for i, cs in enumerate(_list(status.get("initContainerStatuses"))):
         count = _int(_g(cs, "restartCount"))
-        restarts += count
+        t.restarts += count
         finished = _g(cs, "lastState", "terminated", "finishedAt")
-        last_restart = _later(last_restart, finished)
+        t.last_restart = _later(t.last_restart, finished)
         is_sidecar = _g(cs, "name") in sidecars
         if is_sidecar:
-            sidecar_restarts += count
-            last_sidecar_restart = _later(last_sidecar_restart, finished)
+            t.sidecar_restarts += count
+            t.last_sidecar_restart = _later(t.last_sidecar_restart, finished)
         term, waiting = _g(cs, "state", "terminated"), _g(cs, "state", "waiting")
         if isinstance(term, Mapping) and _int(term.get("exitCode")) == 0:
             continue
         if is_sidecar and _g(cs, "started") is True:
             if _g(cs, "ready") is True:
-                ready += 1
+                t.ready += 1
             continue
         if isinstance(term, Mapping):
-            reason = _terminated_reason(term, "Init:")
+            t.reason = _terminated_reason(term, "Init:")
         elif isinstance(waiting, Mapping) and _str(waiting.get("reason")) not in ("", "PodInitializing"):
-            reason = "Init:" + waiting["reason"]
+            t.reason = "Init:" + waiting["reason"]
         else:
-            reason = f"Init:{i}/{len(init_specs)}"
-        initializing = True
-        break
+            t.reason = f"Init:{i}/{init_count}"
+        return True
+    return False
 
-    if not initializing or _has_condition(conditions, "Initialized"):
-        restarts, last_restart = sidecar_restarts, last_sidecar_restart
-        has_running = False
-        for cs in reversed(_list(status.get("containerStatuses"))):
-            restarts += _int(_g(cs, "restartCount"))
-            last_restart = _later(last_restart, _g(cs, "lastState", "terminated", "finishedAt"))
-            term, waiting = _g(cs, "state", "terminated"), _g(cs, "state", "waiting")
-            if isinstance(waiting, Mapping) and _str(waiting.get("reason")):
-                reason = waiting["reason"]
-            elif isinstance(term, Mapping):
-                reason = _terminated_reason(term, "")
-            elif _g(cs, "ready") is True and isinstance(_g(cs, "state", "running"), Mapping):
-                has_running = True
-                ready += 1
-        if reason == "Completed" and has_running:
-            reason = "Running" if _has_condition(conditions, "Ready") else "NotReady"
 
-    deleting = _g(pod, "metadata", "deletionTimestamp") is not None
-    if deleting and status.get("reason") == "NodeLost":
-        reason = "Unknown"
-    elif deleting and phase not in ("Succeeded", "Failed"):
-        reason = "Terminating"
+def _tally_containers(t: _PodTally, status: Mapping[str, Any], conditions: list[Any]) -> None:
+    """Once initialized: restarts are the sidecars' and the containers', the first container (in spec
+    order) waiting or terminated gives the reason, and running ready containers count as ready."""
+    t.restarts, t.last_restart = t.sidecar_restarts, t.last_sidecar_restart
+    has_running = False
+    for cs in reversed(_list(status.get("containerStatuses"))):
+        t.restarts += _int(_g(cs, "restartCount"))
+        t.last_restart = _later(t.last_restart, _g(cs, "lastState", "terminated", "finishedAt"))
+        term, waiting = _g(cs, "state", "terminated"), _g(cs, "state", "waiting")
+        if isinstance(waiting, Mapping) and _str(waiting.get("reason")):
+            t.reason = waiting["reason"]
+        elif isinstance(term, Mapping):
+            t.reason = _terminated_reason(term, "")
+        elif _g(cs, "ready") is True and isinstance(_g(cs, "state", "running"), Mapping):
+            has_running = True
+            t.ready += 1
+    if t.reason == "Completed" and has_running:
+        t.reason = "Running" if _has_condition(conditions, "Ready") else "NotReady"
 
-    restarts_text = str(restarts)
-    if restarts and last_restart is not None:
-        restarts_text = f"{restarts} ({human_duration(now - last_restart)} ago)"
 
-    ips = _list(status.get("podIPs"))
-    pod_ip = _str(_g(ips[0], "ip")) if ips else _str(status.get("podIP"))
+def _readiness_gates_text(spec: Mapping[str, Any], conditions: list[Any]) -> str:
+    """READINESS GATES: how many of the pod's gates have a True condition."""
     gates = _list(spec.get("readinessGates"))
-    gates_text = "<none>"
-    if gates:
-        true_count = 0
-        for gate in gates:
-            for c in conditions:
-                if _g(c, "type") == _g(gate, "conditionType"):
-                    true_count += _g(c, "status") == "True"
-                    break
-        gates_text = f"{true_count}/{len(gates)}"
-    cells: Cells = [
-        _name(pod),
-        f"{ready}/{total}",
-        reason,
-        restarts_text,
-        _age(pod, now),
-        pod_ip or "<none>",
-        _str(spec.get("nodeName")) or "<none>",
-        _str(status.get("nominatedNodeName")) or "<none>",
-        gates_text,
-    ]
-    row_conditions: list[dict[str, str]] = []
+    if not gates:
+        return "<none>"
+    true_count = 0
+    for gate in gates:
+        for c in conditions:
+            if _g(c, "type") == _g(gate, "conditionType"):
+                true_count += _g(c, "status") == "True"
+                break
+    return f"{true_count}/{len(gates)}"
+
+
+def _pod_row_conditions(phase: str) -> list[dict[str, str]]:
+    """The row's Completed condition, which `kubectl get` uses to hide finished pods."""
     if phase == "Succeeded":
-        row_conditions = [
+        return [
             {
                 "type": "Completed",
                 "status": "True",
@@ -953,11 +937,48 @@ def _pod_row(pod: Mapping[str, Any], now: datetime) -> tuple[Cells, list[dict[st
                 "message": "The pod has completed successfully.",
             }
         ]
-    elif phase == "Failed":
-        row_conditions = [
-            {"type": "Completed", "status": "True", "reason": "Failed", "message": "The pod failed."}
-        ]
-    return cells, row_conditions
+    if phase == "Failed":
+        return [{"type": "Completed", "status": "True", "reason": "Failed", "message": "The pod failed."}]
+    return []
+
+
+def _pod_row(pod: Mapping[str, Any], now: datetime) -> tuple[Cells, list[dict[str, str]]]:
+    """printPod: READY counts ready containers (and started sidecars), STATUS is the most telling reason."""
+    spec, status = _dict(pod.get("spec")), _dict(pod.get("status"))
+    init_specs = _list(spec.get("initContainers"))
+    sidecar_specs = [c for c in init_specs if _g(c, "restartPolicy") == "Always"]
+    total = len(_list(spec.get("containers"))) + len(sidecar_specs)
+    conditions = _list(status.get("conditions"))
+    phase = _str(status.get("phase"))
+    t = _PodTally(reason=_str(status.get("reason")) or phase)
+    for c in conditions:
+        if _g(c, "type") == "PodScheduled" and _g(c, "reason") == "SchedulingGated":
+            t.reason = "SchedulingGated"
+    initializing = _tally_init_containers(t, status, len(init_specs), {_g(c, "name") for c in sidecar_specs})
+    if not initializing or _has_condition(conditions, "Initialized"):
+        _tally_containers(t, status, conditions)
+    deleting = _g(pod, "metadata", "deletionTimestamp") is not None
+    if deleting and status.get("reason") == "NodeLost":
+        t.reason = "Unknown"
+    elif deleting and phase not in ("Succeeded", "Failed"):
+        t.reason = "Terminating"
+    restarts_text = str(t.restarts)
+    if t.restarts and t.last_restart is not None:
+        restarts_text = f"{t.restarts} ({human_duration(now - t.last_restart)} ago)"
+    ips = _list(status.get("podIPs"))
+    pod_ip = _str(_g(ips[0], "ip")) if ips else _str(status.get("podIP"))
+    cells: Cells = [
+        _name(pod),
+        f"{t.ready}/{total}",
+        t.reason,
+        restarts_text,
+        _age(pod, now),
+        pod_ip or "<none>",
+        _str(spec.get("nodeName")) or "<none>",
+        _str(status.get("nominatedNodeName")) or "<none>",
+        _readiness_gates_text(spec, conditions),
+    ]
+    return cells, _pod_row_conditions(phase)
 
 
 def _node_cells(node: Mapping[str, Any], now: datetime) -> Cells:

@@ -77,6 +77,155 @@ class WatchSettings:
         every request, so it may be switched while the server runs."""
 
 
+def _watch_timeout(params: Mapping[str, str], settings: WatchSettings) -> float:
+    """timeoutSeconds, or the server's default spread over [1x, 2x) as kube-apiserver spreads it."""
+    timeout_s = params.get("timeoutSeconds")
+    try:
+        timeout = float(timeout_s) if timeout_s else settings.default_timeout * (1 + random.random())
+        if timeout != timeout or timeout == float("inf"):
+            raise ValueError
+    except ValueError:
+        raise bad_request(f'timeoutSeconds: Invalid value: "{timeout_s}": must be an integer') from None
+    return max(0.0, timeout)
+
+
+async def _start_rv(store: Store, params: Mapping[str, str]) -> int | None:
+    """The resourceVersion the watch starts after (None: now, with the current objects first); one from
+    the future is waited for briefly, then refused as too large."""
+    rv_s = params.get("resourceVersion") or ""
+    if rv_s in ("", "0"):
+        return None
+    start_rv = parse_rv(rv_s)
+    if start_rv > store.rv and not await store.wait_for_rv(start_rv, TOO_LARGE_WAIT):
+        raise StatusError(
+            504,
+            "Timeout",
+            f"Too large resource version: {start_rv}, current: {store.rv}",
+            causes=[Cause("ResourceVersionTooLarge", "Too large resource version")],
+            retry_after=1,
+        )
+    return start_rv
+
+
+class _WatchStream:
+    """One watch request: which events it sees (its selectors, as transitions) and how they are framed."""
+
+    def __init__(
+        self,
+        store: Store,
+        info: ResourceInfo,
+        namespace: str | None,
+        params: Mapping[str, str],
+        table_row: Callable[[dict[str, Any]], dict[str, Any]] | None,
+        protobuf: bool,
+    ) -> None:
+        self.store = store
+        self.info = info
+        self.ns = namespace if info.namespaced else None
+        self.label_sel, self.field_sel = selectors(info, params)
+        self.filtered = not (self.label_sel.empty and self.field_sel.empty)
+        self.table_row = table_row
+        self.protobuf = protobuf
+        self.encode: Frame = encode_watch_frame if protobuf else _json_frame
+        # Query booleans decode like upstream's parameter codec (Python clients send "True").
+        self.bookmarks = params.get("allowWatchBookmarks", "0").lower() not in ("0", "false")
+
+    def matches(self, obj: dict[str, Any] | None) -> bool:
+        if obj is None:
+            return False
+        return self.label_sel.matches(obj["metadata"].get("labels")) and self.field_sel.matches(obj)
+
+    def frame(self, ev_type: str, obj: dict[str, Any], ev: WatchEvent | None = None) -> bytes:
+        if self.table_row is not None:
+            return _json_frame(ev_type, self.table_row(obj))
+        if ev is not None and not self.protobuf:
+            return ev.line(ev_type)
+        return self.encode(ev_type, obj)
+
+    def translate(self, ev: WatchEvent) -> bytes | None:
+        """The event as this watch sees it: an object entering the selection is ADDED, one leaving it
+        DELETED; None if the watch does not see it at all."""
+        if not self.filtered:
+            return self.frame(ev.type, ev.new.obj, ev)
+        new_m = ev.type != "DELETED" and self.matches(ev.new.obj)
+        old_m = ev.prev is not None and self.matches(ev.prev.obj)
+        if ev.type == "ADDED":
+            return self.frame("ADDED", ev.new.obj, ev) if new_m else None
+        if ev.type == "DELETED":
+            return self.frame("DELETED", ev.new.obj, ev) if old_m else None
+        if new_m and old_m:
+            return self.frame("MODIFIED", ev.new.obj, ev)
+        if new_m:
+            return self.frame("ADDED", ev.new.obj, ev)
+        if old_m:
+            return self.frame("DELETED", ev.new.obj, ev)
+        return None
+
+    def backlog(self, start_rv: int | None, send_initial: bool) -> list[bytes] | None:
+        """What the watch sends first: the current objects as ADDED (with no resourceVersion, or a streaming
+        list, which ends with a bookmark), else the history since start_rv. None: that history is compacted."""
+        store, gr = self.store, self.info.storage_key
+        initial: list[bytes] = []
+        if start_rv is None or send_initial:
+            for s in store.iter(gr, self.ns):
+                if not self.filtered or self.matches(s.obj):
+                    # Reuse the object's cached encoding: a streaming list of 100k pods must not re-encode them.
+                    initial.append(self.frame("ADDED", s.obj) if self.table_row is not None or self.protobuf
+                                   else b'{"type":"ADDED","object":' + s.raw + b"}\n")
+            if send_initial and self.bookmarks:
+                initial.append(_bookmark(self.info, store.rv, initial_end=True, encode=self.encode))
+            return initial
+        if start_rv < store.compacted_rv:
+            return None
+        for ev in store.events_since(gr, start_rv, self.ns):
+            line = self.translate(ev)
+            if line is not None:
+                initial.append(line)
+        return initial
+
+    async def follow(
+        self, request: web.Request, resp: web.StreamResponse, watcher: Watcher, deadline: float, interval: float
+    ) -> bool:
+        """Stream the watcher's events until `deadline` (monotonic), with a bookmark every `interval` the
+        stream is idle (if asked for). False: the stream was cut, as fault injection drops a watcher."""
+        last_bookmark = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                return True
+            wait = deadline - now
+            if self.bookmarks:
+                wait = min(wait, max(0.0, last_bookmark + interval - now))
+            if not watcher.events and not watcher.closed:
+                watcher.wakeup.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(watcher.wakeup.wait(), timeout=wait)
+            if watcher.events:
+                await self._write_pending(resp, watcher)
+                continue
+            if watcher.closed:
+                if watcher.overflowed:
+                    return True
+                # Dropped by fault injection: cut the connection the way a network failure would.
+                if request.transport is not None:
+                    request.transport.abort()
+                return False
+            if self.bookmarks and time.monotonic() - last_bookmark >= interval:
+                # Buffer empty: every change up to store.rv has been delivered or filtered out.
+                await resp.write(_bookmark(self.info, self.store.rv, encode=self.encode))
+                last_bookmark = time.monotonic()
+
+    async def _write_pending(self, resp: web.StreamResponse, watcher: Watcher) -> None:
+        """Up to 1024 buffered events in one write."""
+        out: list[bytes] = []
+        while watcher.events and len(out) < 1024:
+            line = self.translate(watcher.events.popleft())
+            if line is not None:
+                out.append(line)
+        if out:
+            await resp.write(b"".join(out))
+
+
 async def serve_watch(
     request: web.Request,
     store: Store,
@@ -91,136 +240,30 @@ async def serve_watch(
     protobuf: bool = False,
 ) -> web.StreamResponse:
     """A watch stream: newline-separated JSON events, or length-prefixed protobuf WatchEvents (`protobuf`)."""
-    encode: Frame = encode_watch_frame if protobuf else _json_frame
     validate_watch_params(params, watch_list=settings.watch_list)
-    label_sel, field_sel = selectors(info, params)
-    filtered = not (label_sel.empty and field_sel.empty)
-    # Query booleans decode like upstream's parameter codec (Python clients send "True").
-    bookmarks = params.get("allowWatchBookmarks", "0").lower() not in ("0", "false")
+    stream = _WatchStream(store, info, namespace, params, table_row, protobuf)
     send_initial = params.get("sendInitialEvents", "0").lower() not in ("0", "false")
-    timeout_s = params.get("timeoutSeconds")
-    try:
-        timeout = float(timeout_s) if timeout_s else settings.default_timeout * (1 + random.random())
-        if timeout != timeout or timeout == float("inf"):
-            raise ValueError
-    except ValueError:
-        raise bad_request(f'timeoutSeconds: Invalid value: "{timeout_s}": must be an integer') from None
-    timeout = max(0.0, timeout)
-    rv_s = params.get("resourceVersion") or ""
-    ns = namespace if info.namespaced else None
-    gr = info.storage_key
-
-    start_rv: int | None = None
-    if rv_s not in ("", "0"):
-        start_rv = parse_rv(rv_s)
-        if start_rv > store.rv and not await store.wait_for_rv(start_rv, TOO_LARGE_WAIT):
-            raise StatusError(
-                504,
-                "Timeout",
-                f"Too large resource version: {start_rv}, current: {store.rv}",
-                causes=[Cause("ResourceVersionTooLarge", "Too large resource version")],
-                retry_after=1,
-            )
-
-    def matches(obj: dict[str, Any] | None) -> bool:
-        if obj is None:
-            return False
-        return label_sel.matches(obj["metadata"].get("labels")) and field_sel.matches(obj)
-
-    def frame(ev_type: str, obj: dict[str, Any], ev: WatchEvent | None = None) -> bytes:
-        if table_row is not None:
-            return _json_frame(ev_type, table_row(obj))
-        if ev is not None and not protobuf:
-            return ev.line(ev_type)
-        return encode(ev_type, obj)
-
-    def translate(ev: WatchEvent) -> bytes | None:
-        if not filtered:
-            return frame(ev.type, ev.new.obj, ev)
-        new_m = ev.type != "DELETED" and matches(ev.new.obj)
-        old_m = ev.prev is not None and matches(ev.prev.obj)
-        if ev.type == "ADDED":
-            return frame("ADDED", ev.new.obj, ev) if new_m else None
-        if ev.type == "DELETED":
-            return frame("DELETED", ev.new.obj, ev) if old_m else None
-        if new_m and old_m:
-            return frame("MODIFIED", ev.new.obj, ev)
-        if new_m:
-            return frame("ADDED", ev.new.obj, ev)
-        if old_m:
-            return frame("DELETED", ev.new.obj, ev)
-        return None
-
+    timeout = _watch_timeout(params, settings)
+    start_rv = await _start_rv(store, params)
     # Subscribe and take the backlog in one synchronous step: nothing can slip between the two.
-    watcher: Watcher = store.watch(gr, ns)
-    initial: list[bytes] = []
-    too_old = False
-    if start_rv is None or send_initial:
-        for s in store.iter(gr, ns):
-            if not filtered or matches(s.obj):
-                # Reuse the object's cached encoding: a streaming list of 100k pods must not re-encode them.
-                initial.append(frame("ADDED", s.obj) if table_row is not None or protobuf
-                               else b'{"type":"ADDED","object":' + s.raw + b"}\n")
-        if send_initial and bookmarks:
-            initial.append(_bookmark(info, store.rv, initial_end=True, encode=encode))
-    elif start_rv < store.compacted_rv:
-        too_old = True
-    else:
-        for ev in store.events_since(gr, start_rv, ns):
-            line = translate(ev)
-            if line is not None:
-                initial.append(line)
-
+    watcher: Watcher = store.watch(info.storage_key, stream.ns)
+    initial = stream.backlog(start_rv, send_initial)
     resp = web.StreamResponse(status=200, headers={"Content-Type": content_type, "Cache-Control": "no-cache"})
     resp.enable_chunked_encoding()
     try:
         await resp.prepare(request)
         if open_streams is not None:
             open_streams.add(resp)
-        if too_old:
+        if initial is None:
             # As kube-apiserver does: HTTP 200, then one ERROR event carrying a 410 Status.
-            await resp.write(
-                _status_event(
-                    410, "Expired", f"too old resource version: {start_rv} ({store.compacted_rv + 1})", encode
-                )
-            )
+            message = f"too old resource version: {start_rv} ({store.compacted_rv + 1})"
+            await resp.write(_status_event(410, "Expired", message, stream.encode))
             await resp.write_eof()
             return resp
         for i in range(0, len(initial), 512):
             await resp.write(b"".join(initial[i : i + 512]))
-        deadline = time.monotonic() + timeout
-        last_bookmark = time.monotonic()
-        while True:
-            now = time.monotonic()
-            if now >= deadline:
-                break
-            wait = deadline - now
-            if bookmarks:
-                wait = min(wait, max(0.0, last_bookmark + settings.bookmark_interval - now))
-            if not watcher.events and not watcher.closed:
-                watcher.wakeup.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(watcher.wakeup.wait(), timeout=wait)
-            if watcher.events:
-                out: list[bytes] = []
-                while watcher.events and len(out) < 1024:
-                    line = translate(watcher.events.popleft())
-                    if line is not None:
-                        out.append(line)
-                if out:
-                    await resp.write(b"".join(out))
-                continue
-            if watcher.closed:
-                if watcher.overflowed:
-                    break
-                # Dropped by fault injection: cut the connection the way a network failure would.
-                if request.transport is not None:
-                    request.transport.abort()
-                return resp
-            if bookmarks and time.monotonic() - last_bookmark >= settings.bookmark_interval:
-                # Buffer empty: every change up to store.rv has been delivered or filtered out.
-                await resp.write(_bookmark(info, store.rv, encode=encode))
-                last_bookmark = time.monotonic()
+        if not await stream.follow(request, resp, watcher, time.monotonic() + timeout, settings.bookmark_interval):
+            return resp
         await resp.write_eof()
     except ConnectionError:
         return resp  # the client went away; nothing to tell it

@@ -374,85 +374,23 @@ class CvmServer(LoopbackServer):
     async def _run(self, p: dict[str, Any]) -> dict[str, Any]:
         _known(p, RUN_FIELDS)
         spot = self.cloud.spot
-        charge = _opt_str(p, "InstanceChargeType") or "POSTPAID_BY_HOUR"
-        if charge not in ("SPOTPAID", "POSTPAID_BY_HOUR"):
-            raise _invalid(f"InstanceChargeType {charge!r} is not sold here; use SPOTPAID or POSTPAID_BY_HOUR")
-        capacity_type: CapacityType = "spot" if charge == "SPOTPAID" else "on-demand"
-        options: dict[str, Any] = {}
-        market = p.get("InstanceMarketOptions")
-        if market is not None:
-            if charge != "SPOTPAID":
-                raise CvmError("InvalidParameterCombination",
-                               "InstanceMarketOptions is only allowed with InstanceChargeType SPOTPAID")
-            options.update(_market(market))
-        placement = p.get("Placement")
-        if not isinstance(placement, dict) or not isinstance(placement.get("Zone"), str) or not placement["Zone"]:
-            raise CvmError("MissingParameter", "Placement.Zone is required")
-        zone = placement["Zone"]
-        if zone != spot.zone:
-            raise CvmError("InvalidZone.MismatchRegion",
-                           f"zone {zone!r} does not exist in region {self.region!r}; known: [{spot.zone!r}]")
+        charge, capacity_type, options = _run_charge(p)
+        zone = self._run_zone(p)
         itype = _opt_str(p, "InstanceType")
         if not itype:
             raise CvmError("MissingParameter", "InstanceType is required")
         if itype not in spot.types:
             raise CvmError("InvalidParameterValue.InstanceTypeNotFound",
                            f"instance type {itype!r} does not exist; known: {sorted(spot.types)}")
-        count = p.get("InstanceCount", 1)
-        if not _is_int(count) or not 1 <= count <= MAX_RUN_COUNT:
-            raise _invalid(f"InstanceCount must be an integer from 1 to {MAX_RUN_COUNT}", "InvalidParameterValue.Range")
-        min_count = p.get("MinCount", count)
-        if not _is_int(min_count) or not 1 <= min_count <= count:
-            raise _invalid("MinCount must be an integer from 1 to InstanceCount", "InvalidParameterValue.Range")
-        image = _opt_str(p, "ImageId")
-        if image is not None:
-            if not image.startswith("img-"):
-                raise CvmError("InvalidImageId.Malformed", f"ImageId {image!r} must look like img-xxxxxxxx")
-            options["imageId"] = image
-        vpc = p.get("VirtualPrivateCloud")
-        if vpc is not None:
-            if not isinstance(vpc, dict):
-                raise CvmError("InvalidParameter", "VirtualPrivateCloud must be an object")
-            for key, opt, prefix in (("VpcId", "vpcId", "vpc-"), ("SubnetId", "subnetId", "subnet-")):
-                v = vpc.get(key)
-                if v is None:
-                    continue
-                if not isinstance(v, str) or not v.startswith(prefix):
-                    raise CvmError(f"InvalidParameterValue.{key}Malformed", f"{key} must look like {prefix}xxxxxxxx")
-                options[opt] = v
-        groups = p.get("SecurityGroupIds")
-        if groups is not None:
-            if not isinstance(groups, list) or not all(isinstance(g, str) and g.startswith("sg-") for g in groups):
-                raise CvmError("InvalidSgId.Malformed", "SecurityGroupIds must be ids like sg-xxxxxxxx")
-            options["securityGroupIds"] = list(groups)
-        labels: dict[str, str] = {}
-        taints: list[dict[str, Any]] = []
-        user_data = _opt_str(p, "UserData")
-        if user_data is not None:
-            if len(user_data) > USER_DATA_LIMIT:
-                raise _invalid(f"UserData is {len(user_data)} bytes of base64; at most {USER_DATA_LIMIT}",
-                               "InvalidParameterValue.Range")
-            try:
-                text = base64.b64decode(user_data, validate=True).decode("utf-8", "replace")
-            except (binascii.Error, ValueError):
-                raise CvmError("InvalidParameterValue.InvalidUserDataFormat",
-                               "UserData must be base64 encoded") from None
-            options["userData"] = user_data
-            labels, taints = _kubelet_flags(text)
+        count, min_count = _run_counts(p)
+        _run_image_and_network(p, options)
+        labels, taints = _run_user_data(p, options)
         for key, opt in (("InstanceName", "instanceName"), ("HostName", "hostName")):
             v = _opt_str(p, key)
             if v is not None:
                 options[opt] = v
         tags = _tags(p.get("TagSpecification"))
-        token = p.get("ClientToken")
-        if token is None or token == "":
-            token = f"cvm-auto-{uuid.uuid4()}"  # no token: no idempotency, as documented
-        elif not isinstance(token, str):
-            raise CvmError("InvalidParameter", "ClientToken must be a string")
-        elif len(token.encode()) > 64:
-            raise CvmError("InvalidClientToken.TooLong", f"ClientToken is {len(token.encode())} bytes; at most 64")
-        elif not all(32 < ord(c) < 127 for c in token):
-            raise _invalid("ClientToken must be printable ASCII without spaces")
+        token = _client_token(p)
         req = LaunchRequest(token, itype, count, min_count, tags, labels, taints, zone, capacity_type, options)
         dry_run = p.get("DryRun") is True
         if token not in spot.tokens or dry_run:
@@ -465,6 +403,17 @@ class CvmServer(LoopbackServer):
         if created:
             log.info("cvm RunInstances", token=token, instance_type=itype, count=len(ids), charge=charge)
         return {"InstanceIdSet": ids}
+
+    def _run_zone(self, p: dict[str, Any]) -> str:
+        """Placement.Zone, which must be the one zone this region emulates."""
+        placement = p.get("Placement")
+        if not isinstance(placement, dict) or not isinstance(placement.get("Zone"), str) or not placement["Zone"]:
+            raise CvmError("MissingParameter", "Placement.Zone is required")
+        zone: str = placement["Zone"]
+        if zone != self.cloud.spot.zone:
+            raise CvmError("InvalidZone.MismatchRegion",
+                           f"zone {zone!r} does not exist in region {self.region!r}; known: [{self.cloud.spot.zone!r}]")
+        return zone
 
     def _check_quota(self, capacity_type: str, want: int) -> None:
         if self.spot_quota is None or capacity_type != "spot":
@@ -607,6 +556,89 @@ class CvmServer(LoopbackServer):
 
 
 # ---------------------------------------------------------------------------------------- helpers
+
+
+def _run_charge(p: dict[str, Any]) -> tuple[str, CapacityType, dict[str, Any]]:
+    """InstanceChargeType (spot or on-demand) and the spot market options, which only spot may carry."""
+    charge = _opt_str(p, "InstanceChargeType") or "POSTPAID_BY_HOUR"
+    if charge not in ("SPOTPAID", "POSTPAID_BY_HOUR"):
+        raise _invalid(f"InstanceChargeType {charge!r} is not sold here; use SPOTPAID or POSTPAID_BY_HOUR")
+    capacity_type: CapacityType = "spot" if charge == "SPOTPAID" else "on-demand"
+    options: dict[str, Any] = {}
+    market = p.get("InstanceMarketOptions")
+    if market is not None:
+        if charge != "SPOTPAID":
+            raise CvmError("InvalidParameterCombination",
+                           "InstanceMarketOptions is only allowed with InstanceChargeType SPOTPAID")
+        options.update(_market(market))
+    return charge, capacity_type, options
+
+
+def _run_counts(p: dict[str, Any]) -> tuple[int, int]:
+    """InstanceCount (1 to MAX_RUN_COUNT) and MinCount (1 to InstanceCount), the all-or-nothing floor."""
+    count = p.get("InstanceCount", 1)
+    if not _is_int(count) or not 1 <= count <= MAX_RUN_COUNT:
+        raise _invalid(f"InstanceCount must be an integer from 1 to {MAX_RUN_COUNT}", "InvalidParameterValue.Range")
+    min_count = p.get("MinCount", count)
+    if not _is_int(min_count) or not 1 <= min_count <= count:
+        raise _invalid("MinCount must be an integer from 1 to InstanceCount", "InvalidParameterValue.Range")
+    return count, min_count
+
+
+def _run_image_and_network(p: dict[str, Any], options: dict[str, Any]) -> None:
+    """ImageId, VPC, subnet and security groups: checked for shape and recorded on the instance."""
+    image = _opt_str(p, "ImageId")
+    if image is not None:
+        if not image.startswith("img-"):
+            raise CvmError("InvalidImageId.Malformed", f"ImageId {image!r} must look like img-xxxxxxxx")
+        options["imageId"] = image
+    vpc = p.get("VirtualPrivateCloud")
+    if vpc is not None:
+        if not isinstance(vpc, dict):
+            raise CvmError("InvalidParameter", "VirtualPrivateCloud must be an object")
+        for key, opt, prefix in (("VpcId", "vpcId", "vpc-"), ("SubnetId", "subnetId", "subnet-")):
+            v = vpc.get(key)
+            if v is None:
+                continue
+            if not isinstance(v, str) or not v.startswith(prefix):
+                raise CvmError(f"InvalidParameterValue.{key}Malformed", f"{key} must look like {prefix}xxxxxxxx")
+            options[opt] = v
+    groups = p.get("SecurityGroupIds")
+    if groups is not None:
+        if not isinstance(groups, list) or not all(isinstance(g, str) and g.startswith("sg-") for g in groups):
+            raise CvmError("InvalidSgId.Malformed", "SecurityGroupIds must be ids like sg-xxxxxxxx")
+        options["securityGroupIds"] = list(groups)
+
+
+def _run_user_data(p: dict[str, Any], options: dict[str, Any]) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """UserData (base64, bounded); the node labels and taints its kubelet flags give the node."""
+    user_data = _opt_str(p, "UserData")
+    if user_data is None:
+        return {}, []
+    if len(user_data) > USER_DATA_LIMIT:
+        raise _invalid(f"UserData is {len(user_data)} bytes of base64; at most {USER_DATA_LIMIT}",
+                       "InvalidParameterValue.Range")
+    try:
+        text = base64.b64decode(user_data, validate=True).decode("utf-8", "replace")
+    except (binascii.Error, ValueError):
+        raise CvmError("InvalidParameterValue.InvalidUserDataFormat",
+                       "UserData must be base64 encoded") from None
+    options["userData"] = user_data
+    return _kubelet_flags(text)
+
+
+def _client_token(p: dict[str, Any]) -> str:
+    """ClientToken (at most 64 printable ASCII bytes) makes a launch idempotent; without one, a fresh token."""
+    token = p.get("ClientToken")
+    if token is None or token == "":
+        return f"cvm-auto-{uuid.uuid4()}"  # no token: no idempotency, as documented
+    if not isinstance(token, str):
+        raise CvmError("InvalidParameter", "ClientToken must be a string")
+    if len(token.encode()) > 64:
+        raise CvmError("InvalidClientToken.TooLong", f"ClientToken is {len(token.encode())} bytes; at most 64")
+    if not all(32 < ord(c) < 127 for c in token):
+        raise _invalid("ClientToken must be printable ASCII without spaces")
+    return token
 
 
 def _error_response(e: CvmError, request_id: str) -> web.Response:

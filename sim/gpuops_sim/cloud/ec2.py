@@ -297,20 +297,7 @@ class Ec2Server(LoopbackServer):
         token = p.get("ClientToken") or str(uuid.uuid4())  # no token: every call is a new launch
         if len(token) > 64 or not all(32 < ord(c) < 127 for c in token):
             raise ec2_error("InvalidParameterValue", "ClientToken must be at most 64 printable ASCII characters")
-        options: dict[str, Any] = {"imageId": image}
-        if p.get("SubnetId"):
-            options["subnetId"] = p["SubnetId"]
-        groups = _list(p, "SecurityGroupId")
-        if groups:
-            options["securityGroupIds"] = groups
-        if "UserData" in p:
-            try:
-                raw = base64.b64decode(p["UserData"], validate=True)
-            except (binascii.Error, ValueError):
-                raise ec2_error("InvalidParameterValue", "Invalid BASE64 encoding of user data.") from None
-            if len(raw) > USER_DATA_LIMIT:
-                raise ec2_error("InvalidParameterValue", f"User data is limited to {USER_DATA_LIMIT} bytes")
-            options["userData"] = raw.decode("utf-8", "replace")
+        options = _launch_options(p, image)
         capacity_type: CapacityType = "on-demand"
         market = p.get("InstanceMarketOptions.MarketType")
         if market is not None:
@@ -612,6 +599,25 @@ def _count(p: Mapping[str, str], name: str) -> int:
 
 
 _PATTERNS: dict[str, re.Pattern[str]] = {}
+
+
+def _launch_options(p: Mapping[str, str], image: str) -> dict[str, Any]:
+    """What the instances record of the launch: image, subnet, security groups and (decoded) user data."""
+    options: dict[str, Any] = {"imageId": image}
+    if p.get("SubnetId"):
+        options["subnetId"] = p["SubnetId"]
+    groups = _list(p, "SecurityGroupId")
+    if groups:
+        options["securityGroupIds"] = groups
+    if "UserData" in p:
+        try:
+            raw = base64.b64decode(p["UserData"], validate=True)
+        except (binascii.Error, ValueError):
+            raise ec2_error("InvalidParameterValue", "Invalid BASE64 encoding of user data.") from None
+        if len(raw) > USER_DATA_LIMIT:
+            raise ec2_error("InvalidParameterValue", f"User data is limited to {USER_DATA_LIMIT} bytes")
+        options["userData"] = raw.decode("utf-8", "replace")
+    return options
 
 
 def _wildcard(pattern: str) -> re.Pattern[str]:

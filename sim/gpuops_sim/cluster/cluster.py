@@ -18,10 +18,10 @@ from typing import Any
 import structlog
 import yaml
 
-from gpuops.accounting.quantity import parse_quantity
-
 from ..apiserver import APIServer
 from ..apiserver.errors import StatusError
+from ..apiserver.quantity import parse_quantity
+from ..apiserver.tls import ServingCert
 from ..cloud import CloudOptions, CloudServer, InstanceType
 from ..scenario import Fault, NodeGroup, Scenario
 from ..workload import WorkloadDriver
@@ -130,14 +130,7 @@ class SimCluster:
         manifests/emulated` needs to get a working operator. Their files go into `state_dir` (default: a fresh
         folder in /tmp, removed at the end)."""
         self.hold_workload = hold_workload
-        self.state_dir = Path(state_dir) if state_dir is not None else None
-        self._own_state_dir = False
-        if run_pods and self.state_dir is None:
-            self.state_dir = Path(tempfile.mkdtemp(prefix="gpuops-sim-", dir="/tmp"))  # short unix socket paths
-            self._own_state_dir = True
-        if run_pods and device_plugin_root is None:
-            assert self.state_dir is not None
-            device_plugin_root = self.state_dir / "dp"
+        device_plugin_root = self._init_state_dir(state_dir, run_pods, device_plugin_root)
         self.scenario = scenario
         self.manifests = list(manifests)
         self.server = APIServer(
@@ -149,6 +142,39 @@ class SimCluster:
             authorization=authorization,
         )
         self.fleet = Fleet()
+        self._init_control_plane(scenario, device_plugin_root)
+        self._init_cloud(scenario, host, cloud_port)
+        self.workload = WorkloadDriver(self.access, scenario.workload, scenario.seed) if workload else None
+        self.fault_plan = FaultPlan(self, scenario.faults) if faults and scenario.faults else None
+        self._loops: list[Loop] = [self.kubelets, self.node_lifecycle, self.scheduler, self.jobs, self.deployments,
+                                   self.replicasets]
+        self._loops += [self.daemonsets, self.statefulsets, self.cronjobs]
+        self.endpoints = EndpointsController(self.server)
+        self._loops.append(self.endpoints)
+        self.network: PodNetwork | None = None
+        self.runtime: ProcessRuntime | None = None
+        self._site_cert: ServingCert | None = None
+        if run_pods:
+            assert self.state_dir is not None and device_plugin_root is not None
+            self._init_pod_runtime(self.state_dir, Path(device_plugin_root))
+
+    def _init_state_dir(
+        self, state_dir: str | Path | None, run_pods: bool, device_plugin_root: str | Path | None
+    ) -> str | Path | None:
+        """Pods that run as processes need a folder for their files (a fresh one unless given, removed at the
+        end) and, there, the device plugins' sockets; returns the device plugin root to use."""
+        self.state_dir = Path(state_dir) if state_dir is not None else None
+        self._own_state_dir = False
+        if run_pods and self.state_dir is None:
+            self.state_dir = Path(tempfile.mkdtemp(prefix="gpuops-sim-", dir="/tmp"))  # short unix socket paths
+            self._own_state_dir = True
+        if run_pods and device_plugin_root is None:
+            assert self.state_dir is not None
+            device_plugin_root = self.state_dir / "dp"
+        return device_plugin_root
+
+    def _init_control_plane(self, scenario: Scenario, device_plugin_root: str | Path | None) -> None:
+        """The kubelets, scheduler, node lifecycle and workload controllers, tuned by the scenario."""
         k, s, nl = scenario.kubelet, scenario.scheduler, scenario.node_lifecycle
         self.kubelets = Kubelets(
             self.server,
@@ -176,6 +202,9 @@ class SimCluster:
         self.daemonsets = DaemonSetController(self.server, DaemonSetOptions(events=k.events))
         self.statefulsets = StatefulSetController(self.server, StatefulSetOptions(events=k.events))
         self.cronjobs = CronJobController(self.server, CronJobOptions(events=k.events))
+
+    def _init_cloud(self, scenario: Scenario, host: str, cloud_port: int) -> None:
+        """The cloud that sells instances, and the agent that passes its spot reclaim notices to the nodes."""
         c = scenario.cloud
         self.cloud = CloudServer(
             self.fleet,
@@ -196,27 +225,18 @@ class SimCluster:
         self.spot_agent = SpotNoticeAgent(ClusterAccess(self.server, "system:node-agent", component="spot-agent"),
                                           c.notice_poll_seconds, scenario.seed)
         self.cloud.spot.notice_subscribers.append(self.spot_agent.on_notice)
-        self.workload = WorkloadDriver(self.access, scenario.workload, scenario.seed) if workload else None
-        self.fault_plan = FaultPlan(self, scenario.faults) if faults and scenario.faults else None
-        self._loops: list[Loop] = [self.kubelets, self.node_lifecycle, self.scheduler, self.jobs, self.deployments,
-                                   self.replicasets]
-        self._loops += [self.daemonsets, self.statefulsets, self.cronjobs]
-        self.endpoints = EndpointsController(self.server)
-        self._loops.append(self.endpoints)
-        self.network: PodNetwork | None = None
-        self.runtime: ProcessRuntime | None = None
-        self._site_cert = None
-        if run_pods:
-            assert self.state_dir is not None and device_plugin_root is not None
-            self.network = PodNetwork(self.server, self.state_dir)
-            self._site_cert = site.site_cert()
-            self.runtime = ProcessRuntime(self.server, self.network, self.state_dir,
-                                          device_plugin_root=Path(device_plugin_root),
-                                          ca_pem=self._site_cert.ca_pem)
-            self.kubelets.runtime = self.runtime
-            self.server.service_resolver = self.network.resolve_service
-            self.server.pod_log_source = self.runtime.log_text
-            self._loops.append(self.network)
+
+    def _init_pod_runtime(self, state_dir: Path, device_plugin_root: Path) -> None:
+        """Pods as real processes on a pod network, which also routes the API server's calls to Services."""
+        self.network = PodNetwork(self.server, state_dir)
+        self._site_cert = site.site_cert()
+        self.runtime = ProcessRuntime(self.server, self.network, state_dir,
+                                      device_plugin_root=device_plugin_root,
+                                      ca_pem=self._site_cert.ca_pem)
+        self.kubelets.runtime = self.runtime
+        self.server.service_resolver = self.network.resolve_service
+        self.server.pod_log_source = self.runtime.log_text
+        self._loops.append(self.network)
 
     # ------------------------------------------------------------------------------------ lifecycle
 
@@ -338,6 +358,30 @@ class SimCluster:
 
     def summary(self) -> dict[str, Any]:
         """Counts a human (or a test) wants at a glance; cheap enough to call every second."""
+        phases, unschedulable, gated, gpus_used = self._pod_counts()
+        nodes = self._node_summaries(gpus_used)
+        off = [m.name for m in self.fleet.machines.values() if m.state == "off"]
+        return {
+            "scenario": self.scenario.name,
+            "pods": dict(phases),
+            "unschedulable": unschedulable,
+            "gated": gated,
+            "mig_allocations": len(self.kubelets.allocations),
+            "jobs": dict(self._job_counts()),
+            "budgets": self._budget_summaries(),
+            "nodes": sorted(nodes, key=lambda x: x["name"]),
+            "machines_off": sorted(off),
+            "gpus_total": sum(x["gpus"] for x in nodes if x["ready"]),
+            "gpus_used": sum(gpus_used.values()),
+            "submitted": self.workload.counts() if self.workload else {},
+            "transitions": self.kubelets.transitions,
+            "bound": self.scheduler.bound,
+            "faults": [f"t={at:g}s {action}: {detail}" for at, action, detail in
+                       (self.fault_plan.applied if self.fault_plan else [])],
+        }
+
+    def _pod_counts(self) -> tuple[Counter[str], int, int, Counter[str]]:
+        """Pods by phase (Terminating apart), how many are unschedulable and gated, GPUs held per node."""
         phases: Counter[str] = Counter()
         unschedulable = 0
         gated = 0
@@ -355,6 +399,10 @@ class SimCluster:
             node = (p.get("spec") or {}).get("nodeName")
             if node and phase in ("Pending", "Running", "Terminating"):
                 gpus_used[node] += _pod_gpus(p)
+        return phases, unschedulable, gated, gpus_used
+
+    def _node_summaries(self, gpus_used: Counter[str]) -> list[dict[str, Any]]:
+        """Each Node: readiness, cordon, its machine's power, GPU model, GPUs allocatable and held, MIG slices."""
         nodes = []
         for n in self.access.iter(NODES):
             name = n["metadata"]["name"]
@@ -372,44 +420,34 @@ class SimCluster:
                 "gpus_used": gpus_used.get(name, 0),
                 "mig": mig,
             })
+        return nodes
+
+    def _job_counts(self) -> Counter[str]:
         jobs: Counter[str] = Counter()
         for j in self.access.iter(JOBS):
             conds = {c.get("type") for c in (j.get("status") or {}).get("conditions") or []
                      if c.get("status") == "True"}
             jobs["complete" if "Complete" in conds else "failed" if "Failed" in conds
                  else "suspended" if "Suspended" in conds else "active"] += 1
-        budgets = []
-        if self.server.registry.by_kind("gpuops.io", "GPUWorkloadBudget") is not None:
-            for b in self.access.iter(BUDGETS):
-                st, spec = b.get("status") or {}, b.get("spec") or {}
-                exceeded = any(c.get("type") == "QuotaExceeded" and c.get("status") == "True"
-                               for c in st.get("conditions") or [])
-                budgets.append({
-                    "name": f"{b['metadata'].get('namespace', '')}/{b['metadata']['name']}",
-                    "consumed": st.get("consumedGpuHours", "-"),
-                    "quota": (spec.get("quota") or {}).get("gpuHours", "-"),
-                    "action": (spec.get("enforcement") or {}).get("action", "AlertOnly"),
-                    "exceeded": exceeded,
-                })
-        off = [m.name for m in self.fleet.machines.values() if m.state == "off"]
-        return {
-            "scenario": self.scenario.name,
-            "pods": dict(phases),
-            "unschedulable": unschedulable,
-            "gated": gated,
-            "mig_allocations": len(self.kubelets.allocations),
-            "jobs": dict(jobs),
-            "budgets": budgets,
-            "nodes": sorted(nodes, key=lambda x: x["name"]),
-            "machines_off": sorted(off),
-            "gpus_total": sum(x["gpus"] for x in nodes if x["ready"]),
-            "gpus_used": sum(gpus_used.values()),
-            "submitted": self.workload.counts() if self.workload else {},
-            "transitions": self.kubelets.transitions,
-            "bound": self.scheduler.bound,
-            "faults": [f"t={at:g}s {action}: {detail}" for at, action, detail in
-                       (self.fault_plan.applied if self.fault_plan else [])],
-        }
+        return jobs
+
+    def _budget_summaries(self) -> list[dict[str, Any]]:
+        """Each GPUWorkloadBudget's consumption against its quota (none before its CRD is installed)."""
+        budgets: list[dict[str, Any]] = []
+        if self.server.registry.by_kind("gpuops.io", "GPUWorkloadBudget") is None:
+            return budgets
+        for b in self.access.iter(BUDGETS):
+            st, spec = b.get("status") or {}, b.get("spec") or {}
+            exceeded = any(c.get("type") == "QuotaExceeded" and c.get("status") == "True"
+                           for c in st.get("conditions") or [])
+            budgets.append({
+                "name": f"{b['metadata'].get('namespace', '')}/{b['metadata']['name']}",
+                "consumed": st.get("consumedGpuHours", "-"),
+                "quota": (spec.get("quota") or {}).get("gpuHours", "-"),
+                "action": (spec.get("enforcement") or {}).get("action", "AlertOnly"),
+                "exceeded": exceeded,
+            })
+        return budgets
 
 
 def _node_ready(n: dict[str, Any]) -> bool:

@@ -3,8 +3,8 @@
 kube-scheduler compares requests in integer units (cpu in milli-units, everything else in whole units, both
 rounded up) and evaluates the filter plugins NodeUnschedulable, TaintToleration and NodeAffinity in that
 order, stopping at the first that fails. Pods of one Job share their spec, so both the effective request
-(`gpuops.accounting.requests`, the scheduler's own formula) and the compiled constraints are memoised by
-the JSON encoding of the fields that decide them: 100,000 pods cost a handful of parses.
+(`podrequests`, the emulator's own reading of the documented formula) and the compiled constraints are
+memoised by the JSON encoding of the fields that decide them: 100,000 pods cost a handful of parses.
 
 Reason strings are kube-scheduler's (noderesources/fit.go, nodeunschedulable, tainttoleration,
 nodeaffinity) so `kubectl describe pod` reads as on a real cluster.
@@ -20,10 +20,8 @@ from typing import Any
 
 import msgspec
 
-from gpuops.accounting.errors import AccountingError
-from gpuops.accounting.quantity import parse_quantity
-from gpuops.accounting.requests import Container, PodSpecRequests, pod_requests
-
+from ..apiserver.quantity import parse_quantity
+from .podrequests import effective_requests
 from .spread import Spread, spread_constraints
 
 __all__ = [
@@ -79,26 +77,10 @@ def taint_reason(taint: Taint) -> str:
 _vectors: dict[bytes, Vec] = {}
 
 
-def _container(c: Mapping[str, Any]) -> Container:
-    res = c.get("resources") or {}
-    return Container(
-        name=str(c.get("name") or ""),
-        requests=res.get("requests") or {},
-        limits=res.get("limits") or {},
-        restartable=c.get("restartPolicy") == "Always",
-    )
-
-
 def _compute_vector(spec: Mapping[str, Any]) -> Vec:
     try:
-        req = PodSpecRequests(
-            init_containers=[_container(c) for c in spec.get("initContainers") or ()],
-            containers=[_container(c) for c in spec.get("containers") or ()],
-            overhead=spec.get("overhead") or {},
-            pod_requests=(spec.get("resources") or {}).get("requests"),
-        )
-        amounts = pod_requests(req)
-    except (AccountingError, TypeError, ValueError):
+        amounts = effective_requests(spec)
+    except (TypeError, ValueError):
         amounts = {}  # the apiserver validates pods; a malformed one only takes its slot
     units = {r: to_units(r, v) for r, v in amounts.items() if r != POD_SLOTS}
     units = {r: u for r, u in units.items() if u > 0}
@@ -130,7 +112,7 @@ def allocatable(status: Mapping[str, Any] | None) -> dict[str, int]:
     for r, q in ((status or {}).get("allocatable") or {}).items():
         try:
             out[r] = to_units(r, parse_quantity(q))
-        except (AccountingError, TypeError, ValueError):
+        except (TypeError, ValueError):
             continue
     out.setdefault(POD_SLOTS, 0)
     return out

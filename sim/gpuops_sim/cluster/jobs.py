@@ -341,6 +341,59 @@ def _complete(completions: int | None, succeeded: int, active: int) -> bool:
     return succeeded >= completions and active == 0  # extra pods are first removed by the manage step
 
 
+def _conclude(conds: list[dict[str, Any]], status: dict[str, Any], target: dict[str, Any] | None, stamp: str,
+              events: list[tuple[str, str, str]]) -> None:
+    """The terminal condition, once no pod of a decided Job is left: Failed with the target's reason, or
+    Complete."""
+    if target is not None:
+        reason, message = str(target.get("reason", "")), str(target.get("message", ""))
+        _ensure(conds, "Failed", "True", reason, message, stamp)
+        events.append(("Warning", reason, message))
+    else:
+        _ensure(conds, "Complete", "True", "CompletionsReached", "Reached expected number of succeeded pods", stamp)
+        status["completionTime"] = stamp
+        events.append(("Normal", "Completed", "Job completed"))
+
+
+def _record_finished(
+    pods: list[dict[str, Any]], view: _View, unc_s: list[str], unc_f: list[str], completed: set[int]
+) -> tuple[int, int, list[dict[str, Any]]]:
+    """Add pods that finished since the last sync to the uncounted lists (or, indexed, their completion
+    index); returns how many newly succeeded and failed, and the tracked pods whose finalizer can go."""
+    seen = set(unc_s) | set(unc_f)
+    new_s = new_f = 0
+    release: list[dict[str, Any]] = []
+    for pod in pods:
+        pm = pod["metadata"]
+        puid = pm.get("uid", "")
+        if TRACKING not in (pm.get("finalizers") or ()):
+            continue
+        phase = (pod.get("status") or {}).get("phase")
+        terminal = phase in ("Succeeded", "Failed")
+        if puid in seen:
+            if _releasable(pod, terminal):
+                release.append(pod)
+            continue
+        dying = bool(pm.get("deletionTimestamp")) and phase != "Succeeded"
+        # An unscheduled pod that is being deleted never runs again (PodGC would mark it Failed).
+        unscheduled = not (pod.get("spec") or {}).get("nodeName")
+        if phase == "Succeeded":
+            new_s += 1
+            ix = completion_index(pod) if view.indexed else None
+            if not view.indexed:
+                unc_s.append(puid)
+            elif ix is not None and view.completions is not None and 0 <= ix < view.completions:
+                completed.add(ix)
+        elif phase == "Failed" or (dying and (not view.only_failed or unscheduled)):
+            new_f += 1
+            unc_f.append(puid)
+        elif not view.deleting:
+            continue  # still running: counted when it ends
+        if _releasable(pod, terminal):
+            release.append(pod)
+    return new_s, new_f, release
+
+
 def _releasable(pod: dict[str, Any], terminal: bool) -> bool:
     """Work-around: the emulator deletes an object whose last finalizer goes even while a kubelet still has a
     grace period to run, so a bound terminating pod keeps the finalizer until it is terminal (or force-deleted)."""
@@ -714,58 +767,16 @@ class JobController(Loop):
         now = self.access.now()
         stamp = rfc3339(now)
         job, status, tally = await self._account(st, job, view, pods)
-
-        # Verdict: a failure or success target first, the terminal condition once no pod is left running.
         conds: list[dict[str, Any]] = [dict(c) for c in status.get("conditions") or ()]
         events: list[tuple[str, str, str]] = []
         if status.get("startTime") is None and not view.suspended:
             status["startTime"] = stamp
         active_pods = [p for p in pods if _active(p)]
-        if not view.deleting and not _is_true(conds, "FailureTarget") and not _is_true(conds, "SuccessCriteriaMet"):
-            self._judge(uid, view, conds, status, tally, active_pods, now, stamp)
-        target = _condition(conds, "FailureTarget") if _is_true(conds, "FailureTarget") else None
-        success = target is None and _is_true(conds, "SuccessCriteriaMet")
-        if target is None and not success and not view.deleting:
-            if view.suspended:
-                if _ensure(conds, "Suspended", "True", "JobSuspended", "Job suspended", stamp):
-                    events.append(("Normal", "Suspended", "Job suspended"))
-            elif _ensure(conds, "Suspended", "False", "JobResumed", "Job resumed", stamp):
-                events.append(("Normal", "Resumed", "Job resumed"))
-                status["startTime"] = stamp  # activeDeadlineSeconds counts continuous activity
-
-        # Pods: terminate them on a verdict, otherwise converge on the wanted active set.
-        if target is not None or success:
-            for pod in active_pods:
-                await self._delete(job, st, pod, uncounted=False)
-        elif not view.deleting and self._satisfied(st):
-            if view.suspended:
-                for pod in active_pods:
-                    await self._delete(job, st, pod, uncounted=True)
-            elif view.indexed and view.completions is not None:
-                await self._manage_indexed(job, st, view, pods, active_pods, tally.completed)
-            else:
-                await self._manage(job, st, view, pods, active_pods, tally.effective_succeeded)
-
-        # Status as the store now shows the pods.
-        active = ready = terminating = 0
-        for pod in self._pods(st):
-            if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-                continue
-            if pod["metadata"].get("deletionTimestamp"):
-                terminating += 1
-            else:
-                active += 1
-                ready += _pod_ready(pod)
+        target, success = self._verdict(uid, view, conds, status, tally, active_pods, now, stamp, events)
+        await self._converge_pods(job, st, view, tally, pods, active_pods, decided=target is not None or success)
+        active, ready, terminating = self._live_pod_counts(st)
         if (target is not None or success) and active == terminating == 0 and not tally.pending:
-            if target is not None:
-                reason, message = str(target.get("reason", "")), str(target.get("message", ""))
-                _ensure(conds, "Failed", "True", reason, message, stamp)
-                events.append(("Warning", reason, message))
-            else:
-                _ensure(conds, "Complete", "True", "CompletionsReached", "Reached expected number of succeeded pods",
-                        stamp)
-                status["completionTime"] = stamp
-                events.append(("Normal", "Completed", "Job completed"))
+            _conclude(conds, status, target, stamp, events)
         _set(status, "active", active)
         status["ready"] = ready
         status["terminating"] = terminating
@@ -781,6 +792,52 @@ class JobController(Loop):
                      failed=tally.failed, outcome="Failed" if target is not None else "Complete")
             self._track_ttl(uid, job)
 
+    def _verdict(self, uid: str, view: _View, conds: list[dict[str, Any]], status: dict[str, Any], tally: _Tally,
+                 active_pods: list[dict[str, Any]], now: datetime, stamp: str,
+                 events: list[tuple[str, str, str]]) -> tuple[dict[str, Any] | None, bool]:
+        """A failure or success target first (the FailureTarget condition, or success); without one, Suspended
+        follows spec.suspend (a resume restarts startTime: activeDeadlineSeconds counts continuous activity)."""
+        if not view.deleting and not _is_true(conds, "FailureTarget") and not _is_true(conds, "SuccessCriteriaMet"):
+            self._judge(uid, view, conds, status, tally, active_pods, now, stamp)
+        target = _condition(conds, "FailureTarget") if _is_true(conds, "FailureTarget") else None
+        success = target is None and _is_true(conds, "SuccessCriteriaMet")
+        if target is None and not success and not view.deleting:
+            if view.suspended:
+                if _ensure(conds, "Suspended", "True", "JobSuspended", "Job suspended", stamp):
+                    events.append(("Normal", "Suspended", "Job suspended"))
+            elif _ensure(conds, "Suspended", "False", "JobResumed", "Job resumed", stamp):
+                events.append(("Normal", "Resumed", "Job resumed"))
+                status["startTime"] = stamp  # activeDeadlineSeconds counts continuous activity
+        return target, success
+
+    async def _converge_pods(self, job: dict[str, Any], st: _JobState, view: _View, tally: _Tally,
+                             pods: list[dict[str, Any]], active_pods: list[dict[str, Any]], *, decided: bool) -> None:
+        """Terminate the active pods on a verdict (or while suspended), otherwise converge on the wanted set."""
+        if decided:
+            for pod in active_pods:
+                await self._delete(job, st, pod, uncounted=False)
+        elif not view.deleting and self._satisfied(st):
+            if view.suspended:
+                for pod in active_pods:
+                    await self._delete(job, st, pod, uncounted=True)
+            elif view.indexed and view.completions is not None:
+                await self._manage_indexed(job, st, view, pods, active_pods, tally.completed)
+            else:
+                await self._manage(job, st, view, pods, active_pods, tally.effective_succeeded)
+
+    def _live_pod_counts(self, st: _JobState) -> tuple[int, int, int]:
+        """(active, ready, terminating) among the Job's unfinished pods, as the store now shows them."""
+        active = ready = terminating = 0
+        for pod in self._pods(st):
+            if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            if pod["metadata"].get("deletionTimestamp"):
+                terminating += 1
+            else:
+                active += 1
+                ready += _pod_ready(pod)
+        return active, ready, terminating
+
     async def _account(
         self, st: _JobState, job: dict[str, Any], view: _View, pods: list[dict[str, Any]]
     ) -> tuple[dict[str, Any], dict[str, Any], _Tally]:
@@ -790,46 +847,13 @@ class JobController(Loop):
         unc = old.get("uncountedTerminatedPods") or {}
         unc_s: list[str] = list(unc.get("succeeded") or [])
         unc_f: list[str] = list(unc.get("failed") or [])
-        seen = set(unc_s) | set(unc_f)
         completed = parse_indexes(old.get("completedIndexes", "")) if view.indexed else set()
-        new_s = new_f = 0
-        release: list[dict[str, Any]] = []
-        present: dict[str, dict[str, Any]] = {}
-        for pod in pods:
-            pm = pod["metadata"]
-            puid = pm.get("uid", "")
-            present[puid] = pod
-            if TRACKING not in (pm.get("finalizers") or ()):
-                continue
-            phase = (pod.get("status") or {}).get("phase")
-            terminal = phase in ("Succeeded", "Failed")
-            if puid in seen:
-                if _releasable(pod, terminal):
-                    release.append(pod)
-                continue
-            dying = bool(pm.get("deletionTimestamp")) and phase != "Succeeded"
-            # An unscheduled pod that is being deleted never runs again (PodGC would mark it Failed).
-            unscheduled = not (pod.get("spec") or {}).get("nodeName")
-            if phase == "Succeeded":
-                new_s += 1
-                ix = completion_index(pod) if view.indexed else None
-                if not view.indexed:
-                    unc_s.append(puid)
-                elif ix is not None and view.completions is not None and 0 <= ix < view.completions:
-                    completed.add(ix)
-            elif phase == "Failed" or (dying and (not view.only_failed or unscheduled)):
-                new_f += 1
-                unc_f.append(puid)
-            elif not view.deleting:
-                continue  # still running: counted when it ends
-            if _releasable(pod, terminal):
-                release.append(pod)
+        new_s, new_f, release = _record_finished(pods, view, unc_s, unc_f, completed)
         if new_s:
             st.failures = 0
         if new_f:
             st.failures += new_f
             st.last_failure = self.clock()
-
         status: dict[str, Any] = dict(old)
         status["uncountedTerminatedPods"] = _uncounted(unc_s, unc_f)
         if view.indexed:
@@ -842,6 +866,7 @@ class JobController(Loop):
         for pod in release:
             if await self._release(pod):
                 released.add(pod["metadata"].get("uid", ""))
+        present = {pod["metadata"].get("uid", ""): pod for pod in pods}
 
         def counted(puid: str) -> bool:
             pod = present.get(puid)

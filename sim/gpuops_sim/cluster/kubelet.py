@@ -28,17 +28,16 @@ from typing import Any
 
 import structlog
 
-from gpuops.accounting.quantity import parse_quantity
-from gpuops.accounting.requests import Container, PodSpecRequests, pod_requests
-
 from .. import gpus
 from ..apiserver.errors import StatusError
 from ..apiserver.objects import micro_time, rfc3339
+from ..apiserver.quantity import parse_quantity
 from ..apiserver.server import APIServer
 from ..apiserver.store import WatchEvent
 from .access import LEASES, NODE_LEASE_NAMESPACE, NODES, PODS, ClusterAccess
 from .loop import Loop
 from .machines import Fleet, FleetEvent, Machine
+from .podrequests import effective_requests
 from .podspec import ContainerConfigError
 from .processes import ProcessRuntime, runs_as_process
 
@@ -150,21 +149,9 @@ def _int_annotation(meta: dict[str, Any], name: str, default: int) -> int:
         return default
 
 
-def _container(c: dict[str, Any], restartable: bool = False) -> Container:
-    res = c.get("resources") or {}
-    return Container(name=str(c.get("name", "")), requests=res.get("requests") or {},
-                     limits=res.get("limits") or {}, restartable=restartable)
-
-
 def pod_resource_requests(spec: dict[str, Any]) -> dict[str, Fraction]:
     """The pod's effective requests as the kubelet's admission (and the scheduler) compute them."""
-    p = PodSpecRequests(
-        init_containers=[_container(c, c.get("restartPolicy") == "Always") for c in spec.get("initContainers") or []],
-        containers=[_container(c) for c in spec.get("containers") or []],
-        overhead=spec.get("overhead") or {},
-        pod_requests=(spec.get("resources") or {}).get("requests"),
-    )
-    return {k: v for k, v in pod_requests(p).items() if v > 0}
+    return {k: v for k, v in effective_requests(spec).items() if v > 0}
 
 
 def _show_amount(resource: str, v: Fraction) -> int:
@@ -1025,68 +1012,18 @@ class Kubelets(Loop):
     ) -> dict[str, Any]:
         """A full status: exactly one of waiting / running_since / terminated describes the containers."""
         spec = pod.get("spec") or {}
-        # Conditions change when the containers did (start or exit), not when this write happens to run.
-        if running_since is not None:
-            at = self._stamp(running_since)
-        elif terminated is not None and terminated.get("finishedAt"):
-            at = str(terminated["finishedAt"])
-        else:
-            at = self._stamp(self.clock())
-        start = self._stamp(p.seen)
-        names = []
-        if waiting is not None:
-            state: dict[str, Any] = {"waiting": {"reason": waiting[0]}}
-            if waiting[1]:
-                state["waiting"]["message"] = waiting[1]
-            ready = started = False
-        elif running_since is not None:
-            state = {"running": {"startedAt": self._stamp(running_since)}}
-            started = True
-        else:
-            assert terminated is not None
-            state = {"terminated": terminated}
-            ready = started = False
-        containers = []
-        for c in sorted(spec.get("containers") or [], key=lambda c: str(c.get("name", ""))):
-            containers.append(self._container_status(n, p, c, state, ready=ready, started=started,
-                                                     restarts=p.restarts, last=p.last))
-            if not ready:
-                names.append(str(c.get("name", "")))
-        inits = []
-        init_at = self._stamp(running_since if running_since is not None else p.seen)
-        for c in spec.get("initContainers") or []:
-            if c.get("restartPolicy") == "Always":  # a sidecar runs alongside the containers
-                if terminated is not None:
-                    side: dict[str, Any] = {"terminated": {"exitCode": 0, "reason": "Completed",
-                                                           "startedAt": init_at,
-                                                           "finishedAt": terminated.get("finishedAt", at)}}
-                elif waiting is not None:
-                    side = {"waiting": {"reason": "PodInitializing"}}
-                else:
-                    side = {"running": {"startedAt": init_at}}
-                inits.append(self._container_status(n, p, c, side, ready="running" in side,
-                                                    started="running" in side, restarts=0, last=None))
-            else:
-                done = {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": init_at,
-                                       "finishedAt": init_at}}
-                inits.append(self._container_status(n, p, c, done, ready=True, started=False, restarts=0,
-                                                    last=None))
-        if phase in TERMINAL:
-            why = "PodCompleted" if phase == "Succeeded" else "PodFailed"
-            want = [("PodReadyToStartContainers", "False", ""), ("Initialized", "True", "PodCompleted"
-                     if phase == "Succeeded" else ""), ("Ready", "False", why), ("ContainersReady", "False", why)]
-        elif ready:
-            want = [("PodReadyToStartContainers", "True", ""), ("Initialized", "True", ""),
-                    ("Ready", "True", ""), ("ContainersReady", "True", "")]
-        else:
-            want = [("PodReadyToStartContainers", "True", ""), ("Initialized", "True", ""),
-                    ("Ready", "False", "ContainersNotReady"), ("ContainersReady", "False", "ContainersNotReady")]
+        at = self._containers_changed_at(running_since, terminated)
+        state, ready, started = self._container_state(waiting, running_since, terminated, ready)
+        containers = [self._container_status(n, p, c, state, ready=ready, started=started, restarts=p.restarts,
+                                             last=p.last)
+                      for c in sorted(spec.get("containers") or [], key=lambda c: str(c.get("name", "")))]
+        inits = self._init_statuses(n, p, spec, waiting, running_since, terminated, at)
         status: dict[str, Any] = {
             "phase": phase,
-            "conditions": self._conditions(pod, want, at),
+            "conditions": self._conditions(pod, _wanted_conditions(phase, ready), at),
             "hostIP": n.host_ip,
             "hostIPs": [{"ip": n.host_ip}],
-            "startTime": start,
+            "startTime": self._stamp(p.seen),
             "containerStatuses": containers,
         }
         if p.ip:
@@ -1095,10 +1032,56 @@ class Kubelets(Loop):
         if inits:
             status["initContainerStatuses"] = inits
         if not ready and phase not in TERMINAL:
+            unready = " ".join(str(c.get("name", "")) for c in containers)
             for c in status["conditions"]:
                 if c["type"] in ("Ready", "ContainersReady") and c["status"] == "False":
-                    c["message"] = f"containers with unready status: [{' '.join(names)}]"
+                    c["message"] = f"containers with unready status: [{unready}]"
         return status
+
+    def _containers_changed_at(self, running_since: float | None, terminated: dict[str, Any] | None) -> str:
+        """Conditions change when the containers did (start or exit), not when this write happens to run."""
+        if running_since is not None:
+            return self._stamp(running_since)
+        if terminated is not None and terminated.get("finishedAt"):
+            return str(terminated["finishedAt"])
+        return self._stamp(self.clock())
+
+    def _container_state(self, waiting: tuple[str, str] | None, running_since: float | None,
+                         terminated: dict[str, Any] | None, ready: bool) -> tuple[dict[str, Any], bool, bool]:
+        """(the app containers' state, ready, started)."""
+        if waiting is not None:
+            state: dict[str, Any] = {"waiting": {"reason": waiting[0]}}
+            if waiting[1]:
+                state["waiting"]["message"] = waiting[1]
+            return state, False, False
+        if running_since is not None:
+            return {"running": {"startedAt": self._stamp(running_since)}}, ready, True
+        assert terminated is not None
+        return {"terminated": terminated}, False, False
+
+    def _init_statuses(self, n: _Node, p: _Pod, spec: dict[str, Any], waiting: tuple[str, str] | None,
+                       running_since: float | None, terminated: dict[str, Any] | None,
+                       at: str) -> list[dict[str, Any]]:
+        """Init containers completed before the app ones; sidecars (restartPolicy Always) run alongside them."""
+        init_at = self._stamp(running_since if running_since is not None else p.seen)
+        inits = []
+        for c in spec.get("initContainers") or []:
+            if c.get("restartPolicy") != "Always":
+                done = {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": init_at,
+                                       "finishedAt": init_at}}
+                inits.append(self._container_status(n, p, c, done, ready=True, started=False, restarts=0,
+                                                    last=None))
+                continue
+            if terminated is not None:
+                side: dict[str, Any] = {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": init_at,
+                                                       "finishedAt": terminated.get("finishedAt", at)}}
+            elif waiting is not None:
+                side = {"waiting": {"reason": "PodInitializing"}}
+            else:
+                side = {"running": {"startedAt": init_at}}
+            inits.append(self._container_status(n, p, c, side, ready="running" in side, started="running" in side,
+                                                restarts=0, last=None))
+        return inits
 
     async def _patch_status(self, n: _Node, key: Key, status: dict[str, Any]) -> bool:
         if not self._alive(n):
@@ -1349,3 +1332,17 @@ __all__ = [
     "Kubelets",
     "pod_resource_requests",
 ]
+
+
+def _wanted_conditions(phase: str, ready: bool) -> list[tuple[str, str, str]]:
+    """(type, status, reason) of the pod conditions the kubelet owns, for a phase and readiness."""
+    if phase in TERMINAL:
+        why = "PodCompleted" if phase == "Succeeded" else "PodFailed"
+        return [("PodReadyToStartContainers", "False", ""),
+                ("Initialized", "True", "PodCompleted" if phase == "Succeeded" else ""),
+                ("Ready", "False", why), ("ContainersReady", "False", why)]
+    if ready:
+        return [("PodReadyToStartContainers", "True", ""), ("Initialized", "True", ""),
+                ("Ready", "True", ""), ("ContainersReady", "True", "")]
+    return [("PodReadyToStartContainers", "True", ""), ("Initialized", "True", ""),
+            ("Ready", "False", "ContainersNotReady"), ("ContainersReady", "False", "ContainersNotReady")]

@@ -91,8 +91,11 @@ class Loop(ABC):
             deadline = self.next_deadline()
             if not self._wake.is_set():
                 timeout = None if deadline is None else max(0.0, deadline - self.clock())
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation that arrives
+                # as the event is set, and stop() would then wait for ever
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout)
+                    async with asyncio.timeout(timeout):
+                        await self._wake.wait()
             self._wake.clear()
             try:
                 await self.step()

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from gpuops.accounting.quantity import parse_quantity
+from ..apiserver.quantity import parse_quantity
 
 Obj = dict[str, Any]
 

@@ -326,6 +326,21 @@ def _meaningful_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
 # ------------------------------------------------------------------------------------------ scheduler
 
 
+def _fit_error(
+    total: int, reasons: Counter[str], hopeless: int, victimless: int, never_preempts: bool
+) -> tuple[str, Shape]:
+    """The FitError message and its shape (the reasons, without counts) from the filters' histogram and
+    the PostFilter's verdict on preemption."""
+    histogram = ", ".join(sorted(f"{count} {why}" for why, count in reasons.items() if count))
+    message = f"0/{total} nodes are available: {histogram}."
+    shape = tuple(sorted(why for why, count in reasons.items() if count))
+    if never_preempts:
+        return f"{message} preemption: not eligible due to preemptionPolicy=Never.", shape
+    post = [(why, count) for why, count in ((NOT_HELPFUL, hopeless), (NO_VICTIMS, victimless)) if count]
+    listed = ", ".join(sorted(f"{count} {why}" for why, count in post))
+    return f"{message} preemption: 0/{total} nodes are available: {listed}.", (*shape, "|", *(w for w, _ in post))
+
+
 class Scheduler(Loop):
     """kube-scheduler for one scheduler name; `bound` counts bindings, `unschedulable` pods waiting."""
 
@@ -679,60 +694,68 @@ class Scheduler(Loop):
         reasons: Counter[str] = Counter()
         hopeless = 0  # failed an UnschedulableAndUnresolvable filter: preemption cannot help there
         victimless = 0
-        by_class: dict[tuple[Any, ...], list[_Node]] | None = None
-        if cons.per_node:
-            names = cons.candidates(self._by_host)
-            if names is not None:
-                by_class = {}
-                for node_name in names:
-                    node = self._nodes.get(node_name)
-                    if node is not None and node.cls is not None:
-                        by_class.setdefault(node.cls.key, []).append(node)
+        by_class = self._candidates_by_class(cons)
         for cls in self._classes.values():
-            n = len(cls.nodes)
-            reason = self._reason(cons, cls)
-            if reason is not None:
-                reasons[reason] += n
-                hopeless += n
+            h, v = self._diagnose_class(cons, vec, cls, by_class, reasons)
+            hopeless += h
+            victimless += v
+        return _fit_error(total, reasons, hopeless, victimless, cons.never_preempts)
+
+    def _candidates_by_class(self, cons: Constraints) -> dict[tuple[Any, ...], list[_Node]] | None:
+        """The nodes a per-node constraint can name at all, by class; None: every node is a candidate."""
+        if not cons.per_node:
+            return None
+        names = cons.candidates(self._by_host)
+        if names is None:
+            return None
+        by_class: dict[tuple[Any, ...], list[_Node]] = {}
+        for node_name in names:
+            node = self._nodes.get(node_name)
+            if node is not None and node.cls is not None:
+                by_class.setdefault(node.cls.key, []).append(node)
+        return by_class
+
+    def _diagnose_class(
+        self,
+        cons: Constraints,
+        vec: Vec,
+        cls: _Class,
+        by_class: dict[tuple[Any, ...], list[_Node]] | None,
+        reasons: Counter[str],
+    ) -> tuple[int, int]:
+        """Count why one class's nodes fail into `reasons`; returns how many of them preemption cannot help
+        and how many it could, were there victims."""
+        n = len(cls.nodes)
+        reason = self._reason(cons, cls)
+        if reason is not None:
+            reasons[reason] += n
+            return n, 0
+        unresolvable = cls.unresolvable(vec)
+        if not cons.per_node:
+            for res, amount in vec:
+                short = cls.short(res, amount)
+                if short:
+                    reasons[insufficient(res)] += short
+            return (n, 0) if unresolvable else (0, n)
+        pool = cls.nodes.values() if by_class is None else by_class.get(cls.key, [])
+        hopeless = victimless = matched = 0
+        for node in pool:
+            if not cons.node_ok(node.name, node.labels):
                 continue
-            unresolvable = cls.unresolvable(vec)
-            if not cons.per_node:
-                for res, amount in vec:
-                    short = cls.short(res, amount)
-                    if short:
-                        reasons[insufficient(res)] += short
-                if unresolvable:
-                    hopeless += n
-                else:
-                    victimless += n
-                continue
-            pool = cls.nodes.values() if by_class is None else by_class.get(cls.key, [])
-            matched = 0
-            for node in pool:
-                if not cons.node_ok(node.name, node.labels):
-                    continue
-                matched += 1
-                short_of = [res for res, amount in vec if cls.alloc.get(res, 0) - node.used.get(res, 0) < amount]
-                for res in short_of:
-                    reasons[insufficient(res)] += 1
-                spread = None if short_of or not cons.spread else \
-                    spread_reason(cons.spread, self._counts(cons), node.labels)
-                if spread is not None:
-                    reasons[spread] += 1
-                if unresolvable or spread == REASON_SPREAD_LABEL:
-                    hopeless += 1
-                elif short_of or spread is not None:
-                    victimless += 1
-            reasons[REASON_AFFINITY] += n - matched
-            hopeless += n - matched
-        histogram = ", ".join(sorted(f"{count} {why}" for why, count in reasons.items() if count))
-        message = f"0/{total} nodes are available: {histogram}."
-        shape = tuple(sorted(why for why, count in reasons.items() if count))
-        if cons.never_preempts:
-            return f"{message} preemption: not eligible due to preemptionPolicy=Never.", shape
-        post = [(why, count) for why, count in ((NOT_HELPFUL, hopeless), (NO_VICTIMS, victimless)) if count]
-        listed = ", ".join(sorted(f"{count} {why}" for why, count in post))
-        return f"{message} preemption: 0/{total} nodes are available: {listed}.", (*shape, "|", *(w for w, _ in post))
+            matched += 1
+            short_of = [res for res, amount in vec if cls.alloc.get(res, 0) - node.used.get(res, 0) < amount]
+            for res in short_of:
+                reasons[insufficient(res)] += 1
+            spread = None if short_of or not cons.spread else \
+                spread_reason(cons.spread, self._counts(cons), node.labels)
+            if spread is not None:
+                reasons[spread] += 1
+            if unresolvable or spread == REASON_SPREAD_LABEL:
+                hopeless += 1
+            elif short_of or spread is not None:
+                victimless += 1
+        reasons[REASON_AFFINITY] += n - matched
+        return hopeless + n - matched, victimless
 
     # ------------------------------------------------------------------------------------ the loop
 

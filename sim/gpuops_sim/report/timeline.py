@@ -5,6 +5,8 @@ instances) into one `Sample`; it is a pure function, so tests feed it synthetic 
 a running `SimCluster` in-process (its store, its fleet, its cloud) and never anything of the operator's: what
 the controllers did shows only through the objects they wrote. `Timeline` keeps the samples and answers the
 questions the report asks (series per budget, power states over time, reclaim moments, ...).
+The report plots the product's own view (MIG fragmentation as the operator's allocator sees it), so this module
+may read `gpuops.accounting`, which the emulating modules never do.
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from live_controller import ANY_ADMITTED, Expect, Live, handles_admitted
 from schema_strategies import for_schema
 
-from gpuops.controllers.autoprovision import install
 from gpuops.controllers.autoprovision.api import GROUPS
-from gpuops.controllers.autoprovision.reconciler import Settings
+from gpuops.controllers.autoprovision.settings import Settings
+from gpuops.controllers.autoprovision.setup import install
 from gpuops.kube import conditions as cond
 from gpuops.kube.manager import Manager
 from gpuops.kube.resources import PODS

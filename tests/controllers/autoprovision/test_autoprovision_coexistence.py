@@ -16,15 +16,16 @@ import pytest
 from test_autoprovision_e2e import NS, SCENARIO, gpu_pod, group, state_of
 from waiting import install_crds, until
 
-from gpuops.controllers.autoprovision import install
 from gpuops.controllers.autoprovision.api import GROUPS, GPUNodeGroup
-from gpuops.controllers.autoprovision.reconciler import PLAN, Settings
+from gpuops.controllers.autoprovision.reconciler import PLAN
+from gpuops.controllers.autoprovision.settings import Settings
+from gpuops.controllers.autoprovision.setup import install
 from gpuops.controllers.coexistence import CONDITION, KARPENTER_NODEPOOL, SCALE_DOWN_DISABLED
 from gpuops.controllers.secretscope import SecretScope
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
 from gpuops.kube.controller import Request, Result
-from gpuops.kube.manager import Manager
+from gpuops.kube.manager import Manager, ManagerOptions
 from gpuops.kube.resources import EVENTS, NODES, PODS
 from gpuops.kube.times import parse_time_or_none
 from gpuops_sim.cluster.cluster import SimCluster
@@ -46,7 +47,7 @@ async def running(tmp_path: Path) -> AsyncIterator[tuple[SimCluster, Client, lis
         cluster.write_kubeconfig(tmp_path / "k")
         client = await Client.from_kubeconfig(str(tmp_path / "k"))
         await install_crds(client, ["gpunodegroups"], [GROUPS])
-        mgr = Manager(client, metrics_bind_address="0", health_probe_bind_address="0")
+        mgr = Manager(client, ManagerOptions(metrics_bind_address="0", health_probe_bind_address="0"))
         handle = install(mgr, settings=Settings(drain_recheck=0.2, off_recheck=0.2, secret_scope=SecretScope(NS)),
                          env={})
         plans: list[float] = []

@@ -9,20 +9,24 @@ import base64
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from live_controller import ReconcileLog, looked
 from prometheus_client import REGISTRY
-from waiting import install_crds, until
+from waiting import install_crds, until, until_holds
 
-from gpuops.controllers.autoprovision import install
 from gpuops.controllers.autoprovision.api import GROUPS, GPUNodeGroup
-from gpuops.controllers.autoprovision.reconciler import Settings
+from gpuops.controllers.autoprovision.reconciler import PLAN
+from gpuops.controllers.autoprovision.settings import Settings
+from gpuops.controllers.autoprovision.setup import AutoprovisionController, install
 from gpuops.controllers.secretscope import SecretScope
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
-from gpuops.kube.manager import Manager
+from gpuops.kube.controller import Request
+from gpuops.kube.manager import Manager, ManagerOptions
 from gpuops.kube.objects import Pod
 from gpuops.kube.resources import EVENTS, PODS, SECRETS
 from gpuops_sim.cluster.cluster import SimCluster
@@ -72,23 +76,41 @@ def group(cluster: SimCluster, machine: str, gpus: int) -> dict[str, Any]:
                                               "effect": "NoSchedule"}]}}}
 
 
+@dataclass(frozen=True, slots=True)
+class Rig:
+    """The emulated cluster, a client to it, and the running controller with a log of its reconciles."""
+
+    cluster: SimCluster
+    client: Client
+    handle: AutoprovisionController
+    log: ReconcileLog
+
+
 @asynccontextmanager
 async def running(tmp_path: Path, hidden: Callable[[Pod], bool] | None = None,
                   **settings: Any) -> AsyncIterator[tuple[SimCluster, Client]]:
+    async with operator(tmp_path, hidden, **settings) as rig:
+        yield rig.cluster, rig.client
+
+
+@asynccontextmanager
+async def operator(tmp_path: Path, hidden: Callable[[Pod], bool] | None = None, **settings: Any) -> AsyncIterator[Rig]:
     async with SimCluster(parse(SCENARIO), workload=False) as cluster:
         cluster.write_kubeconfig(tmp_path / "k")
         client = await Client.from_kubeconfig(str(tmp_path / "k"))
         await install_crds(client, ["gpunodegroups"], [GROUPS])
-        mgr = Manager(client, metrics_bind_address="0", health_probe_bind_address="0")
+        mgr = Manager(client, ManagerOptions(metrics_bind_address="0", health_probe_bind_address="0"))
         handle = install(mgr, settings=Settings(**{"drain_recheck": 0.2, "off_recheck": 0.2,
                                                    "secret_scope": SecretScope(NS), **settings}), env={})
         if hidden is not None:  # the operator's pod cache lags: these pods are not in it (yet)
             store = handle.reconciler.pods.store
             real = store.by_index
             store.by_index = lambda name, value: [p for p in real(name, value) if not hidden(p)]  # type: ignore[method-assign]
+        log = ReconcileLog()
+        log.wrap(handle.controller)
         task = asyncio.create_task(mgr.run())
         try:
-            yield cluster, client
+            yield Rig(cluster, client, handle, log)
         finally:
             mgr.request_stop()
             await asyncio.wait_for(task, 15)
@@ -144,7 +166,8 @@ async def test_smallest_fit_once_then_idle_power_off(tmp_path: Path) -> None:
 
 
 async def test_a_pod_larger_than_every_machine_is_not_demand(tmp_path: Path) -> None:
-    async with running(tmp_path) as (cluster, client):
+    async with operator(tmp_path) as rig:
+        cluster, client = rig.cluster, rig.client
         await client.create(GROUPS, group(cluster, "big-0", 8))
         await client.create(PODS, gpu_pod("huge", 16, 1.0), NS)
 
@@ -153,7 +176,13 @@ async def test_a_pod_larger_than_every_machine_is_not_demand(tmp_path: Path) -> 
             return any(c.reason == "Unschedulable" for c in p.status.conditions or ())
 
         await until("the scheduler gave up on the pod", unschedulable)
-        await asyncio.sleep(1.0)  # give the planner every chance to (wrongly) act
+
+        def cached_unschedulable() -> bool:
+            p = rig.handle.reconciler.pods.store.get(f"{NS}/huge")
+            return p is not None and any(c.reason == "Unschedulable" for c in p.status.conditions or ())
+
+        await until_holds("the operator's cache showing the pod unschedulable", cached_unschedulable)
+        await looked(rig.log, rig.handle.controller, PLAN)  # a plan that saw the pod
         assert cluster.fleet.machines["big-0"].power_cycles == 0
         assert await state_of(client, "big-0") == "Off"
 
@@ -214,7 +243,8 @@ async def test_a_refused_webhook_is_shown_and_the_fixed_spec_sends_the_same_tran
     """The power API wants a bearer token: without it the 401 is a condition and a Warning Event, nothing is
     retried in a loop, the pod stays pending; adding the Secret reference sends the same transition (its
     Idempotency-Key unchanged) and the machine powers on once."""
-    async with running(tmp_path) as (cluster, client):
+    async with operator(tmp_path) as rig:
+        cluster, client = rig.cluster, rig.client
         cluster.cloud.options.token = "s3cret-token"
         await client.create(SECRETS, {"metadata": {"name": "bmc", "namespace": NS},
                                       "data": {"token": base64.b64encode(b"s3cret-token").decode()}}, NS)
@@ -240,7 +270,8 @@ async def test_a_refused_webhook_is_shown_and_the_fixed_spec_sends_the_same_tran
         assert cluster.fleet.machines["small-0"].power_cycles == 0
         # the status write recording the refusal wakes the group at once: it must still wait (10 s at first)
         refusals = cluster.cloud.calls[("power", "start", 401)]
-        await asyncio.sleep(1.5)
+        await asyncio.sleep(1.5)  # well inside the backoff, which is under test
+        await looked(rig.log, rig.handle.controller, Request("", "small-0"))
         assert cluster.cloud.calls[("power", "start", 401)] == refusals, "a refused webhook was re-sent in a loop"
 
         fixed = {"spec": {"scaleUp": {"url": g.spec.scale_up.url, "secretRef": {"name": "bmc", "namespace": NS},
@@ -259,7 +290,8 @@ async def test_a_refused_webhook_is_shown_and_the_fixed_spec_sends_the_same_tran
 
 
 async def test_an_idle_node_with_a_do_not_evict_pod_stays_on_until_it_goes(tmp_path: Path) -> None:
-    async with running(tmp_path) as (cluster, client):
+    async with operator(tmp_path) as rig:
+        cluster, client = rig.cluster, rig.client
         await client.create(GROUPS, group(cluster, "small-0", 2))
         await client.create(PODS, gpu_pod("job", 1, 0.5), NS)
 
@@ -277,7 +309,8 @@ async def test_an_idle_node_with_a_do_not_evict_pod_stays_on_until_it_goes(tmp_p
             return (await client.get(PODS, "keeper", NS)).status.phase == "Running"
 
         await until("the do-not-evict pod running on the idle machine", keeper_running)
-        await asyncio.sleep(2.5)  # well past scaleDownUnneededSeconds (1 s): it must stay on
+        await asyncio.sleep(2.5)  # well past scaleDownUnneededSeconds (1 s), which is under test: it must stay on
+        await looked(rig.log, rig.handle.controller, PLAN)  # a plan after that time, which decides power-offs
         assert await state_of(client, "small-0") == "Ready"
         assert cluster.fleet.machines["small-0"].powered
         await client.delete(PODS, "keeper", NS)

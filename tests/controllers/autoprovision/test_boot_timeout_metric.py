@@ -11,11 +11,11 @@ import pytest
 from prometheus_client import REGISTRY
 from waiting import install_crds, until
 
-from gpuops.controllers.autoprovision import install
 from gpuops.controllers.autoprovision.api import GROUPS, GPUNodeGroup
-from gpuops.controllers.autoprovision.reconciler import Settings
+from gpuops.controllers.autoprovision.settings import Settings
+from gpuops.controllers.autoprovision.setup import install
 from gpuops.kube.client import Client
-from gpuops.kube.manager import Manager
+from gpuops.kube.manager import Manager, ManagerOptions
 from gpuops.kube.resources import PODS
 from gpuops_sim.cluster.cluster import SimCluster
 from gpuops_sim.scenario import parse
@@ -66,7 +66,7 @@ async def test_a_boot_timeout_is_counted_once(tmp_path: Path) -> None:
         cluster.write_kubeconfig(tmp_path / "k")
         client = await Client.from_kubeconfig(str(tmp_path / "k"))
         await install_crds(client, ["gpunodegroups"], [GROUPS])
-        mgr = Manager(client, metrics_bind_address="0", health_probe_bind_address="0")
+        mgr = Manager(client, ManagerOptions(metrics_bind_address="0", health_probe_bind_address="0"))
         # a long backoff: the group stays Failed for the rest of the test
         install(mgr, settings=Settings(boot_backoff_base=60.0), env={})
         task = asyncio.create_task(mgr.run())

@@ -4,7 +4,7 @@ The index is the spot pool controller's (one shared function, so both controller
 
 from __future__ import annotations
 
-from fractions import Fraction
+import uuid
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -91,29 +91,21 @@ def versioned(uid: str, rv: str, gpus: str) -> Pod:
 
 def test_gpu_request_is_computed_once_per_pod_version(monkeypatch: pytest.MonkeyPatch) -> None:
     """plan() asks for the same cached pods' requests on every plan; exact quantity parsing was ~85% of a plan's
-    time at 200 node groups (bench/scale.py). A new resourceVersion is a new entry; the memo stays bounded."""
-    calls: list[str] = []
-    compute = scheduling._gpu_request
+    time at 200 node groups (bench/scale.py). A new resourceVersion is a new entry; the memo stays bounded.
 
-    def counting(pod: Pod, resource: str) -> Fraction:
-        calls.append(pod.metadata.name)
-        return compute(pod, resource)
-
-    monkeypatch.setattr(scheduling, "_gpu_request", counting)
-    monkeypatch.setattr(scheduling, "_REQUESTS", {})
-    a1 = versioned("a", "1", "2")
-    assert scheduling.gpu_request(a1, "nvidia.com/gpu") == 2
-    assert scheduling.gpu_request(versioned("a", "1", "2"), "nvidia.com/gpu") == 2  # same version, new object
-    assert calls == ["a"]
-    assert scheduling.gpu_request(a1, "cpu") == 0  # per resource
-    assert scheduling.gpu_request(versioned("a", "2", "4"), "nvidia.com/gpu") == 4  # a new version is recomputed
-    assert calls == ["a", "a", "a"]
-    unversioned = pod("built-in-memory", 0)  # no uid: never memoised
-    unversioned.metadata.resource_version = ""
-    scheduling.gpu_request(unversioned, "nvidia.com/gpu")
-    scheduling.gpu_request(unversioned, "nvidia.com/gpu")
-    assert calls.count("built-in-memory") == 2
+    Seen from outside: a resourceVersion names one content, so a pod shown again under a version with another
+    request (which the API server never does) gets the remembered answer, and a recomputed one gets the new."""
     monkeypatch.setattr(scheduling, "REQUESTS_MAX", 3)
+    u = uuid.uuid4().hex  # uids of this run only: the memo is the process's
+    a1 = versioned(f"a-{u}", "1", "2")
+    assert scheduling.gpu_request(a1, "nvidia.com/gpu") == 2
+    assert scheduling.gpu_request(versioned(f"a-{u}", "1", "5"), "nvidia.com/gpu") == 2  # same version: remembered
+    assert scheduling.gpu_request(a1, "cpu") == 0  # per resource
+    assert scheduling.gpu_request(versioned(f"a-{u}", "2", "4"), "nvidia.com/gpu") == 4  # a new version: recomputed
+    for gpus in ("1", "3"):  # no uid nor resourceVersion (built in memory): never memoised
+        assert scheduling.gpu_request(versioned("", "", gpus), "nvidia.com/gpu") == int(gpus)
     for i in range(10):
-        scheduling.gpu_request(versioned(f"p{i}", "1", "1"), "nvidia.com/gpu")
-    assert len(scheduling._REQUESTS) <= 3
+        scheduling.gpu_request(versioned(f"p{i}-{u}", "1", "1"), "nvidia.com/gpu")
+    remembered = [i for i in range(10)
+                  if scheduling.gpu_request(versioned(f"p{i}-{u}", "1", "7"), "nvidia.com/gpu") == 1]
+    assert len(remembered) <= 3, remembered  # at most REQUESTS_MAX entries were kept

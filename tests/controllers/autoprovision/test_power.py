@@ -14,7 +14,7 @@ import hmac
 import json
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping
+from collections.abc import AsyncIterator, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
+from waiting import until_holds
 
 import gpuops
 from gpuops.controllers.autoprovision import power
@@ -47,14 +48,6 @@ WALL = 1_700_000_000.25
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-async def until(pred: Callable[[], bool], within: float = 3.0) -> None:
-    deadline = time.monotonic() + within
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.005)
 
 
 # ------------------------------------------------------------------------------------ a recording receiver
@@ -436,7 +429,7 @@ async def test_sim_a_repeated_transition_replays_and_powers_on_once(
         out = await client.send(sim_endpoint(cloud, "gpu-0", "start"), Transition("gpu-0", "up", k_up))
     assert (out.ok, out.status, out.attempts) == (True, 202, 2)
     assert m.power_cycles == 1 and cloud.calls[("power", "start", 503)] == 1
-    await until(lambda: m.state == "on")
+    await until_holds("the machine on", lambda: m.state == "on", 3.0)
     # the operator restarts and sends the persisted transition again: replayed, not repeated
     async with PowerClient(sleep=sleeps) as restarted:
         out = await restarted.send(sim_endpoint(cloud, "gpu-0", "start"), Transition("gpu-0", "up", k_up, 3))
@@ -445,7 +438,7 @@ async def test_sim_a_repeated_transition_replays_and_powers_on_once(
         k_down = idempotency_key("gpu-0", "down", 2, "2025-01-01T00:10:00Z")
         out = await restarted.send(sim_endpoint(cloud, "gpu-0", "stop"), Transition("gpu-0", "down", k_down))
         assert (out.ok, out.status) == (True, 202)
-        await until(lambda: m.state == "off")
+        await until_holds("the machine off", lambda: m.state == "off", 3.0)
         out = await restarted.send(sim_endpoint(cloud, "gpu-0", "start"), Transition("gpu-0", "up", k_up))
         assert out.ok and m.state == "off" and m.power_cycles == 1
         # a new transition has a new key and does power on

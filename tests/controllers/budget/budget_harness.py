@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -18,14 +17,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+from waiting import until
 
-from gpuops.controllers.budget import BudgetController, install
 from gpuops.controllers.budget.api import BUDGETS, GPUWorkloadBudget, format_time
 from gpuops.controllers.budget.reconciler import BudgetReconciler, Options, wall_clock
+from gpuops.controllers.budget.setup import BudgetController, install
 from gpuops.kube.client import Client
 from gpuops.kube.controller import Request, Result
 from gpuops.kube.errors import ApiError, NotFound
-from gpuops.kube.manager import Manager
+from gpuops.kube.manager import Manager, ManagerOptions
 from gpuops.kube.objects import Pod
 from gpuops.kube.resources import JOBS, PODS
 from gpuops_sim.apiserver.store import clone
@@ -206,7 +206,7 @@ class Env:
         self.runs: list[tuple[Manager, asyncio.Task[None]]] = []
 
     async def start(self, **options: Any) -> BudgetController:
-        mgr = Manager(self.client, metrics_bind_address="0", health_probe_bind_address="0")
+        mgr = Manager(self.client, ManagerOptions(metrics_bind_address="0", health_probe_bind_address="0"))
         handle = install(mgr, **options)
         self.runs.append((mgr, asyncio.create_task(mgr.run())))
         return handle
@@ -217,14 +217,8 @@ class Env:
         await asyncio.wait_for(task, 15)
 
     async def until(self, what: str, probe: Callable[[], Awaitable[T | None]], within: float = 15.0) -> T:
-        deadline = time.monotonic() + within
-        while True:
-            got = await probe()
-            if got:
-                return got
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {within}s waiting for {what}")
-            await asyncio.sleep(0.05)
+        """tests/waiting.py's `until`, with the budget tests' usual deadline."""
+        return await until(what, probe, within)
 
     async def create_budget(self, body: dict[str, Any]) -> GPUWorkloadBudget:
         return await self.client.create(BUDGETS, body, NS)
@@ -282,15 +276,12 @@ async def install_crd(client: Client) -> None:
     crd = yaml.safe_load(CRD.read_text())
     await client.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
                          body=json.dumps(crd).encode(), content_type="application/json")
-    deadline = time.monotonic() + 10
-    while True:  # served once established
-        try:
-            await client.list(BUDGETS, NS)
-            return
-        except ApiError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.02)
+
+    async def served() -> bool:  # once established
+        await client.list(BUDGETS, NS)
+        return True
+
+    await until("the budget CRD served", served, 10, every=0.02, ignoring=(ApiError,))
 
 
 @asynccontextmanager

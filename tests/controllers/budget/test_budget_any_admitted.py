@@ -17,8 +17,8 @@ from hypothesis import event, given, reject
 from live_controller import ANY_ADMITTED, Expect, Live, handles_admitted
 from schema_strategies import for_schema
 
-from gpuops.controllers.budget import install
 from gpuops.controllers.budget.api import BUDGETS
+from gpuops.controllers.budget.setup import install
 from gpuops.kube.manager import Manager
 from gpuops.kube.resources import PODS
 from gpuops_sim.cluster.cluster import SimCluster

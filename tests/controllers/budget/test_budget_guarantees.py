@@ -22,10 +22,11 @@ from budget_harness import NS, Clock, Env, Reconciles, budget, environment, pod,
 from prometheus_client import REGISTRY
 
 from gpuops.accounting.gpuhours import format_gpu_hours
-from gpuops.controllers.budget import BudgetController
 from gpuops.controllers.budget.api import BUDGETS, FINALIZER
 from gpuops.controllers.budget.enforcement import EnforcementOptions
-from gpuops.controllers.budget.reconciler import Options, pod_span
+from gpuops.controllers.budget.podcontract import pod_span
+from gpuops.controllers.budget.reconciler import Options
+from gpuops.controllers.budget.setup import BudgetController
 from gpuops.kube.controller import Request, Result
 from gpuops.kube.resources import PDBS, PODS
 

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from gpuops.accounting.gpuhours import Ledger, LedgerEntry
 from gpuops.controllers.budget.api import LedgerEntryStatus, LedgerStatus
-from gpuops.controllers.budget.reconciler import Book, _recorded, compact
+from gpuops.controllers.budget.ledger import Book, compact
+from gpuops.controllers.budget.ledger import recorded as _recorded
 from gpuops.kube.times import format_time
 
 S = 1_000_000

@@ -13,7 +13,7 @@ from budget_harness import NS, budget, environment, pod, truth_gpu_hours
 from gpuops.controllers.budget.api import BUDGETS, GPUWorkloadBudget
 from gpuops.controllers.budget.setup import install
 from gpuops.kube.leaderelection import micro_time
-from gpuops.kube.manager import Manager
+from gpuops.kube.manager import Manager, ManagerOptions
 from gpuops.kube.resources import LEASES, PODS
 
 pytestmark = pytest.mark.anyio
@@ -38,9 +38,9 @@ async def test_pods_deleted_without_a_leader_are_accounted_after_the_takeover(tm
             "apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": LEASE},
             "spec": {"holderIdentity": "killed-leader", "leaseDurationSeconds": 3600,
                      "acquireTime": micro_time(), "renewTime": micro_time()}}, NS)
-        mgr = Manager(env.client, metrics_bind_address="0", health_probe_bind_address="0", leader_election=True,
-                      leader_election_id=LEASE, leader_election_namespace=NS, lease_duration=3.0,
-                      renew_deadline=2.0, retry_period=0.5)
+        mgr = Manager(env.client, ManagerOptions(
+            metrics_bind_address="0", health_probe_bind_address="0", leader_election=True, leader_election_id=LEASE,
+            leader_election_namespace=NS, lease_duration=3.0, renew_deadline=2.0, retry_period=0.5))
         handle = install(mgr)
         task = asyncio.create_task(mgr.run())
         try:

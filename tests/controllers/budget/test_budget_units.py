@@ -12,7 +12,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from gpuops.accounting.gpuhours import Ledger, LedgerBucket, LedgerEntry
-from gpuops.controllers.budget import reconciler as reconciler_mod
+from gpuops.controllers.budget import ledger as ledger_mod
 from gpuops.controllers.budget.api import (
     BudgetSpec,
     BudgetStatus,
@@ -23,17 +23,10 @@ from gpuops.controllers.budget.api import (
     parse_spec,
     parse_time,
 )
-from gpuops.controllers.budget.reconciler import (
-    Book,
-    LedgerMemo,
-    _departed_entry,
-    _diff,
-    compact,
-    ledger_from_status,
-    ledger_to_status,
-    pod_gpus,
-    pod_span,
-)
+from gpuops.controllers.budget.ledger import Book, LedgerMemo, compact, ledger_from_status, ledger_to_status
+from gpuops.controllers.budget.podcontract import departed_entry as _departed_entry
+from gpuops.controllers.budget.podcontract import pod_gpus, pod_span
+from gpuops.kube.mergepatch import merge_patch
 from gpuops.kube.objects import LabelSelector, Pod
 
 S = 1_000_000
@@ -213,9 +206,9 @@ def test_ledger_memo_parses_and_formats_each_entry_once(monkeypatch: pytest.Monk
     results are the same as without it, and the memo keeps only the entries still in the ledger."""
     parsed: list[str] = []
     formatted: list[int] = []
-    real_parse, real_format = reconciler_mod.parse_time, reconciler_mod.format_time
-    monkeypatch.setattr(reconciler_mod, "parse_time", lambda t: parsed.append(t) or real_parse(t))
-    monkeypatch.setattr(reconciler_mod, "format_time", lambda t: formatted.append(t) or real_format(t))
+    real_parse, real_format = ledger_mod.parse_time, ledger_mod.format_time
+    monkeypatch.setattr(ledger_mod, "parse_time", lambda t: parsed.append(t) or real_parse(t))
+    monkeypatch.setattr(ledger_mod, "format_time", lambda t: formatted.append(t) or real_format(t))
     entries = tuple(LedgerEntry(uid=f"u{i}", start=i * S, end=(i + 5) * S, gpus=Fraction(1)) for i in range(10))
     book = Book(Ledger(entries=entries), {e.uid: e.uid for e in entries})
     memo = LedgerMemo()
@@ -263,6 +256,6 @@ def test_status_diff_sends_only_changes() -> None:
                        ledger=LedgerStatus(resource_name="r", error_bound_gpu_hours="0.000000"))
     new = msgspec.structs.replace(old, tracked_pods=0, exhausts_at=None,
                                   ledger=LedgerStatus(resource_name="r", error_bound_gpu_hours="0.000001"))
-    assert _diff(old, new, nested=("ledger",)) == {"trackedPods": 0, "exhaustsAt": None,
-                                                   "ledger": {"errorBoundGpuHours": "0.000001"}}
-    assert _diff(old, old) == {}
+    assert merge_patch(old, new) == {"trackedPods": 0, "exhaustsAt": None,
+                                     "ledger": {"errorBoundGpuHours": "0.000001"}}
+    assert merge_patch(old, old) == {}

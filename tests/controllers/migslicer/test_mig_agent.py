@@ -29,7 +29,7 @@ from gpuops.controllers.migslicer.api import (
 from gpuops.kube.client import Client
 from gpuops.kube.deviceplugin.server import preferred_allocation
 from gpuops.kube.errors import NotFound
-from gpuops.kube.manager import Manager
+from gpuops.kube.manager import Manager, ManagerOptions
 from gpuops_sim.apiserver import APIServer
 from gpuops_sim.fakenvml import FakeNVML, gpu_uuid
 
@@ -52,7 +52,7 @@ async def agent_running(tmp_path: Path, grace: float = 0.5) -> AsyncIterator[tup
         server.write_kubeconfig(tmp_path / "k")
         client = await Client.from_kubeconfig(str(tmp_path / "k"))
         await install_crds(client, ["mignodes", "allocationclaims"], [CLAIMS, MIG_NODES])
-        mgr = Manager(client, namespace=None, metrics_bind_address="0", health_probe_bind_address="0")
+        mgr = Manager(client, ManagerOptions(namespace=None, metrics_bind_address="0", health_probe_bind_address="0"))
         backend = MigBackend(FakeNVML.from_spec("A100-40GB:2", NODE, state_file=tmp_path / "gpus.json"))
         agent = mig_agent.install(mgr, NODE, backend, settings=mig_agent.AgentSettings(
             grace=grace, heartbeat=0.3, backend_name="emulated"))

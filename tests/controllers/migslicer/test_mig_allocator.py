@@ -18,7 +18,7 @@ from prometheus_client import REGISTRY
 from waiting import install_crds, until
 
 from gpuops.accounting import mig
-from gpuops.controllers.migslicer.allocator import CONDITION, Settings, never_fits
+from gpuops.controllers.migslicer.allocator import CONDITION, never_fits
 from gpuops.controllers.migslicer.api import (
     ADVERTISE,
     CLAIMS,
@@ -27,11 +27,12 @@ from gpuops.controllers.migslicer.api import (
     AllocationClaim,
     resource_of_profile,
 )
+from gpuops.controllers.migslicer.settings import Settings
 from gpuops.controllers.migslicer.setup import install
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
 from gpuops.kube.errors import ApiError, NotFound
-from gpuops.kube.manager import Manager
+from gpuops.kube.manager import Manager, ManagerOptions
 from gpuops.kube.resources import EVENTS, NODES, PODS
 from gpuops.kube.times import format_time, wall_clock
 from gpuops_sim.cluster.cluster import SimCluster
@@ -137,7 +138,7 @@ async def running(tmp_path: Path) -> AsyncIterator[tuple[SimCluster, Client, Fak
         await install_crds(client, ["mignodes", "allocationclaims"], [CLAIMS, MIG_NODES])
         agent = FakeAgent(client)
         await agent.publish()
-        mgr = Manager(client, metrics_bind_address="0", health_probe_bind_address="0")
+        mgr = Manager(client, ManagerOptions(metrics_bind_address="0", health_probe_bind_address="0"))
         install(mgr, settings=Settings(retry=1.0))
         task = asyncio.create_task(mgr.run())
         agent_task = asyncio.create_task(agent.run())

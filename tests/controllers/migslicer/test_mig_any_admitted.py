@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 from live_controller import ANY_ADMITTED, Live
 from schema_strategies import for_schema
 
-from gpuops.controllers.migslicer.allocator import CONDITION, Settings
+from gpuops.controllers.migslicer.allocator import CONDITION
 from gpuops.controllers.migslicer.api import CLAIMS, GATE, MIG_NODES, resource_of_profile
+from gpuops.controllers.migslicer.settings import Settings
 from gpuops.controllers.migslicer.setup import install
 from gpuops.kube import conditions as cond
 from gpuops.kube.errors import ApiError

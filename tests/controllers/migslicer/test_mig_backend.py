@@ -129,7 +129,7 @@ def test_every_allowed_start_of_every_profile(model: str, make: Callable[..., tu
             seen_devices.add(s.device_uuid)
             assert b.slices() == [s]
             assert b.slices(gpu) == [s]
-            assert fake.layout(0) == [mig.Placement(p.name, start, p.size)]
+            assert fake.layout(0) == [(p.name, start, p.size)]
             assert b.destroy(gpu, s.gpu_instance_id) is True
             assert b.slices() == [] and fake.instances(0) == {}
     assert seen_devices  # and every create read back what it made
@@ -331,7 +331,7 @@ def test_agent_restart_sees_the_same_slices(tmp_path: Path,
     b2.destroy(fake.gpu_uuid(2), made[2].gpu_instance_id)
     assert fake.layout(2) == []
     b2.create(fake.gpu_uuid(1), "4g.20gb", 0)
-    assert fake.layout(1) == [mig.Placement("4g.20gb", 0, 4)]
+    assert fake.layout(1) == [("4g.20gb", 0, 4)]
 
 
 def test_reboot_loses_every_slice(tmp_path: Path, make: Callable[..., tuple[FakeNVML, MigBackend]]) -> None:
@@ -479,8 +479,8 @@ def test_backend_agrees_with_accounting(case: tuple[str, list[tuple[str, int, in
                     assert (s.profile, s.start, s.size) == (p.name, start, p.size)
                     ids[want] = s.gpu_instance_id
                     layout = after
-            on_device = fake.layout(0)
-            assert tuple(on_device) == mig.check_layout(geom, on_device) == layout
+            on_device = tuple(mig.Placement(*pl) for pl in fake.layout(0))
+            assert on_device == mig.check_layout(geom, on_device) == layout
             assert shape(b.slices()) == [(pl.profile, pl.start, pl.size) for pl in layout]
             # the driver's remaining capacity is our accounting's "Free" column
             free = mig.free_capacity(geom, layout)
@@ -660,7 +660,7 @@ def test_backend_over_the_real_pynvml_wrappers(real_pynvml: tuple[FakeNVML, _Fak
         assert all(isinstance(g, GpuInfo) for g in gpus)
         a100, a30 = gpus[0].uuid, gpus[1].uuid
         s = b.create(a100, "3g.20gb", 4)  # byref(c_nvmlGpuInstancePlacement_t(4, 4)) through pynvml
-        assert fake.layout(0) == [mig.Placement("3g.20gb", 4, 4)]
+        assert fake.layout(0) == [("3g.20gb", 4, 4)]
         assert s.device_uuid == fakenvml.mig_device_uuid(a100, s.gpu_instance_id, 0)
         b.create(a100, "1g.5gb+me", 0)
         t = b.create(a30, "2g.12gb+me", 2)

@@ -23,12 +23,12 @@ from gpuops.controllers.coexistence import CONDITION, MIG_CONFIG, MIG_CONFIG_STA
 from gpuops.controllers.migslicer.agent import agent as mig_agent
 from gpuops.controllers.migslicer.agent.gpus import MigBackend
 from gpuops.controllers.migslicer.allocator import CONDITION as MIG_SLICES
-from gpuops.controllers.migslicer.allocator import Settings
 from gpuops.controllers.migslicer.api import CLAIMS, GATE, MIG_NODES, MigNode
+from gpuops.controllers.migslicer.settings import Settings
 from gpuops.controllers.migslicer.setup import install as install_allocator
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
-from gpuops.kube.manager import Manager
+from gpuops.kube.manager import Manager, ManagerOptions
 from gpuops.kube.resources import EVENTS, NODES, PODS
 from gpuops_sim.cluster.cluster import SimCluster
 from gpuops_sim.fakenvml import FakeNVML
@@ -77,11 +77,11 @@ async def running(tmp_path: Path) -> AsyncIterator[Cluster]:
         client = await Client.from_kubeconfig(str(tmp_path / "k"))
         stack.push_async_callback(client.close)
         await install_crds(client, ["mignodes", "allocationclaims"], [CLAIMS, MIG_NODES])
-        operator = Manager(client, metrics_bind_address="0", health_probe_bind_address="0")
+        operator = Manager(client, ManagerOptions(metrics_bind_address="0", health_probe_bind_address="0"))
         install_allocator(operator, settings=Settings(retry=1.0))
         agents = {}
         for node in (HELD, FREE):
-            m = Manager(client, namespace=None, metrics_bind_address="0", health_probe_bind_address="0")
+            m = Manager(client, ManagerOptions(namespace=None, metrics_bind_address="0", health_probe_bind_address="0"))
             backend = MigBackend(FakeNVML.from_spec("A100-40GB:2", node, state_file=state / f"{node}.json"))
             settings = mig_agent.AgentSettings(grace=GRACE, heartbeat=0.5, backend_name="emulated")
             agents[node] = mig_agent.install(m, node, backend, plugin_dir=plugins / node, settings=settings)

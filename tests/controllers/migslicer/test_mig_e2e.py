@@ -24,12 +24,12 @@ from waiting import install_crds, until
 from gpuops.controllers.migslicer import webhook
 from gpuops.controllers.migslicer.agent import agent as mig_agent
 from gpuops.controllers.migslicer.agent.gpus import MigBackend
-from gpuops.controllers.migslicer.allocator import Settings
 from gpuops.controllers.migslicer.api import CLAIMS, GATE, MIG_NODES, AllocationClaim, MigNode
+from gpuops.controllers.migslicer.settings import Settings
 from gpuops.controllers.migslicer.setup import install as install_allocator
 from gpuops.kube.client import Client
 from gpuops.kube.errors import ApiError, Forbidden
-from gpuops.kube.manager import Manager
+from gpuops.kube.manager import Manager, ManagerOptions
 from gpuops.kube.resources import PODS
 from gpuops_sim.cluster.cluster import SimCluster
 from gpuops_sim.fakenvml import FakeNVML
@@ -115,14 +115,14 @@ async def running(tmp_path: Path, *, kubelet_dir_missing: bool = False, confined
         if confined:
             await confine_agents(client, tmp_path)
         managers: list[tuple[Manager, asyncio.Task[None]]] = []
-        operator = Manager(client, metrics_bind_address="0", health_probe_bind_address="0")
+        operator = Manager(client, ManagerOptions(metrics_bind_address="0", health_probe_bind_address="0"))
         install_allocator(operator, settings=Settings(retry=1.0, advertise_timeout=1.0))
         webhook.install(operator, host="127.0.0.1", port=port, ca_check_interval=0.5)
         for node in NODES:  # one agent per node, each with its own client as a DaemonSet pod would have
             agent_client = await Client.from_kubeconfig(
                 str(tmp_path / (f"agent-{node}.kubeconfig" if confined else "k")))
             stack.push_async_callback(agent_client.close)
-            m = Manager(agent_client, namespace=None, metrics_bind_address="0", health_probe_bind_address="0")
+            m = Manager(agent_client, ManagerOptions(metrics_bind_address="0", health_probe_bind_address="0"))
             backend = MigBackend(FakeNVML.from_spec("A100-40GB:2", node, state_file=state / f"{node}.json"))
             plugin_dir = plugins / ("nowhere" if kubelet_dir_missing else "") / node
             mig_agent.install(m, node, backend, plugin_dir=plugin_dir,

@@ -11,8 +11,7 @@ import json
 import os
 import ssl
 import tempfile
-import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import pytest
 import yaml
 from cryptography import x509
 from prometheus_client import REGISTRY
+from waiting import until_holds
 
 from gpuops.controllers.migslicer.api import GATE
 from gpuops.controllers.migslicer.certs import (
@@ -44,7 +44,7 @@ from gpuops.controllers.migslicer.webhook import (
 )
 from gpuops.kube.client import Client
 from gpuops.kube.errors import ApiError, Forbidden
-from gpuops.kube.manager import Manager
+from gpuops.kube.manager import Manager, ManagerOptions
 from gpuops.kube.resources import NAMESPACES, PODS
 from gpuops_sim.apiserver import APIServer
 
@@ -198,14 +198,20 @@ async def test_dry_run_is_mutated_without_side_effects(env: Env) -> None:
 
 async def test_a_reset_ca_bundle_is_repatched(env: Env) -> None:
     patcher = env.patcher(interval=0.1)
+    checks: list[str] = []  # each check of the patcher begins with a GET of the configuration
+    read = ("mutatingwebhookconfigurations", "get")
+    env.api.audit_hooks.append(
+        lambda d: checks.append(d.attrs.name) if (d.attrs.resource, d.attrs.verb) == read else None)
     task = asyncio.create_task(patcher.run())
     try:
-        await wait_for(lambda: patcher.writes == 1)
+        await until_holds("1 CA bundle writes", lambda: patcher.writes == 1)
         await env.set_hook(clientConfig={"url": env.server.url, "caBundle": ""})  # `kubectl apply` of an old copy
-        await wait_for(lambda: patcher.writes == 2)
+        await until_holds("2 CA bundle writes", lambda: patcher.writes == 2)
         got = await env.client.create(PODS, mig_pod("after-reset"))
         assert gates_of(got) == [GATE]
-        await asyncio.sleep(0.3)
+        seen = len(checks)
+        # two more checks: the first may have begun before this point, the second began after
+        await until_holds("two more periodic checks", lambda: len(checks) >= seen + 2)
         assert patcher.writes == 2, "periodic checks must not write an unchanged bundle"
     finally:
         task.cancel()
@@ -429,7 +435,7 @@ def test_merge_ca_bundle_prunes_expired_and_caps() -> None:
 
 
 async def test_install_adds_both_runnables_without_leadership(env: Env) -> None:
-    manager = Manager(env.client, leader_election=True)
+    manager = Manager(env.client, ManagerOptions(leader_election=True))
     hook = install(manager, port=0, host="127.0.0.1", extra_names=["127.0.0.1"], ca_check_interval=0.1)
     runnables = {r.name: r for r in manager.runnables()}
     assert set(runnables) == {"migslicer-webhook", "migslicer-webhook-cabundle"}
@@ -442,7 +448,7 @@ async def test_install_adds_both_runnables_without_leadership(env: Env) -> None:
     try:
         await hook.server.wait_started()
         assert hook.patcher is not None
-        await wait_for(lambda: hook.patcher is not None and hook.patcher.writes == 1)
+        await until_holds("the first CA bundle write", lambda: hook.patcher is not None and hook.patcher.writes == 1)
         assert (await manager.readyz.run_one("mig-webhook")).ok
         await env.set_hook(clientConfig={"url": hook.server.url,
                                          "caBundle": (await env.config())["webhooks"][0]["clientConfig"]["caBundle"]})
@@ -456,11 +462,4 @@ async def test_install_adds_both_runnables_without_leadership(env: Env) -> None:
 
 # ---------------------------------------------------------------------------------------------- helpers
 
-
-async def wait_for(predicate: Callable[[], bool], within: float = 5.0) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
 

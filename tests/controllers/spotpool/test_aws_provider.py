@@ -4,12 +4,11 @@ those). Nothing here reaches real AWS: every endpoint is loopback, every key a d
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import functools
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import anyio.to_thread
@@ -17,6 +16,7 @@ import boto3
 import botocore.config
 import pytest
 from moto.server import ThreadedMotoServer
+from waiting import until_holds
 
 from gpuops.controllers.spotpool.providers import make_provider
 from gpuops.controllers.spotpool.providers.aws import AwsProvider
@@ -46,14 +46,6 @@ SESSION = boto3.session.Session()
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-async def until(pred: Callable[[], bool], within: float = 5.0) -> None:
-    deadline = time.monotonic() + within
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
 
 
 def tag_spec(tags: dict[str, str]) -> list[dict[str, Any]]:
@@ -251,7 +243,8 @@ async def test_states_nodes_and_provider_ids_through_the_fake(fake: Fake, monkey
     ids = await p.launch(spec("states-1", count=2))
     found = {i.id: i for i in await p.describe(OWNER)}
     assert set(found) == set(ids) and {i.state for i in found.values()} == {InstanceState.PENDING}
-    await until(lambda: all(fake.cloud.spot.instances[i].state == "running" for i in ids))
+    await until_holds("every instance running",
+                      lambda: all(fake.cloud.spot.instances[i].state == "running" for i in ids))
     found = {i.id: i for i in await p.describe(OWNER)}
     for iid, inst in found.items():
         assert inst.state is InstanceState.RUNNING and inst.capacity_type == "spot"
@@ -261,7 +254,7 @@ async def test_states_nodes_and_provider_ids_through_the_fake(fake: Fake, monkey
     found = {i.id: i for i in await p.describe(OWNER)}
     assert found[ids[0]].state is InstanceState.TERMINATING
     assert found[ids[0]].state_reason == "Client.UserInitiatedShutdown"
-    await until(lambda: fake.cloud.spot.instances[ids[0]].state == "terminated")
+    await until_holds("the first instance terminated", lambda: fake.cloud.spot.instances[ids[0]].state == "terminated")
     assert [i.id for i in await p.describe(OWNER)] == ids[1:]
 
 

@@ -24,7 +24,7 @@ from live_controller import ANY_ADMITTED, Expect, Live, handles_admitted
 from schema_strategies import for_schema
 
 from gpuops.controllers.spotpool.api import POOLS
-from gpuops.controllers.spotpool.reconciler import Settings
+from gpuops.controllers.spotpool.settings import Settings
 from gpuops.controllers.spotpool.setup import install
 from gpuops.kube.manager import Manager
 from gpuops.kube.resources import SECRETS

@@ -16,15 +16,16 @@ from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
-from waiting import install_crds, until
+from waiting import install_crds, until, until_holds
 
 from gpuops.controllers.spotpool.api import POOLS, SpotPool
-from gpuops.controllers.spotpool.reconciler import Settings
-from gpuops.controllers.spotpool.setup import install
+from gpuops.controllers.spotpool.settings import Settings
+from gpuops.controllers.spotpool.setup import CONTROLLER_NAME, install
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
+from gpuops.kube.controller import RESULTS
 from gpuops.kube.errors import NotFound
-from gpuops.kube.manager import Manager
+from gpuops.kube.manager import Manager, ManagerOptions
 from gpuops.kube.resources import EVENTS, NODES, PODS, SECRETS
 from gpuops_sim.cluster.cluster import SimCluster
 from gpuops_sim.scenario import parse
@@ -69,7 +70,7 @@ async def running(tmp_path: Path, **settings: Any) -> AsyncIterator[tuple[SimClu
         cluster.write_kubeconfig(tmp_path / "k")
         client = await Client.from_kubeconfig(str(tmp_path / "k"))
         await install_crds(client, ["spotpools"], [POOLS])
-        mgr = Manager(client, metrics_bind_address="0", health_probe_bind_address="0")
+        mgr = Manager(client, ManagerOptions(metrics_bind_address="0", health_probe_bind_address="0"))
         install(mgr, settings=Settings(**{"drain_recheck": 0.2, "resync_seconds": 2.0, "retry_base": 0.1,
                                          "capacity_backoff_base": 30.0, "secret_recheck": 0.3,
                                          **settings}))
@@ -184,6 +185,12 @@ async def not_ready(reason: str, value: float) -> bool:
     return REGISTRY.get_sample_value("gpuops_spotpool_not_ready", {"pool": "gpus", "reason": reason}) == value
 
 
+def reconciles() -> float:
+    """How many reconciles the spotpool controller has finished, whatever their result."""
+    return sum(REGISTRY.get_sample_value("controller_runtime_reconcile_total",
+                                         {"controller": CONTROLLER_NAME, "result": r}) or 0.0 for r in RESULTS)
+
+
 async def test_credentials_secret_missing_then_fixed(tmp_path: Path) -> None:
     async with running(tmp_path) as (cluster, client):
         cluster.cloud.options.token = "s3cret"
@@ -204,7 +211,9 @@ async def test_credentials_secret_missing_then_fixed(tmp_path: Path) -> None:
         await client.create(SECRETS, secret, "gpuops-system")
         await until("CredentialsInvalid: refused", lambda: invalid("AuthFailure"))
         calls_before = sum(n for (api, _, _), n in cluster.cloud.calls.items() if api == "spot")
-        await asyncio.sleep(1.0)  # no hot loop while the keys are wrong
+        looks = reconciles()
+        await asyncio.sleep(1.0)  # no hot loop while the keys are wrong: a rate over one second is under test
+        await until_holds("a spotpool reconcile in that second", lambda: reconciles() > looks)
         calls_after = sum(n for (api, _, _), n in cluster.cloud.calls.items() if api == "spot")
         assert calls_after - calls_before <= 2
         await client.patch(SECRETS, "cloud", {"data": {"token": base64.b64encode(b"s3cret").decode()}},

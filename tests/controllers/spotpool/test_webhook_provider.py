@@ -4,11 +4,10 @@ acts on."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator
 
 import pytest
+from waiting import NotYet, until
 
 from gpuops.controllers.spotpool.providers import make_provider
 from gpuops.controllers.spotpool.providers.base import (
@@ -97,21 +96,24 @@ async def test_same_token_buys_once_and_mismatch_is_its_own_kind(cloud: CloudSer
 
 async def test_states_terminate_unknown_ids_and_launch_failures(cloud: CloudServer) -> None:
     p = provider(cloud)
+
+    async def all_running() -> bool | NotYet:
+        seen = {i.state for i in await p.describe(OWNER)}
+        return seen == {InstanceState.RUNNING} or NotYet(seen)
+
+    async def one_failed() -> bool | NotYet:
+        seen = {i.state for i in await p.describe(OWNER)}
+        return InstanceState.LAUNCH_FAILED in seen or NotYet(seen)
+
     try:
         ids = await p.launch(spec("t-3", 2))
-        deadline = time.monotonic() + 3
-        while {i.state for i in await p.describe(OWNER)} != {InstanceState.RUNNING}:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.02)
+        await until("both instances running", all_running, 3, every=0.02)
         await p.terminate([*ids, "i-doesnotexist"])  # unknown ids are not an error
         states = {i.state for i in await p.describe(OWNER)}
         assert states <= {InstanceState.TERMINATING}
         cloud.spot.set_launch_failure_rate(1.0)
         await p.launch(spec("t-4", 1))
-        deadline = time.monotonic() + 3
-        while not any(i.state is InstanceState.LAUNCH_FAILED for i in await p.describe(OWNER)):
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.02)
+        await until("a launch failed", one_failed, 3, every=0.02)
     finally:
         await p.close()
 

@@ -7,12 +7,12 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from waiting import until_holds
 
 from gpuops_sim.cluster.access import NODES, PODS
 from gpuops_sim.cluster.cluster import SimCluster
@@ -41,17 +41,6 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-async def until(what: str, probe: Callable[[], Any], within: float = 10.0) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        got = probe()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out: {what}")
-        await asyncio.sleep(0.01)
-
-
 def ready(node: dict[str, Any] | None) -> bool:
     return node is not None and any(c["type"] == "Ready" and c["status"] == "True"
                                     for c in node["status"].get("conditions", []))
@@ -73,20 +62,21 @@ async def test_power_on_through_the_api_makes_a_pending_pod_run() -> None:
         assert c.access.get(NODES, "", "a100-1") is None  # powered off: never registered
         await c.access.create(PODS, "team-a", gpu_pod("big-1", 8, runtime=60))
         await c.access.create(PODS, "team-a", gpu_pod("big-2", 8, runtime=60))
-        await until("one pod Unschedulable", lambda: any(
+        await until_holds("one pod Unschedulable", lambda: any(
             cond.get("reason") == "Unschedulable"
-            for p in c.access.iter(PODS, "team-a") for cond in p["status"].get("conditions", [])))
+            for p in c.access.iter(PODS, "team-a") for cond in p["status"].get("conditions", [])), 10.0)
         async with aiohttp.ClientSession() as s:
             t0 = time.monotonic()
             async with s.post(f"{c.cloud.url}/power/v1/machines/a100-1/start", json={}) as r:
                 assert r.status == 202
                 assert (await r.json())["state"] == "booting"
-        node = await until("a100-1 Ready", lambda: (n := c.access.get(NODES, "", "a100-1")) and ready(n) and n)
+        node = await until_holds("a100-1 Ready",
+                                 lambda: (n := c.access.get(NODES, "", "a100-1")) and ready(n) and n, 10.0)
         assert time.monotonic() - t0 >= 0.3  # not before its boot delay
         assert node["metadata"]["labels"]["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB"
-        await until("both pods Running", lambda: sorted(
+        await until_holds("both pods Running", lambda: sorted(
             p["spec"].get("nodeName", "") for p in c.access.iter(PODS, "team-a")
-            if p["status"].get("phase") == "Running") == ["a100-0", "a100-1"])
+            if p["status"].get("phase") == "Running") == ["a100-0", "a100-1"], 10.0)
 
 
 @pytest.mark.anyio
@@ -103,17 +93,19 @@ async def test_spot_instance_joins_and_its_reclaim_removes_the_node() -> None:
             described = (await r.json())["instances"]
         assert [i["instanceId"] for i in described] == ids[0]
         name = described[0]["nodeName"]
-        node = await until("spot node Ready with GPUs", lambda: (n := c.access.get(NODES, "", name)) and ready(n)
-                           and n["status"]["allocatable"].get("nvidia.com/gpu") == "4" and n)
+        node = await until_holds("spot node Ready with GPUs",
+                                 lambda: (n := c.access.get(NODES, "", name)) and ready(n)
+                                 and n["status"]["allocatable"].get("nvidia.com/gpu") == "4" and n, 10.0)
         assert node["spec"]["providerID"].endswith(ids[0][0])
         assert node["metadata"]["labels"]["gpuops.io/capacity-type"] == "spot"
         await c.access.create(PODS, "team-a", {**gpu_pod("on-spot", 4), "spec": {
             **gpu_pod("x", 4)["spec"], "nodeSelector": {"gpuops.io/capacity-type": "spot"}}})
-        await until("pod running on the spot node", lambda: (p := c.access.get(PODS, "team-a", "on-spot"))
-                    and p["status"].get("phase") == "Running" and p["spec"]["nodeName"] == name)
+        await until_holds("pod running on the spot node",
+                          lambda: (p := c.access.get(PODS, "team-a", "on-spot"))
+                          and p["status"].get("phase") == "Running" and p["spec"]["nodeName"] == name, 10.0)
         assert c.cloud.reclaim(ids[0]) == ids[0]
-        await until("the reclaimed node's Node deleted", lambda: c.access.get(NODES, "", name) is None, 15)
-        await until("its pod gone", lambda: c.access.get(PODS, "team-a", "on-spot") is None, 15)
+        await until_holds("the reclaimed node's Node deleted", lambda: c.access.get(NODES, "", name) is None, 15)
+        await until_holds("its pod gone", lambda: c.access.get(PODS, "team-a", "on-spot") is None, 15)
 
 
 async def kubectl(kubeconfig: Path, *args: str) -> str:
@@ -136,8 +128,8 @@ async def test_kubectl_sees_nodes_pods_jobs_and_events(tmp_path: Path) -> None:
             "spec": {"completions": 2, "parallelism": 2, "template": {
                 "metadata": {"annotations": {"sim.gpuops.io/runtime-seconds": "0.2"}},
                 "spec": gpu_pod("x", 1)["spec"]}}})
-        await until("job complete", lambda: any(cond["type"] == "Complete" for cond in (
-            c.access.get(("batch", "jobs"), "team-a", "train") or {}).get("status", {}).get("conditions", [])))
+        await until_holds("job complete", lambda: any(cond["type"] == "Complete" for cond in (
+            c.access.get(("batch", "jobs"), "team-a", "train") or {}).get("status", {}).get("conditions", [])), 10.0)
         nodes = await kubectl(kc, "get", "nodes", "-L", "nvidia.com/gpu.product")
         assert "a100-0" in nodes and "Ready" in nodes and "NVIDIA-A100-SXM4-80GB" in nodes
         jobs = await kubectl(kc, "get", "jobs", "-n", "team-a")

@@ -16,11 +16,11 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
-from cluster_waits import wait_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubernetes_asyncio import client as aclient
 from kubernetes_asyncio import config as aconfig
+from waiting import until_holds
 
 from gpuops_sim.apiserver import APIServer
 from gpuops_sim.cluster.access import CRONJOBS, EVENTS, JOBS
@@ -258,7 +258,7 @@ class Env:
         await getattr(api, method)(name, NS, body, _content_type="application/merge-patch+json")
 
     async def until(self, pred: Callable[[], Any], what: str, within: float = 5.0) -> Any:
-        return await wait_for(pred, within, what)
+        return await until_holds(what, pred, within)
 
     async def settle(self) -> None:
         """Proof that the controller looked at the moved clock: two full passes after the move (its clock check

@@ -18,10 +18,10 @@ from typing import Any
 import kubernetes
 import pytest
 import yaml
-from cluster_waits import wait_for
 from kubernetes_asyncio import client as aclient
 from kubernetes_asyncio import config as aconfig
 from kubernetes_asyncio import watch as awatch
+from waiting import until_holds
 
 from gpuops_sim.apiserver.store import WatchEvent
 from gpuops_sim.cluster.access import CONTROLLER_REVISIONS, DAEMONSETS, NODES, PODS, PVCS, STATEFULSETS
@@ -95,7 +95,7 @@ class Env:
         return dict((obj or {}).get("status") or {})
 
     async def until(self, pred: Callable[[], Any], what: str, within: float = 10.0) -> Any:
-        return await wait_for(pred, within, what)
+        return await until_holds(what, pred, within)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from cluster_waits import wait_for
+from waiting import until_holds
 
 from gpuops_sim.apiserver.store import WatchEvent
 from gpuops_sim.cluster.access import DEPLOYMENTS, PODS, REPLICASETS
@@ -86,7 +86,7 @@ class Cluster:
         return [p for p in out if active(p)] if live else out
 
     async def until(self, what: str, probe: Callable[[], Any], within: float = 10.0) -> Any:
-        return await wait_for(probe, within, what)
+        return await until_holds(what, probe, within)
 
     async def rolled_out(self, name: str) -> str:
         _, out, _ = await self.kubectl("rollout", "status", f"deployment/{name}", "--timeout=20s")

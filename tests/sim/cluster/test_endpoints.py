@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from cluster_waits import wait_for
+from waiting import until_holds
 
 from gpuops_sim.cluster.access import PODS
 from gpuops_sim.cluster.cluster import SimCluster
@@ -31,7 +31,7 @@ def anyio_backend() -> str:
 @pytest.fixture
 async def sim() -> AsyncIterator[SimCluster]:
     async with SimCluster(parse(SCENARIO), workload=False) as cluster:
-        await wait_for(lambda: cluster.access.get(("", "nodes"), "", "cpu-0"), 10, "the node")
+        await until_holds("the node", lambda: cluster.access.get(("", "nodes"), "", "cpu-0"), 10)
         yield cluster
 
 
@@ -60,7 +60,7 @@ async def test_slices_and_endpoints_follow_the_selected_pods(sim: SimCluster) ->
     for name in ("web-a", "web-b"):
         await sim.access.create_object(_pod(name, "web"))
     await sim.access.create_object(_pod("other", "db"))
-    ips = await wait_for(lambda: len(_addresses(sim, "web")) == 2 and _addresses(sim, "web"), 10, "two endpoints")
+    ips = await until_holds("two endpoints", lambda: len(_addresses(sim, "web")) == 2 and _addresses(sim, "web"), 10)
     pod_ips = sorted(p["status"]["podIP"] for p in sim.access.iter(PODS, NS) if p["metadata"]["name"] != "other")
     assert ips == pod_ips
     (slice_,) = _slices(sim, "web")
@@ -70,10 +70,10 @@ async def test_slices_and_endpoints_follow_the_selected_pods(sim: SimCluster) ->
     assert endpoints is not None
     assert sorted(a["ip"] for a in endpoints["subsets"][0]["addresses"]) == pod_ips
     await sim.access.delete(PODS, NS, "web-a", grace_seconds=0)
-    await wait_for(lambda: len(_addresses(sim, "web")) == 1, 10, "the deleted pod's endpoint gone")
+    await until_holds("the deleted pod's endpoint gone", lambda: len(_addresses(sim, "web")) == 1, 10)
     await sim.access.delete(SERVICES, NS, "web")
-    await wait_for(lambda: not _slices(sim, "web") and sim.access.get(ENDPOINTS, NS, "web") is None, 10,
-                   "slices and endpoints removed with the Service")
+    await until_holds("slices and endpoints removed with the Service",
+                      lambda: not _slices(sim, "web") and sim.access.get(ENDPOINTS, NS, "web") is None, 10)
 
 
 @pytest.mark.anyio
@@ -83,7 +83,8 @@ async def test_a_service_without_selector_is_left_alone(sim: SimCluster) -> None
     await sim.access.create_object(service)
     await sim.access.create_object(_pod("probe", "web"))  # a pod change makes the controller look at the namespace
     steps = sim.endpoints.steps
-    await wait_for(lambda: sim.endpoints.steps > steps and not sim.endpoints._namespaces, 10, "the controller's pass")
+    await until_holds("the controller's pass",
+                      lambda: sim.endpoints.steps > steps and not sim.endpoints._namespaces, 10)
     assert not _slices(sim, "manual") and sim.access.get(ENDPOINTS, NS, "manual") is None
 
 

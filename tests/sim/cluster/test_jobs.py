@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_waits import wait_for
+from waiting import two_passes, until_holds
 
 from gpuops_sim.apiserver import APIServer
 from gpuops_sim.cluster.access import EVENTS, JOBS, PODS, ClusterAccess
@@ -81,7 +81,7 @@ class Env:
         return lambda: self.status(name).get(key) == value
 
     async def until(self, pred: Callable[[], Any], what: str, limit_s: float = 5.0) -> Any:
-        return await wait_for(pred, limit_s, what)
+        return await until_holds(what, pred, limit_s)
 
 
 @pytest.fixture
@@ -272,7 +272,7 @@ async def test_ttl_waits_for_its_time(env: Env) -> None:
     await env.until(lambda: env.pods("ttl60b"), "pod b")
     await env.phase(env.pods("ttl60b")[0], "Failed")
     await env.until(lambda: _finished(env, "ttl60b"), "b failed")
-    await asyncio.sleep(0.2)
+    await two_passes(env.ctl)
     assert env.job("ttl60b") is not None  # 60 s have not passed on the API clock
     clock[0] += timedelta(seconds=61)
     await env.until(lambda: env.job("ttl60b") is None, "deleted after the ttl")
@@ -286,7 +286,7 @@ async def test_work_queue_completes_once_any_pod_succeeded_and_none_is_active(en
     pods = await env.until(lambda: len(env.pods("queue")) == 3 and env.pods("queue"), "three pods")
     await env.phase(pods[0], "Succeeded")
     await env.until(lambda: env.status("queue").get("succeeded") == 1, "one success")
-    await asyncio.sleep(0.05)
+    await two_passes(env.ctl)
     assert len(env.pods("queue")) == 3  # no new pods after a success
     assert not _finished(env, "queue")
     await env.phase(pods[1], "Succeeded")
@@ -358,9 +358,8 @@ async def test_orphaned_pods_lose_the_finalizer_when_the_job_is_deleted(env: Env
 async def test_no_duplicate_pods_under_concurrent_wakeups(env: Env) -> None:
     await env.create("many", parallelism=50, completions=200)
     await env.until(lambda: len(env.pods("many")) == 50, "fifty pods")
-    for _ in range(5):  # spurious wake-ups and resyncs must not create more
-        env.ctl.wake()
-        await asyncio.sleep(0.01)
+    for _ in range(5):  # spurious wake-ups (two_passes wakes the controller) must not create more
+        await two_passes(env.ctl)
     assert len(env.pods("many")) == 50
     t0 = time.perf_counter()
     done = 0

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-from cluster_waits import wait_for
+from waiting import NotYet, two_passes, until_holds
 
 from gpuops_sim.apiserver import APIServer
 from gpuops_sim.cluster.access import EVENTS, LEASES, NODE_LEASE_NAMESPACE, NODES, PODS, ClusterAccess
@@ -100,11 +100,11 @@ def node_ready(access: ClusterAccess, name: str) -> bool:
 @pytest.mark.anyio
 async def test_pod_runs_for_its_runtime_and_succeeds_with_consistent_status() -> None:
     async with cluster(Machine("n1")) as (_, _, k, access):
-        await wait_for(lambda: node_ready(access, "n1"), what="node registered")
+        await until_holds("node registered", lambda: node_ready(access, "n1"))
         # Long enough that Running is observable even when a loaded CI machine delays the kubelet's loop (a
         # late loop honours the runtime from the intended start, so a short pod may finish in the same step).
         await run_pod(access, "n1", "job", runtime=1.5, init=True)
-        running = await wait_for(lambda: phase(access, "job") == "Running" and pod(access, "job"), what="Running")
+        running = await until_holds("Running", lambda: phase(access, "job") == "Running" and pod(access, "job"))
         st = running["status"]
         main = st["containerStatuses"][0]
         assert main["ready"] and main["started"] and main["restartCount"] == 0
@@ -115,7 +115,7 @@ async def test_pod_runs_for_its_runtime_and_succeeds_with_consistent_status() ->
         assert st["hostIP"].startswith("172.16.") and st["podIP"].startswith("10.244.")
         for t in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled"):
             assert cond(running, t)["status"] == "True"
-        await wait_for(lambda: phase(access, "job") == "Succeeded", what="Succeeded")
+        await until_holds("Succeeded", lambda: phase(access, "job") == "Succeeded")
         done = pod(access, "job")
         assert done is not None
         term = done["status"]["containerStatuses"][0]["state"]["terminated"]
@@ -132,11 +132,11 @@ async def test_pod_runs_for_its_runtime_and_succeeds_with_consistent_status() ->
 @pytest.mark.anyio
 async def test_a_two_second_runtime_takes_two_seconds() -> None:
     async with cluster(Machine("n1")) as (_, _, _, access):
-        await wait_for(lambda: node_ready(access, "n1"))
+        await until_holds("n1 Ready", lambda: node_ready(access, "n1"))
         await run_pod(access, "n1", "job", runtime=2)
-        await wait_for(lambda: phase(access, "job") == "Running")
+        await until_holds("job Running", lambda: phase(access, "job") == "Running")
         t0 = time.monotonic()
-        await wait_for(lambda: phase(access, "job") == "Succeeded", within=5)
+        await until_holds("job Succeeded", lambda: phase(access, "job") == "Succeeded", 5)
         elapsed = time.monotonic() - t0
         assert 1.8 <= elapsed <= 2.6, elapsed
         term = pod(access, "job")["status"]["containerStatuses"][0]["state"]["terminated"]  # type: ignore[index]
@@ -147,7 +147,7 @@ async def test_a_two_second_runtime_takes_two_seconds() -> None:
 async def test_exit_code_fails_the_pod() -> None:
     async with cluster(Machine("n1")) as (_, _, _, access):
         await run_pod(access, "n1", "bad", runtime=0.1, exit_code=3)
-        await wait_for(lambda: phase(access, "bad") == "Failed", what="Failed")
+        await until_holds("Failed", lambda: phase(access, "bad") == "Failed")
         p = pod(access, "bad")
         assert p is not None
         term = p["status"]["containerStatuses"][0]["state"]["terminated"]
@@ -157,10 +157,11 @@ async def test_exit_code_fails_the_pod() -> None:
 
 @pytest.mark.anyio
 async def test_pod_without_runtime_runs_until_deleted() -> None:
-    async with cluster(Machine("n1")) as (_, _, _, access):
+    async with cluster(Machine("n1")) as (_, _, k, access):
         await run_pod(access, "n1", "server")
-        await wait_for(lambda: phase(access, "server") == "Running")
-        await asyncio.sleep(0.6)
+        await until_holds("server Running", lambda: phase(access, "server") == "Running")
+        await asyncio.sleep(0.6)  # time passing is under test: a pod without a runtime never ends by itself
+        await two_passes(k)
         assert phase(access, "server") == "Running"
 
 
@@ -174,7 +175,7 @@ async def test_on_failure_restarts_the_container_then_backs_off() -> None:
             cs = ((p or {}).get("status") or {}).get("containerStatuses") or []
             return cs[0] if cs and cs[0]["restartCount"] >= 1 and "running" in cs[0]["state"] else None
 
-        cs = await wait_for(restarted, what="first restart")
+        cs = await until_holds("first restart", restarted)
         assert cs["lastState"]["terminated"]["exitCode"] == 1
         assert phase(access, "flaky") == "Running"
 
@@ -183,10 +184,10 @@ async def test_on_failure_restarts_the_container_then_backs_off() -> None:
             c = p["status"]["containerStatuses"][0] if p else {}
             return c.get("state", {}).get("waiting", {}).get("reason") == "CrashLoopBackOff"
 
-        await wait_for(backing_off, what="CrashLoopBackOff")
+        await until_holds("CrashLoopBackOff", backing_off)
         p = pod(access, "flaky")
         assert p is not None and cond(p, "Ready")["status"] == "False" and p["status"]["phase"] == "Running"
-        await wait_for(lambda: (restarted() or {}).get("restartCount", 0) >= 2, what="restart after back-off")
+        await until_holds("restart after back-off", lambda: (restarted() or {}).get("restartCount", 0) >= 2)
         assert k.transitions == 1 and k.restarts >= 2
 
 
@@ -194,20 +195,20 @@ async def test_on_failure_restarts_the_container_then_backs_off() -> None:
 async def test_on_failure_with_exit_zero_succeeds() -> None:
     async with cluster(Machine("n1")) as (_, _, _, access):
         await run_pod(access, "n1", "ok", runtime=0.1, policy="OnFailure")
-        await wait_for(lambda: phase(access, "ok") == "Succeeded")
+        await until_holds("ok Succeeded", lambda: phase(access, "ok") == "Succeeded")
 
 
 @pytest.mark.anyio
 async def test_graceful_deletion_terminates_then_removes_the_pod() -> None:
     async with cluster(Machine("n1")) as (_, _, k, access):
         await run_pod(access, "n1", "web", termination=0.3, grace=30)
-        await wait_for(lambda: phase(access, "web") == "Running")
+        await until_holds("web Running", lambda: phase(access, "web") == "Running")
         t0 = time.monotonic()
         await access.delete(PODS, "default", "web")
         assert pod(access, "web")["metadata"]["deletionTimestamp"]  # type: ignore[index]
-        await asyncio.sleep(0.1)
+        await two_passes(k)  # the kubelet has seen the deletion
         assert pod(access, "web") is not None  # still shutting down
-        await wait_for(lambda: pod(access, "web") is None, what="web deleted")
+        await until_holds("web deleted", lambda: pod(access, "web") is None)
         assert time.monotonic() - t0 >= 0.25
         assert k.deleted == 1
         reasons = {e["reason"] for e in access.iter(EVENTS, "default") if e["involvedObject"]["name"] == "web"}
@@ -223,7 +224,8 @@ async def test_termination_exit_codes_sigterm_within_grace_sigkill_after() -> No
             body["metadata"]["finalizers"] = ["example.com/keep"]
             await access.create(PODS, "default", body)
             await access.bind("default", name, "n1")
-        await wait_for(lambda: phase(access, "polite") == "Running" and phase(access, "stubborn") == "Running")
+        await until_holds("polite Running and stubborn Running",
+                          lambda: phase(access, "polite") == "Running" and phase(access, "stubborn") == "Running")
         t0 = time.monotonic()
         await access.delete(PODS, "default", "polite")
         await access.delete(PODS, "default", "stubborn")
@@ -234,8 +236,8 @@ async def test_termination_exit_codes_sigterm_within_grace_sigkill_after() -> No
                 return None
             return int(p["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"])
 
-        assert await wait_for(lambda: exit_code("polite"), what="SIGTERM exit") == 143
-        assert await wait_for(lambda: exit_code("stubborn"), what="SIGKILL at the grace period") == 137
+        assert await until_holds("SIGTERM exit", lambda: exit_code("polite")) == 143
+        assert await until_holds("SIGKILL at the grace period", lambda: exit_code("stubborn")) == 137
         assert time.monotonic() - t0 >= 0.9
         term = pod(access, "stubborn")["status"]["containerStatuses"][0]["state"]["terminated"]  # type: ignore[index]
         assert ts(term["startedAt"]) <= ts(term["finishedAt"])
@@ -248,10 +250,10 @@ async def test_termination_exit_codes_sigterm_within_grace_sigkill_after() -> No
 async def test_deleting_a_pod_that_has_not_started_removes_it_at_once() -> None:
     slow = KubeletOptions(start_latency_seconds=30, lease_seconds=1, node_status_seconds=5)
     async with cluster(Machine("n1"), options=slow) as (_, _, _, access):
-        await wait_for(lambda: node_ready(access, "n1"))
+        await until_holds("n1 Ready", lambda: node_ready(access, "n1"))
         await run_pod(access, "n1", "p")
         await access.delete(PODS, "default", "p")
-        await wait_for(lambda: pod(access, "p") is None, what="pod gone")
+        await until_holds("pod gone", lambda: pod(access, "p") is None)
 
 
 # ---------------------------------------------------------------------------------------------------- nodes
@@ -263,7 +265,7 @@ async def test_gpu_node_registers_and_gets_gpus_after_the_device_plugin_delay() 
                 taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}], provider_id="sim:///gpu-1",
                 device_plugin_seconds=0.6)
     async with cluster(m) as (_, _, _, access):
-        node = await wait_for(lambda: access.get(NODES, "", "gpu-1"), what="node")
+        node = await until_holds("node", lambda: access.get(NODES, "", "gpu-1"))
         labels = node["metadata"]["labels"]
         assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB"
         assert labels["nvidia.com/gpu.count"] == "8" and labels["team"] == "ml"
@@ -281,7 +283,7 @@ async def test_gpu_node_registers_and_gets_gpus_after_the_device_plugin_delay() 
         assert {a["type"] for a in st["addresses"]} == {"InternalIP", "Hostname"}
         # A GPU pod bound before the device plugin registered is rejected, as a real kubelet does.
         await run_pod(access, "gpu-1", "early", gpus=1)
-        await wait_for(lambda: phase(access, "early") == "Failed")
+        await until_holds("early Failed", lambda: phase(access, "early") == "Failed")
         assert pod(access, "early")["status"]["reason"] == "UnexpectedAdmissionError"  # type: ignore[index]
         t0 = time.monotonic()
 
@@ -289,42 +291,47 @@ async def test_gpu_node_registers_and_gets_gpus_after_the_device_plugin_delay() 
             n = access.get(NODES, "", "gpu-1")
             return (n or {}).get("status", {}).get("allocatable", {}).get("nvidia.com/gpu")
 
-        assert await wait_for(gpus, what="GPUs allocatable") == "8"
+        assert await until_holds("GPUs allocatable", gpus) == "8"
         assert time.monotonic() - t0 >= 0.3
         await run_pod(access, "gpu-1", "late", gpus=8, runtime=0.1)
-        await wait_for(lambda: phase(access, "late") == "Succeeded")
+        await until_holds("late Succeeded", lambda: phase(access, "late") == "Succeeded")
 
 
 @pytest.mark.anyio
 async def test_lease_is_renewed_and_node_status_heartbeats() -> None:
     async with cluster(Machine("n1")) as (_, _, _, access):
-        lease = await wait_for(lambda: access.get(LEASES, NODE_LEASE_NAMESPACE, "n1"), what="lease")
+        lease = await until_holds("lease", lambda: access.get(LEASES, NODE_LEASE_NAMESPACE, "n1"))
         assert lease["spec"]["holderIdentity"] == "n1" and lease["spec"]["leaseDurationSeconds"] == 40
         assert lease["metadata"]["ownerReferences"][0]["kind"] == "Node"
         renewals = {lease["spec"]["renewTime"]}
-        while len(renewals) < 3:
-            await asyncio.sleep(0.02)
+
+        def renewed_twice() -> bool | NotYet:
             renewals.add(access.get(LEASES, NODE_LEASE_NAMESPACE, "n1")["spec"]["renewTime"])  # type: ignore[index]
+            return len(renewals) >= 3 or NotYet(renewals)
+
+        await until_holds("two lease renewals", renewed_twice, 10.0, every=0.02)
         first = cond(access.get(NODES, "", "n1"), "Ready")["lastHeartbeatTime"]  # type: ignore[arg-type]
 
         def heartbeat() -> str:
             return str(cond(access.get(NODES, "", "n1"), "Ready")["lastHeartbeatTime"])  # type: ignore[arg-type]
 
-        await wait_for(lambda: heartbeat() != first, within=3, what="a periodic node status post")
+        await until_holds("a periodic node status post", lambda: heartbeat() != first, 3)
 
 
 @pytest.mark.anyio
 async def test_power_off_stops_the_kubelet_and_a_reboot_restarts_or_fails_its_pods() -> None:
-    async with cluster(Machine("n1")) as (_, fleet, _, access):
+    async with cluster(Machine("n1")) as (_, fleet, k, access):
         await run_pod(access, "n1", "always", policy="Always")
         await run_pod(access, "n1", "never", policy="Never")
-        await wait_for(lambda: phase(access, "always") == "Running" and phase(access, "never") == "Running")
+        await until_holds("always Running and never Running",
+                          lambda: phase(access, "always") == "Running" and phase(access, "never") == "Running")
         fleet.power_off("n1")
-        await asyncio.sleep(0.05)
+        await two_passes(k)  # a renewal in flight at the power-off has landed
         renew = access.get(LEASES, NODE_LEASE_NAMESPACE, "n1")["spec"]["renewTime"]  # type: ignore[index]
         await run_pod(access, "n1", "late", runtime=0.1)
         await access.delete(PODS, "default", "never")  # nobody confirms: it stays Terminating
-        await asyncio.sleep(0.4)
+        await asyncio.sleep(0.4)  # time passing is under test: several lease periods without a renewal
+        await two_passes(k)
         assert access.get(LEASES, NODE_LEASE_NAMESPACE, "n1")["spec"]["renewTime"] == renew  # type: ignore[index]
         assert phase(access, "late") == "Pending" and phase(access, "always") == "Running"
         assert pod(access, "never")["metadata"]["deletionTimestamp"]  # type: ignore[index]
@@ -336,12 +343,12 @@ async def test_power_off_stops_the_kubelet_and_a_reboot_restarts_or_fails_its_po
             cs = (p.get("status") or {}).get("containerStatuses") or [{}]
             return cs[0].get("restartCount") == 1 and "running" in cs[0].get("state", {})
 
-        await wait_for(rebooted, what="Always pod restarted after the reboot")
+        await until_holds("Always pod restarted after the reboot", rebooted)
         cs = pod(access, "always")["status"]["containerStatuses"][0]  # type: ignore[index]
         assert cs["lastState"]["terminated"]["reason"] == "ContainerStatusUnknown"
         assert pod(access, "always")["status"]["podIP"]  # type: ignore[index]
-        await wait_for(lambda: pod(access, "never") is None, what="terminating pod confirmed after the reboot")
-        await wait_for(lambda: phase(access, "late") == "Succeeded", what="pending pod ran after the reboot")
+        await until_holds("terminating pod confirmed after the reboot", lambda: pod(access, "never") is None)
+        await until_holds("pending pod ran after the reboot", lambda: phase(access, "late") == "Succeeded")
         assert access.get(NODES, "", "n1")["status"]["nodeInfo"]["bootID"] != boot  # type: ignore[index]
 
 
@@ -349,10 +356,10 @@ async def test_power_off_stops_the_kubelet_and_a_reboot_restarts_or_fails_its_po
 async def test_reboot_fails_running_pods_with_restart_policy_never() -> None:
     async with cluster(Machine("n1")) as (_, fleet, _, access):
         await run_pod(access, "n1", "once", policy="Never")
-        await wait_for(lambda: phase(access, "once") == "Running")
+        await until_holds("once Running", lambda: phase(access, "once") == "Running")
         fleet.power_off("n1")
         fleet.power_on("n1")  # off and on again before the kubelets' next step: still a reboot
-        await wait_for(lambda: phase(access, "once") == "Failed", what="Failed after reboot")
+        await until_holds("Failed after reboot", lambda: phase(access, "once") == "Failed")
         term = pod(access, "once")["status"]["containerStatuses"][0]["state"]["terminated"]  # type: ignore[index]
         assert term["reason"] == "ContainerStatusUnknown" and term["exitCode"] == 137
 
@@ -360,11 +367,11 @@ async def test_reboot_fails_running_pods_with_restart_policy_never() -> None:
 @pytest.mark.anyio
 async def test_admission_rejects_what_the_node_cannot_hold() -> None:
     async with cluster(Machine("tiny", max_pods=1, cpu="1")) as (_, _, k, access):
-        await wait_for(lambda: node_ready(access, "tiny"))
+        await until_holds("tiny Ready", lambda: node_ready(access, "tiny"))
         await run_pod(access, "tiny", "first")
-        await wait_for(lambda: phase(access, "first") == "Running")
+        await until_holds("first Running", lambda: phase(access, "first") == "Running")
         await run_pod(access, "tiny", "second")
-        await wait_for(lambda: phase(access, "second") == "Failed")
+        await until_holds("second Failed", lambda: phase(access, "second") == "Failed")
         assert pod(access, "second")["status"]["reason"] == "OutOfpods"  # type: ignore[index]
         assert k.rejected == 1
 
@@ -374,7 +381,7 @@ async def test_pod_ips_are_unique_and_inside_the_node_cidr() -> None:
     async with cluster(Machine("n1"), Machine("n2")) as (_, _, _, access):
         for i in range(30):
             await run_pod(access, "n1" if i % 2 else "n2", f"p{i}")
-        await wait_for(lambda: all(phase(access, f"p{i}") == "Running" for i in range(30)))
+        await until_holds("all 30 pods Running", lambda: all(phase(access, f"p{i}") == "Running" for i in range(30)))
         ips = [pod(access, f"p{i}")["status"]["podIP"] for i in range(30)]  # type: ignore[index]
         assert len(set(ips)) == 30
         cidrs = {access.get(NODES, "", n)["spec"]["podCIDR"] for n in ("n1", "n2")}  # type: ignore[index]
@@ -386,11 +393,11 @@ async def test_a_thousand_pods_run_to_completion() -> None:
     opts = KubeletOptions(start_latency_seconds=0.0, lease_seconds=5, node_status_seconds=30, events=False)
     machines = [Machine(f"n{i}", max_pods=200) for i in range(10)]
     async with cluster(*machines, options=opts) as (server, _, k, access):
-        await wait_for(lambda: all(node_ready(access, m.name) for m in machines))
+        await until_holds("every node Ready", lambda: all(node_ready(access, m.name) for m in machines))
         for i in range(1000):
             body = pod_obj(f"b{i}", runtime=0.0)
             body["spec"]["nodeName"] = f"n{i % 10}"  # created bound, as a DaemonSet or test harness does
             await access.create(PODS, "default", body)
-        await wait_for(lambda: k.finished >= 1000, within=20, what="all pods finished")
+        await until_holds("all pods finished", lambda: k.finished >= 1000, 20)
         assert k.transitions == 2000
         assert sum(1 for p in server.store.iter(PODS) if p.obj["status"]["phase"] == "Succeeded") == 1000

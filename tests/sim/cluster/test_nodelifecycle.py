@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-from cluster_waits import wait_for
+from waiting import two_passes, until_holds
 
 from gpuops_sim.apiserver import APIServer
 from gpuops_sim.apiserver.store import WatchEvent
@@ -44,7 +44,7 @@ async def cluster(
         for n in names:
             fleet.add(Machine(n, provider_id=f"sim:///{n}"))
         access = ClusterAccess(server, "admin", component="test")
-        await wait_for(lambda: all(ready(access, n) == "True" for n in names), what="nodes ready")
+        await until_holds("nodes ready", lambda: all(ready(access, n) == "True" for n in names))
         try:
             yield server, fleet, lifecycle, access
         finally:
@@ -102,11 +102,12 @@ async def test_silent_node_goes_unknown_is_tainted_and_pods_go_after_their_toler
     async with cluster("n1", "n2") as (_, fleet, lc, access):
         await run_pod(access, "n1", "short", tolerations=UNREACHABLE_1S)
         await run_pod(access, "n1", "patient")
-        await wait_for(lambda: phase(access, "short") == "Running" and phase(access, "patient") == "Running")
+        await until_holds("short Running and patient Running",
+                          lambda: phase(access, "short") == "Running" and phase(access, "patient") == "Running")
         assert taints(access, "n1") == []
         t0 = time.monotonic()
         fleet.power_off("n1")
-        await wait_for(lambda: ready(access, "n1") == "Unknown", what="Ready Unknown")
+        await until_holds("Ready Unknown", lambda: ready(access, "n1") == "Unknown")
         assert time.monotonic() - t0 >= 0.45
         node = access.get(NODES, "", "n1")
         assert node is not None
@@ -114,9 +115,8 @@ async def test_silent_node_goes_unknown_is_tainted_and_pods_go_after_their_toler
             c = condition(node, t)
             assert c is not None and c["status"] == "Unknown" and c["reason"] == "NodeStatusUnknown"
             assert c["message"] == "Kubelet stopped posting node status."
-        await wait_for(lambda: {("node.kubernetes.io/unreachable", "NoSchedule"),
-                                ("node.kubernetes.io/unreachable", "NoExecute")} <= taint_keys(access, "n1"),
-                       what="unreachable taints")
+        await until_holds("unreachable taints", lambda: {("node.kubernetes.io/unreachable", "NoSchedule"),
+                                ("node.kubernetes.io/unreachable", "NoExecute")} <= taint_keys(access, "n1"))
         noexec = next(t for t in taints(access, "n1") if t["effect"] == "NoExecute")
         assert datetime.strptime(noexec["timeAdded"], "%Y-%m-%dT%H:%M:%SZ")
         assert ("node.cloudprovider.kubernetes.io/shutdown", "NoSchedule") in taint_keys(access, "n1")
@@ -124,25 +124,25 @@ async def test_silent_node_goes_unknown_is_tainted_and_pods_go_after_their_toler
         # The pods' Ready condition follows the node (MarkPodsNotReady).
         assert condition(pod(access, "patient"), "Ready")["status"] == "False"  # type: ignore[arg-type,index]
         t_taint = time.monotonic()
-        await wait_for(lambda: (pod(access, "short") or {}).get("metadata", {}).get("deletionTimestamp"),
-                       what="short evicted")
+        await until_holds("short evicted",
+                          lambda: (pod(access, "short") or {}).get("metadata", {}).get("deletionTimestamp"))
         assert time.monotonic() - t_taint >= 0.5  # tolerationSeconds 1, counted from timeAdded (second resolution)
         short = pod(access, "short")
         assert short is not None
         dt = condition(short, "DisruptionTarget")
         assert dt is not None and dt["status"] == "True" and dt["reason"] == "DeletionByTaintManager"
-        await asyncio.sleep(0.3)
+        await two_passes(lc)
         assert pod(access, "short") is not None  # Terminating on a dead node: nobody confirms the deletion
         assert not pod(access, "patient")["metadata"].get("deletionTimestamp")  # type: ignore[index]
         assert lc.evicted == 1 and lc.marked_unknown == 1
 
         # Back on: Ready, taints gone, the terminating pod is confirmed by the rebooted kubelet.
         fleet.power_on("n1")
-        await wait_for(lambda: ready(access, "n1") == "True", what="Ready again")
-        await wait_for(lambda: taints(access, "n1") == [], what="taints removed")
-        await wait_for(lambda: pod(access, "short") is None, what="terminating pod confirmed")
-        await wait_for(lambda: condition(pod(access, "patient"), "Ready")["status"] == "True",  # type: ignore[arg-type,index]
-                       what="patient restarted after the reboot")
+        await until_holds("Ready again", lambda: ready(access, "n1") == "True")
+        await until_holds("taints removed", lambda: taints(access, "n1") == [])
+        await until_holds("terminating pod confirmed", lambda: pod(access, "short") is None)
+        await until_holds("patient restarted after the reboot",
+                          lambda: condition(pod(access, "patient"), "Ready")["status"] == "True")
 
 
 @pytest.mark.anyio
@@ -157,12 +157,13 @@ async def test_node_reporting_not_ready_gets_not_ready_taints() -> None:
         await access.create(NODES, "", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "x"},
                                          "status": {"conditions": [cond]}})
         try:
-            await wait_for(lambda: {("node.kubernetes.io/not-ready", "NoSchedule"),
-                                    ("node.kubernetes.io/not-ready", "NoExecute")} == taint_keys(access, "x"))
+            await until_holds("the not-ready NoSchedule and NoExecute taints on x",
+                              lambda: {("node.kubernetes.io/not-ready", "NoSchedule"),
+                                       ("node.kubernetes.io/not-ready", "NoExecute")} == taint_keys(access, "x"))
             await access.patch(NODES, "", "x", {"status": {"conditions": [dict(cond, status="True",
                                                                                reason="KubeletReady")]}},
                                subresource="status")
-            await wait_for(lambda: taints(access, "x") == [], what="taints removed")
+            await until_holds("taints removed", lambda: taints(access, "x") == [])
         finally:
             await lc.stop()
 
@@ -178,44 +179,46 @@ async def test_removed_machine_loses_its_node_and_orphans_are_force_deleted() ->
 
         server.store.add_listener(record)
         await run_pod(access, "n1", "orphan")
-        await wait_for(lambda: phase(access, "orphan") == "Running")
+        await until_holds("orphan Running", lambda: phase(access, "orphan") == "Running")
         fleet.remove("n1")
-        await wait_for(lambda: access.get(NODES, "", "n1") is None, what="node deleted")
+        await until_holds("node deleted", lambda: access.get(NODES, "", "n1") is None)
         assert ready(access, "n2") == "True"
-        await wait_for(lambda: "orphan" in gone, what="orphan force-deleted")
+        await until_holds("orphan force-deleted", lambda: "orphan" in gone)
         last = gone["orphan"]
         assert last["status"]["phase"] == "Failed"
         dt = condition(last, "DisruptionTarget")
         assert dt is not None and dt["reason"] == "DeletionByPodGC"
         assert lc.nodes_deleted == 1 and lc.orphans_deleted == 1
-        await wait_for(lambda: access.get(LEASES, NODE_LEASE_NAMESPACE, "n1") is None, what="lease collected")
+        await until_holds("lease collected", lambda: access.get(LEASES, NODE_LEASE_NAMESPACE, "n1") is None)
 
 
 @pytest.mark.anyio
 async def test_out_of_service_taint_force_deletes_terminating_pods() -> None:
-    async with cluster("n1", "n2") as (_, fleet, _, access):
+    async with cluster("n1", "n2") as (_, fleet, lc, access):
         await run_pod(access, "n1", "stuck")
-        await wait_for(lambda: phase(access, "stuck") == "Running")
+        await until_holds("stuck Running", lambda: phase(access, "stuck") == "Running")
         fleet.power_off("n1")
-        await wait_for(lambda: ready(access, "n1") == "Unknown")
+        await until_holds("n1 Ready=Unknown", lambda: ready(access, "n1") == "Unknown")
         await access.delete(PODS, "default", "stuck")
-        await asyncio.sleep(0.2)
+        await two_passes(lc)
         assert pod(access, "stuck") is not None
         node = access.get(NODES, "", "n1")
         assert node is not None
         oos = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
         await access.patch(NODES, "", "n1", {"spec": {"taints": [*node["spec"]["taints"], oos]}})
-        await wait_for(lambda: pod(access, "stuck") is None, what="force-deleted")
+        await until_holds("force-deleted", lambda: pod(access, "stuck") is None)
 
 
 @pytest.mark.anyio
 async def test_when_every_node_is_down_nothing_is_evicted() -> None:
     async with cluster("only") as (_, fleet, lc, access):
         await run_pod(access, "only", "p", tolerations=UNREACHABLE_1S)
-        await wait_for(lambda: phase(access, "p") == "Running")
+        await until_holds("p Running", lambda: phase(access, "p") == "Running")
         fleet.power_off("only")
-        await wait_for(lambda: ("node.kubernetes.io/unreachable", "NoSchedule") in taint_keys(access, "only"))
-        await asyncio.sleep(1.5)
+        await until_holds("the unreachable NoSchedule taint on only",
+                          lambda: ("node.kubernetes.io/unreachable", "NoSchedule") in taint_keys(access, "only"))
+        await asyncio.sleep(1.5)  # time passing is under test: past the pod's 1 s toleration
+        await two_passes(lc)
         assert ("node.kubernetes.io/unreachable", "NoExecute") not in taint_keys(access, "only")
         assert not pod(access, "p")["metadata"].get("deletionTimestamp")  # type: ignore[index]
         assert lc.evicted == 0
@@ -231,23 +234,24 @@ async def test_noexecute_tainting_is_rate_limited_per_zone() -> None:
         def tainted() -> set[str]:
             return {n for n in ("a", "b") if ("node.kubernetes.io/unreachable", "NoExecute") in taint_keys(access, n)}
 
-        await wait_for(lambda: len(tainted()) == 1, what="first node tainted")
+        await until_holds("first node tainted", lambda: len(tainted()) == 1)
         t0 = time.monotonic()
-        await wait_for(lambda: len(tainted()) == 2, what="second node tainted")
+        await until_holds("second node tainted", lambda: len(tainted()) == 2)
         assert time.monotonic() - t0 >= 0.35  # one token every 0.5 s
 
 
 @pytest.mark.anyio
 async def test_pod_not_tolerating_a_noexecute_taint_is_evicted_at_once() -> None:
-    async with cluster("n1") as (_, _, _, access):
+    async with cluster("n1") as (_, _, lc, access):
         maint = [{"key": "example.com/maintenance", "operator": "Exists", "effect": "NoExecute"}]
         await run_pod(access, "n1", "plain")
         await run_pod(access, "n1", "tolerant", tolerations=maint)
-        await wait_for(lambda: phase(access, "plain") == "Running" and phase(access, "tolerant") == "Running")
+        await until_holds("plain Running and tolerant Running",
+                          lambda: phase(access, "plain") == "Running" and phase(access, "tolerant") == "Running")
         await access.patch(NODES, "", "n1", {"spec": {"taints": [{"key": "example.com/maintenance",
                                                                    "effect": "NoExecute"}]}})
-        await wait_for(lambda: pod(access, "plain") is None, what="evicted and confirmed by the kubelet")
-        await asyncio.sleep(0.2)
+        await until_holds("evicted and confirmed by the kubelet", lambda: pod(access, "plain") is None)
+        await two_passes(lc)
         assert phase(access, "tolerant") == "Running"
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from cluster_waits import wait_for
+from waiting import until_holds
 
 from gpuops_sim.cluster.access import PODS
 from gpuops_sim.cluster.cluster import SimCluster
@@ -39,7 +39,7 @@ def anyio_backend() -> str:
 @pytest.fixture
 async def sim() -> AsyncIterator[SimCluster]:
     async with SimCluster(parse(SCENARIO), workload=False, run_pods=True) as cluster:
-        await wait_for(lambda: cluster.access.get(("", "nodes"), "", "cpu-0"), 10, "the node")
+        await until_holds("the node", lambda: cluster.access.get(("", "nodes"), "", "cpu-0"), 10)
         yield cluster
 
 
@@ -65,8 +65,8 @@ async def _log(sim: SimCluster, name: str) -> str:
 async def test_exit_codes_become_phases_and_logs_are_what_the_process_wrote(sim: SimCluster) -> None:
     await sim.access.create_object(_pod("plan", ["mig", "plan", "--gpu", "A100-40GB", "3g.20gb"]))
     await sim.access.create_object(_pod("bad", ["mig", "plan", "3g.20gb"]))  # no --gpu: exits 2
-    await wait_for(lambda: _status(sim, "plan").get("phase") == "Succeeded", 60, "plan succeeds")
-    await wait_for(lambda: _status(sim, "bad").get("phase") == "Failed", 60, "bad fails")
+    await until_holds("plan succeeds", lambda: _status(sim, "plan").get("phase") == "Succeeded", 60)
+    await until_holds("bad fails", lambda: _status(sim, "bad").get("phase") == "Failed", 60)
     terminated = _status(sim, "bad")["containerStatuses"][0]["state"]["terminated"]
     assert (terminated["exitCode"], terminated["reason"]) == (2, "Error")
     assert json.loads(await _log(sim, "plan")) == [{"profile": "3g.20gb", "start": 4, "size": 4}]
@@ -83,7 +83,7 @@ async def test_a_spec_that_cannot_run_waits_with_the_reason(sim: SimCluster) -> 
             return (c.get("state") or {}).get("waiting")
         return None
 
-    await wait_for(lambda: (waiting() or {}).get("reason") == "CreateContainerConfigError", 30, "the config error")
+    await until_holds("the config error", lambda: (waiting() or {}).get("reason") == "CreateContainerConfigError", 30)
     assert 'configmap "missing" not found' in (waiting() or {}).get("message", "")
 
 
@@ -107,11 +107,11 @@ async def test_two_pods_listen_on_one_port_and_a_service_name_reaches_them(sim: 
     service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "api", "namespace": NS},
                "spec": {"selector": {"app": "api"}, "ports": [{"name": "web", "port": 80, "targetPort": "http"}]}}
     await sim.access.create_object(service)
-    await wait_for(lambda: _ready(sim, "api-a") and _ready(sim, "api-b"), 60, "both servers ready")
+    await until_holds("both servers ready", lambda: _ready(sim, "api-a") and _ready(sim, "api-b"), 60)
     assert _status(sim, "api-a")["podIP"] != _status(sim, "api-b")["podIP"]
     assert sim.network is not None
-    await wait_for(lambda: len(sim.network.table["services"].get(
-        f"{sim.access.get(('', 'services'), NS, 'api')['spec']['clusterIP']}:80", [])) == 2, 30, "both routed")
+    await until_holds("both routed", lambda: len(sim.network.table["services"].get(
+        f"{sim.access.get(('', 'services'), NS, 'api')['spec']['clusterIP']}:80", [])) == 2, 30)
     client = ("import urllib.request; print(urllib.request.urlopen('http://api/readyz', timeout=5).status);"
               "print(urllib.request.urlopen('http://api.default.svc.cluster.local/healthz', timeout=5).status)")
     env = {**os.environ, "PYTHONPATH": str(SHIM_DIR), "GPUOPS_SIM_POD_ADDRESS": "127.0.0.1",

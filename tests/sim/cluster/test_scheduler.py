@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
+from waiting import two_passes, until_holds
 
 from gpuops_sim.apiserver import APIServer
 from gpuops_sim.apiserver.errors import conflict
@@ -76,14 +76,6 @@ def pod(
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": body}
 
 
-async def wait_for(predicate: Callable[[], bool], limit_s: float = 5.0) -> None:
-    deadline = time.monotonic() + limit_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached before the deadline")
-        await asyncio.sleep(0.005)
-
-
 class Cluster:
     def __init__(self, server: APIServer) -> None:
         self.server = server
@@ -139,7 +131,7 @@ async def test_binds_a_pod_to_a_fitting_node_with_condition_and_event() -> None:
         await c.add_node(node("small", gpus=0, cpu="1"))
         await c.add_node(node("big", gpus=0, cpu="8"))
         await c.add_pod(pod("web", cpu="2"))
-        await wait_for(lambda: c.node_of("web") is not None)
+        await until_holds("web bound", lambda: c.node_of("web") is not None)
         assert c.node_of("web") == "big"
         assert c.scheduled("web")["status"] == "True"  # type: ignore[index]
         assert sched.bound == 1 and sched.unschedulable == 0
@@ -162,11 +154,12 @@ async def test_gpu_fit_counts_init_containers_sidecars_and_extended_resources() 
         await c.add_pod(pod("side3", gpus=2, init=sidecar))
         await c.add_pod(pod("slice", limits={"nvidia.com/mig-1g.10gb": "2"}))
         await c.add_pod(pod("custom", limits={"gpuops.io/mig-3g.40gb": "1"}))
-        await wait_for(lambda: all(c.node_of(p) for p in ("init4", "side3", "slice")))
+        await until_holds("init4, side3 and slice bound",
+                          lambda: all(c.node_of(p) for p in ("init4", "side3", "slice")))
         assert c.node_of("init4") == "g8"
         assert c.node_of("side3") == "g8"  # 3 > 2 GPUs on g2
         assert c.node_of("slice") == "mig"
-        await wait_for(lambda: c.unschedulable_message("custom") is not None)
+        await until_holds("custom reported unschedulable", lambda: c.unschedulable_message("custom") is not None)
         # A resource no node advertises counts as 0 everywhere: unresolvable.
         assert c.unschedulable_message("custom") == (
             "0/3 nodes are available: 3 Insufficient gpuops.io/mig-3g.40gb. "
@@ -174,7 +167,7 @@ async def test_gpu_fit_counts_init_containers_sidecars_and_extended_resources() 
         )
         # g8 now holds 4 + 3 GPUs: one left, so a 2-GPU pod fits nowhere, a 1-GPU pod fits g2 or g8.
         await c.add_pod(pod("two", gpus=2))
-        await wait_for(lambda: c.node_of("two") is not None)
+        await until_holds("two bound", lambda: c.node_of("two") is not None)
         assert c.node_of("two") == "g2"
 
 
@@ -199,11 +192,13 @@ async def test_node_selector_affinity_taints_tolerations_and_cordon() -> None:
         await c.add_pod(pod("pinned", affinity=by_name))
         await c.add_pod(pod("nowhere", nodeSelector={"gpuops.io/gpu-model": "b200"}))
         await c.add_pod(pod("to-cordoned", nodeSelector={"kubernetes.io/hostname": "cordoned"}))
-        await wait_for(lambda: all(c.node_of(p) for p in ("sel", "aff", "tol", "pinned")))
+        await until_holds("sel, aff, tol and pinned bound",
+                          lambda: all(c.node_of(p) for p in ("sel", "aff", "tol", "pinned")))
         assert (c.node_of("sel"), c.node_of("aff"), c.node_of("tol"), c.node_of("pinned")) == (
             "a100", "h100", "tainted", "h100")
-        await wait_for(lambda: c.unschedulable_message("nowhere") is not None
-                       and c.unschedulable_message("to-cordoned") is not None)
+        await until_holds("nowhere and to-cordoned reported unschedulable",
+                          lambda: c.unschedulable_message("nowhere") is not None
+                          and c.unschedulable_message("to-cordoned") is not None)
         # Filters run in kube-scheduler's order (NodeUnschedulable, TaintToleration, NodeAffinity) and only
         # the first failure of each node counts.
         assert c.unschedulable_message("nowhere") == (
@@ -218,7 +213,7 @@ async def test_node_selector_affinity_taints_tolerations_and_cordon() -> None:
         )
         # Uncordoning is a node update: the pod is retried at once.
         await c.admin.patch(NODES, "", "cordoned", {"spec": {"unschedulable": None}})
-        await wait_for(lambda: c.node_of("to-cordoned") == "cordoned")
+        await until_holds("to-cordoned bound to cordoned", lambda: c.node_of("to-cordoned") == "cordoned")
 
 
 @pytest.mark.anyio
@@ -226,11 +221,11 @@ async def test_an_update_of_the_pod_itself_retries_it() -> None:
     async with cluster() as (c, sched):
         await c.add_node(node("gpu", taints=TAINTED))
         await c.add_pod(pod("p", gpus=1))
-        await wait_for(lambda: c.unschedulable_message("p") is not None)
+        await until_holds("p reported unschedulable", lambda: c.unschedulable_message("p") is not None)
         assert sched.unschedulable == 1
         tolerations = [*c.pod("p")["spec"]["tolerations"], {"key": GPU, "operator": "Exists", "effect": "NoSchedule"}]
         await c.admin.patch(PODS, "default", "p", {"spec": {"tolerations": tolerations}})
-        await wait_for(lambda: c.node_of("p") == "gpu")
+        await until_holds("p bound to gpu", lambda: c.node_of("p") == "gpu")
         assert sched.unschedulable == 0
 
 
@@ -240,7 +235,7 @@ async def test_not_ready_nodes_are_skipped_until_ready() -> None:
         await c.add_node(node("n1", ready="False"))
         await c.add_node(node("n2", ready="Unknown"))
         await c.add_pod(pod("p", gpus=1))
-        await wait_for(lambda: c.unschedulable_message("p") is not None)
+        await until_holds("p reported unschedulable", lambda: c.unschedulable_message("p") is not None)
         assert c.unschedulable_message("p") == (
             "0/2 nodes are available: 1 node(s) had untolerated taint {node.kubernetes.io/not-ready: }, "
             "1 node(s) had untolerated taint {node.kubernetes.io/unreachable: }. "
@@ -248,7 +243,7 @@ async def test_not_ready_nodes_are_skipped_until_ready() -> None:
         )
         await c.admin.patch(NODES, "", "n2", {"status": {"conditions": [{"type": "Ready", "status": "True"}]}},
                             subresource="status")
-        await wait_for(lambda: c.node_of("p") == "n2")
+        await until_holds("p bound to n2", lambda: c.node_of("p") == "n2")
 
 
 @pytest.mark.anyio
@@ -262,12 +257,12 @@ async def test_priority_then_age_decides_who_gets_the_last_gpu() -> None:
         sched = Scheduler(server, SchedulerOptions(events=False))
         sched.start()
         try:
-            await wait_for(lambda: sched.bound == 1 and sched.unschedulable == 2)
+            await until_holds("1 pods bound and 2 unschedulable", lambda: sched.bound == 1 and sched.unschedulable == 2)
             assert c.node_of("high") == "one"
             assert c.node_of("low") is None and c.node_of("mid") is None
             # Freeing the GPU (the pod finished) releases the next pod in priority order.
             await c.admin.patch(PODS, "default", "high", {"status": {"phase": "Succeeded"}}, subresource="status")
-            await wait_for(lambda: c.node_of("mid") == "one")
+            await until_holds("mid bound to one", lambda: c.node_of("mid") == "one")
             assert c.node_of("low") is None
             assert not c.events("mid", "Scheduled")  # events=False
         finally:
@@ -286,9 +281,9 @@ async def test_unschedulable_condition_has_kube_scheduler_message_and_is_written
             await c.add_node(node(f"tainted-{i}", gpus=8, taints=TAINTED))
         for i in range(3):
             await c.add_pod(pod(f"fill-{i}", gpus=8, nodeSelector={"kubernetes.io/hostname": f"busy-{i}"}))
-        await wait_for(lambda: sched.bound == 3)
+        await until_holds("3 pods bound", lambda: sched.bound == 3)
         await c.add_pod(pod("waiting", gpus=1))
-        await wait_for(lambda: c.unschedulable_message("waiting") is not None)
+        await until_holds("waiting reported unschedulable", lambda: c.unschedulable_message("waiting") is not None)
         assert c.unschedulable_message("waiting") == (
             "0/5 nodes are available: 2 node(s) had untolerated taint {nvidia.com/gpu: present}, "
             "3 Insufficient nvidia.com/gpu. preemption: 0/5 nodes are available: "
@@ -296,14 +291,15 @@ async def test_unschedulable_condition_has_kube_scheduler_message_and_is_written
         )
         rv = c.pod("waiting")["metadata"]["resourceVersion"]
         retries = sched.steps
-        await wait_for(lambda: sched.steps > retries + 5)  # several periodic retries later...
+        await until_holds("five more scheduler passes",
+                          lambda: sched.steps > retries + 5)  # several periodic retries later...
         assert c.pod("waiting")["metadata"]["resourceVersion"] == rv  # ...no rewrite
         [ev] = c.events("waiting", "FailedScheduling")
         assert ev["type"] == "Warning" and ev["message"] == c.unschedulable_message("waiting")
         assert sched.unschedulable == 1
         # A new node changes the message only if it still does not fit: here it fits.
         await c.add_node(node("fresh", gpus=1))
-        await wait_for(lambda: c.node_of("waiting") == "fresh")
+        await until_holds("waiting bound to fresh", lambda: c.node_of("waiting") == "fresh")
         assert c.scheduled("waiting")["status"] == "True"  # type: ignore[index]
         assert sched.unschedulable == 0
 
@@ -313,7 +309,7 @@ async def test_a_message_is_rewritten_when_its_reasons_change_not_only_its_count
     async with cluster(unschedulable_retry_seconds=0.05) as (c, sched):
         await c.add_node(node("cpu-0", gpus=0))
         await c.add_pod(pod("p", gpus=1))
-        await wait_for(lambda: c.unschedulable_message("p") is not None)
+        await until_holds("p reported unschedulable", lambda: c.unschedulable_message("p") is not None)
         first = c.unschedulable_message("p")
         assert first == (
             "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. "
@@ -321,11 +317,11 @@ async def test_a_message_is_rewritten_when_its_reasons_change_not_only_its_count
         )
         await c.add_node(node("cpu-1", gpus=0))  # same reasons, other counts: not worth a write
         steps = sched.steps
-        await wait_for(lambda: sched.steps > steps + 5)
+        await until_holds("five more scheduler passes", lambda: sched.steps > steps + 5)
         assert c.unschedulable_message("p") == first
         assert len(c.events("p", "FailedScheduling")) == 1
         await c.add_node(node("gpu", gpus=1, taints=TAINTED))  # a new reason: rewritten, with fresh counts
-        await wait_for(lambda: c.unschedulable_message("p") != first)
+        await until_holds("a new unschedulable message for p", lambda: c.unschedulable_message("p") != first)
         assert c.unschedulable_message("p") == (
             "0/3 nodes are available: 1 node(s) had untolerated taint {nvidia.com/gpu: present}, "
             "2 Insufficient nvidia.com/gpu. "
@@ -340,9 +336,9 @@ async def test_message_counts_every_failing_resource_and_pod_slots() -> None:
         await c.add_node(node("tiny", gpus=0, cpu="1", pods=1))
         await c.add_node(node("full", gpus=2, cpu="1", pods=1))
         await c.add_pod(pod("resident", nodeSelector={"kubernetes.io/hostname": "full"}))
-        await wait_for(lambda: c.node_of("resident") == "full")
+        await until_holds("resident bound to full", lambda: c.node_of("resident") == "full")
         await c.add_pod(pod("p", gpus=4, cpu="2", preemptionPolicy="Never"))
-        await wait_for(lambda: c.unschedulable_message("p") is not None)
+        await until_holds("p reported unschedulable", lambda: c.unschedulable_message("p") is not None)
         assert c.unschedulable_message("p") == (
             "0/2 nodes are available: 1 Too many pods, 2 Insufficient cpu, 2 Insufficient nvidia.com/gpu. "
             "preemption: not eligible due to preemptionPolicy=Never."
@@ -353,19 +349,19 @@ async def test_message_counts_every_failing_resource_and_pod_slots() -> None:
 async def test_pending_pod_binds_when_a_node_is_added_and_when_capacity_is_freed() -> None:
     async with cluster() as (c, sched):
         await c.add_pod(pod("early", gpus=4))
-        await wait_for(lambda: c.unschedulable_message("early") is not None)
+        await until_holds("early reported unschedulable", lambda: c.unschedulable_message("early") is not None)
         assert c.unschedulable_message("early") == "no nodes available to schedule pods"
         await c.add_node(node("n1", gpus=4))
-        await wait_for(lambda: c.node_of("early") == "n1")
+        await until_holds("early bound to n1", lambda: c.node_of("early") == "n1")
         await c.add_pod(pod("late", gpus=4))
-        await wait_for(lambda: c.unschedulable_message("late") is not None)
+        await until_holds("late reported unschedulable", lambda: c.unschedulable_message("late") is not None)
         # A pod being deleted still holds its GPUs until it is gone.
         await c.admin.delete(PODS, "default", "early", grace_seconds=30)
         assert c.pod("early")["metadata"].get("deletionTimestamp")
-        await asyncio.sleep(0.05)
+        await two_passes(sched)
         assert c.node_of("late") is None
         await c.admin.delete(PODS, "default", "early", grace_seconds=0)
-        await wait_for(lambda: c.node_of("late") == "n1")
+        await until_holds("late bound to n1", lambda: c.node_of("late") == "n1")
         assert sched.bound == 2 and sched.unschedulable == 0
 
 
@@ -375,11 +371,11 @@ async def test_equal_pods_are_released_one_binding_at_a_time() -> None:
         await c.add_node(node("n", gpus=2))
         for i in range(50):
             await c.add_pod(pod(f"p{i:02d}", gpus=1))
-        await wait_for(lambda: sched.bound == 2 and sched.unschedulable == 48)
+        await until_holds("2 pods bound and 48 unschedulable", lambda: sched.bound == 2 and sched.unschedulable == 48)
         assert [c.node_of(f"p{i:02d}") for i in range(3)] == ["n", "n", None]
         for i in range(2):
             await c.admin.delete(PODS, "default", f"p{i:02d}", grace_seconds=0)
-        await wait_for(lambda: sched.bound == 4)
+        await until_holds("4 pods bound", lambda: sched.bound == 4)
         assert c.node_of("p02") == "n" and c.node_of("p03") == "n" and c.node_of("p04") is None
         assert sched.unschedulable == 46
 
@@ -400,7 +396,7 @@ async def test_a_conflict_on_bind_is_skipped_and_the_pod_reevaluated() -> None:
 
         sched.access.bind = flaky_bind  # type: ignore[method-assign]
         await c.add_pod(pod("p"))
-        await wait_for(lambda: c.node_of("p") == "n")
+        await until_holds("p bound to n", lambda: c.node_of("p") == "n")
         assert conflicts == 1 and sched.bound == 1 and sched.errors == 0
 
 
@@ -414,24 +410,24 @@ async def test_scheduling_gates_and_other_schedulers_are_respected() -> None:
         await c.add_pod(pod("gated", schedulingGates=[{"name": "gpuops.io/mig-slicer"}]))
         await c.add_pod(pod("foreign", schedulerName="volcano"))
         await c.add_pod(pod("ours"))
-        await wait_for(lambda: c.node_of("ours") == "n")
-        await asyncio.sleep(0.05)
+        await until_holds("ours bound to n", lambda: c.node_of("ours") == "n")
+        await two_passes(sched)
         assert c.node_of("gated") is None and c.node_of("foreign") is None
         assert c.scheduled("gated") is None and c.scheduled("foreign") is None
         assert sched.unschedulable == 0
         await c.admin.patch(PODS, "default", "gated", {"spec": {"schedulingGates": None}})
-        await wait_for(lambda: c.node_of("gated") == "n")
+        await until_holds("gated bound to n", lambda: c.node_of("gated") == "n")
         assert c.node_of("foreign") is None
 
 
 @pytest.mark.anyio
 async def test_a_named_scheduler_takes_only_its_pods() -> None:
-    async with cluster(scheduler_name="gpu-scheduler") as (c, _):
+    async with cluster(scheduler_name="gpu-scheduler") as (c, sched):
         await c.add_node(node("n"))
         await c.add_pod(pod("mine", schedulerName="gpu-scheduler"))
         await c.add_pod(pod("default"))
-        await wait_for(lambda: c.node_of("mine") == "n")
-        await asyncio.sleep(0.05)
+        await until_holds("mine bound to n", lambda: c.node_of("mine") == "n")
+        await two_passes(sched)
         assert c.node_of("default") is None
         [ev] = c.events("mine", "Scheduled")
         assert ev["source"]["component"] == "gpu-scheduler"
@@ -446,7 +442,7 @@ async def _place_four(scoring: str) -> list[str | None]:
             await c.add_node(node(name, gpus=8))
         for i in range(4):
             await c.add_pod(pod(f"p{i}", gpus=2))
-        await wait_for(lambda: sched.bound == 4)
+        await until_holds("4 pods bound", lambda: sched.bound == 4)
         return [c.node_of(f"p{i}") for i in range(4)]
 
 
@@ -462,9 +458,9 @@ async def test_most_allocated_prefers_the_tightest_fit() -> None:
         await c.add_node(node("roomy", gpus=8))
         await c.add_node(node("snug", gpus=4))
         await c.add_pod(pod("half", gpus=3, nodeSelector={"kubernetes.io/hostname": "snug"}))
-        await wait_for(lambda: c.node_of("half") == "snug")
+        await until_holds("half bound to snug", lambda: c.node_of("half") == "snug")
         await c.add_pod(pod("one", gpus=1))
-        await wait_for(lambda: c.node_of("one") is not None)
+        await until_holds("one bound", lambda: c.node_of("one") is not None)
         assert c.node_of("one") == "snug"  # 4/4 used beats 1/8
 
 
@@ -489,7 +485,7 @@ async def test_throughput_with_many_nodes_and_pods() -> None:
         t0 = time.perf_counter()
         sched.start()
         try:
-            await wait_for(lambda: sched.bound == pods, limit_s=60)
+            await until_holds("pods pods bound", lambda: sched.bound == pods, 60)
         finally:
             await sched.stop()
         rate = pods / (time.perf_counter() - t0)

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_scheduler import cluster, node, pod, wait_for
+from test_scheduler import cluster, node, pod
+from waiting import until_holds
 
 from gpuops_sim.apiserver.selectors import label_selector_from_object
 from gpuops_sim.cluster.spread import (
@@ -46,7 +47,7 @@ async def test_replicas_created_together_land_on_different_nodes() -> None:
             await c.add_node(node(n, gpus=0))
         for i in range(4):
             await c.add_pod(spread_pod(f"web-{i}"))
-        await wait_for(lambda: all(c.node_of(f"web-{i}") for i in range(4)))
+        await until_holds("web-0 to web-3 bound", lambda: all(c.node_of(f"web-{i}") for i in range(4)))
         placed = [c.node_of(f"web-{i}") for i in range(4)]
         assert sorted(placed) == ["a", "a", "b", "b"]
 
@@ -58,10 +59,10 @@ async def test_node_affinity_policy_decides_which_domains_count() -> None:
             await c.add_node(node(n, gpus=0, labels={"pool": n}))
         for i in range(2):  # Honor (the default): only pool a's node is a domain, so both fit there
             await c.add_pod(spread_pod(f"honor-{i}", nodeSelector={"pool": "a"}))
-        await wait_for(lambda: c.node_of("honor-0") == c.node_of("honor-1") == "a")
+        await until_holds("honor-0 and honor-1 bound to a", lambda: c.node_of("honor-0") == c.node_of("honor-1") == "a")
         ignore = spread_pod("ignore", policy="Ignore", nodeSelector={"pool": "a"})
         await c.add_pod(ignore)  # Ignore: b counts as an empty domain, so a third pod on a is a skew of 3
-        await wait_for(lambda: c.unschedulable_message("ignore") is not None)
+        await until_holds("ignore reported unschedulable", lambda: c.unschedulable_message("ignore") is not None)
         assert f"1 {REASON_SPREAD}" in (c.unschedulable_message("ignore") or "")
 
 
@@ -71,7 +72,7 @@ async def test_a_node_without_the_topology_key_is_never_chosen() -> None:
         await c.add_node(node("zoned", gpus=0, cpu="1", labels={"zone": "z1"}))
         await c.add_node(node("unzoned", gpus=0, cpu="64"))
         await c.add_pod(spread_pod("big", key="zone", cpu="2"))  # only fits the node without a zone
-        await wait_for(lambda: c.unschedulable_message("big") is not None)
+        await until_holds("big reported unschedulable", lambda: c.unschedulable_message("big") is not None)
         message = c.unschedulable_message("big") or ""
         assert f"1 {REASON_SPREAD_LABEL}" in message and "1 Insufficient cpu" in message
 

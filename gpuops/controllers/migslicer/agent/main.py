@@ -46,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 async def run(args: argparse.Namespace) -> int:
     from gpuops.kube.client import Client
-    from gpuops.kube.manager import Manager
+    from gpuops.kube.manager import Manager, ManagerOptions
 
     from .agent import AgentSettings, install
     from .backends import BackendOptions, load_nvml
@@ -69,8 +69,8 @@ async def run(args: argparse.Namespace) -> int:
         print(f"gpuops agent: cannot load the cluster configuration: {e}", file=sys.stderr)
         return 1
     try:
-        manager = Manager(client, namespace=None, metrics_bind_address=args.metrics_bind_address,
-                          health_probe_bind_address=args.health_probe_bind_address)
+        manager = Manager(client, ManagerOptions(metrics_bind_address=args.metrics_bind_address,
+                                                 health_probe_bind_address=args.health_probe_bind_address))
         try:
             install(manager, args.node_name, backend, plugin_dir=args.device_plugin_dir,
                     settings=AgentSettings(grace=args.orphan_grace, heartbeat=args.heartbeat,
