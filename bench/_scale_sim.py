@@ -20,7 +20,7 @@ import math
 import multiprocessing as mp
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -415,20 +415,22 @@ class Emulator:
         await self.cluster.stop()
 
 
-async def _serve(conn: Any, p: Params) -> None:
-    emu = Emulator(p)
+Reply = tuple[str, Any]
+
+
+async def serve(conn: Any, emu: Emulator, answer: Callable[[Any], Awaitable[Reply | None]],
+                prepare: Callable[[], Awaitable[None]] | None = None) -> None:
+    """The child's side of the pipe, for bench/scale.py and chaos/ha_failover.py alike: the emulator booted,
+    `prepare`d and filled, then ("ready", its facts); one reply per command until `answer` returns None (the
+    parent is done); an exception goes back as ("error", ...) and is raised; ("stopped", {}) once it is down."""
     try:
         await emu.boot()
+        if prepare is not None:
+            await prepare()
         await emu.fill()
         conn.send(("ready", {**emu.info, "size": emu.size.__dict__, "status": emu.status()}))
-        while True:
-            msg = await asyncio.to_thread(conn.recv)
-            if msg[0] == "status":
-                conn.send(("status", emu.status()))
-            elif msg[0] == "churn":
-                conn.send(("churned", await emu.churn(float(msg[1]), float(msg[2]))))
-            else:
-                break
+        while (reply := await answer(await asyncio.to_thread(conn.recv))) is not None:
+            conn.send(reply)
     except Exception as e:
         conn.send(("error", f"{type(e).__name__}: {e}"))
         raise
@@ -437,10 +439,28 @@ async def _serve(conn: Any, p: Params) -> None:
         conn.send(("stopped", {}))
 
 
-def child_main(conn: Any, p: Params, profile: str | None = None) -> None:
-    """The child process's entry point (multiprocessing target)."""
+def quiet_child() -> None:
+    """An emulator child's process settings: its log quiet in the terminal, the collector tuned for its heap."""
     logs.configure(json=False, level="WARNING")
     tune_for_large_heaps()
+
+
+async def _serve(conn: Any, p: Params) -> None:
+    emu = Emulator(p)
+
+    async def answer(msg: Any) -> Reply | None:
+        if msg[0] == "status":
+            return "status", emu.status()
+        if msg[0] == "churn":
+            return "churned", await emu.churn(float(msg[1]), float(msg[2]))
+        return None
+
+    await serve(conn, emu, answer)
+
+
+def child_main(conn: Any, p: Params, profile: str | None = None) -> None:
+    """The child process's entry point (multiprocessing target)."""
+    quiet_child()
     if profile:
         import cProfile
 

@@ -42,12 +42,10 @@ Definitions:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import math
 import random
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,9 +55,8 @@ import aiohttp
 from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_results
+from _common import cli, compare
 
-from gpuops import logs
 from gpuops_sim.apiserver.store import WatchEvent
 from gpuops_sim.cluster.access import PODS
 from gpuops_sim.cluster.cluster import SimCluster
@@ -614,33 +611,13 @@ def _fmt(v: Any) -> str:
     return "n/a" if v is None else str(v)
 
 
-async def both(jobs: list[JobSpec], mode: Mode) -> tuple[dict[str, Any], dict[str, Any]]:
-    with tempfile.TemporaryDirectory() as tmp:
-        ours, base = await asyncio.gather(run_ours(jobs, mode, Path(tmp)), run_baseline(jobs, mode))
-    return ours, base
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="every time / 20 (CI: under a minute)")
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--out", type=Path, default=None, help="results folder (default bench/results)")
-    args = parser.parse_args()
-    logs.configure(json=False, level="WARNING")
+    args = cli(__doc__, "every time / 20 (CI: under a minute)", seed=7)
     mode = QUICK if args.quick else FULL
     jobs = workload(args.seed, mode.scale)
-    started = time.monotonic()
-    ours, base = asyncio.run(both(jobs, mode))
-    command = "python bench/autoprovision.py" + (" --quick" if args.quick else "") + f" --seed {args.seed}"
-    fig = figures_of(ours, base)
-    md = markdown(fig, ours, base, command, mode, jobs)
-    extra = {"command": command, "mode": "quick" if args.quick else "full", "seed": args.seed,
-             "wall_seconds": round(time.monotonic() - started, 1), "mode_settings": mode.__dict__,
-             "workload": [j.__dict__ for j in jobs], "ours": ours, "baseline": base}
-    kwargs = {"folder": args.out} if args.out else {}
-    path = write_results("autoprovision", fig, md, extra, **kwargs)
-    print(md)
-    print(f"results: {path}")
+    compare("autoprovision", args, mode, jobs, recorded={"workload": [j.__dict__ for j in jobs]},
+            ours=lambda tmp: run_ours(jobs, mode, tmp), baseline=lambda: run_baseline(jobs, mode),
+            figures_of=figures_of, markdown=markdown)
     return 0
 
 

@@ -36,7 +36,6 @@ Everything is timed on this process's monotonic clock (store events carry it). P
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import itertools
@@ -55,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_results
+from _common import cli, publish
 from accounting import (
     BATCH_SIZES,
     GEOM,
@@ -72,7 +71,6 @@ from accounting import (
     simulate,
 )
 
-from gpuops import logs
 from gpuops.accounting import mig
 from gpuops.controllers.migslicer.allocator import CONDITION
 from gpuops.controllers.migslicer.api import GATE, NVIDIA_PREFIX, OUR_PREFIX
@@ -808,11 +806,7 @@ def log_problems(workdir: Path) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="short run for CI (under a minute)")
-    parser.add_argument("--out", type=Path, default=None, help="results folder (default bench/results)")
-    args = parser.parse_args()
-    logs.configure(json=False, level="WARNING")
+    args = cli(__doc__, "short run for CI (under a minute)")
     mode = QUICK if args.quick else FULL
     started = time.monotonic()
     got = asyncio.run(run(mode))
@@ -833,10 +827,7 @@ def main() -> int:
              "start_latency_s": START_LATENCY, "accept_window_s": ACCEPT_WINDOW, **got,
              "orders_accounting": orders_acct, "sequential_single_slice_context": sequential,
              "seed_spread_gain_points": spread, "accounting_20k_headline": headline}
-    kwargs = {"folder": args.out} if args.out else {}
-    path = write_results("migslicer", fig, md, extra, **kwargs)
-    print(md)
-    print(f"results: {path}")
+    publish("migslicer", fig, md, extra, args.out)
     return 0
 
 

@@ -44,13 +44,11 @@ Percentiles are nearest-rank.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import math
 import random
 import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
@@ -62,9 +60,8 @@ from typing import Any
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_results
+from _common import cli, compare
 
-from gpuops import logs
 from gpuops_sim.apiserver.store import WatchEvent
 from gpuops_sim.cloud.spot import Instance, LaunchRequest
 from gpuops_sim.cluster.access import NODES
@@ -611,33 +608,13 @@ def _ratio(a: Any, b: Any) -> str:
     return f"{b / a:.2f}"
 
 
-async def both(mode: Mode, plan: list[tuple[float, int, int]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    with tempfile.TemporaryDirectory() as tmp:
-        ours, base = await asyncio.gather(run_ours(mode, plan, Path(tmp)), run_baseline(mode, plan))
-    return ours, base
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="every time x 0.1 (CI: under a minute)")
-    parser.add_argument("--seed", type=int, default=11)
-    parser.add_argument("--out", type=Path, default=None, help="results folder (default bench/results)")
-    args = parser.parse_args()
-    logs.configure(json=False, level="WARNING")
+    args = cli(__doc__, "every time x 0.1 (CI: under a minute)", seed=11)
     mode = QUICK if args.quick else FULL
     plan = reclaim_plan(args.seed, mode)
-    started = time.monotonic()
-    ours, base = asyncio.run(both(mode, plan))
-    command = "python bench/spotpool.py" + (" --quick" if args.quick else "") + f" --seed {args.seed}"
-    fig = figures_of(ours, base)
-    md = markdown(fig, ours, base, command, mode, plan)
-    extra = {"command": command, "mode": "quick" if args.quick else "full", "seed": args.seed,
-             "wall_seconds": round(time.monotonic() - started, 1), "mode_settings": mode.__dict__,
-             "reclaim_plan": [{"at": at, "count": n} for at, n, _ in plan], "ours": ours, "baseline": base}
-    kwargs = {"folder": args.out} if args.out else {}
-    path = write_results("spotpool", fig, md, extra, **kwargs)
-    print(md)
-    print(f"results: {path}")
+    compare("spotpool", args, mode, plan, recorded={"reclaim_plan": [{"at": at, "count": n} for at, n, _ in plan]},
+            ours=lambda tmp: run_ours(mode, plan, tmp), baseline=lambda: run_baseline(mode, plan),
+            figures_of=figures_of, markdown=markdown)
     return 0
 
 

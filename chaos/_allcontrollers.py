@@ -28,6 +28,7 @@ never through the HTTP API under test.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
@@ -42,7 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from _autoprovision import ApRig, Call, PodSeen, _record_calls, group_body
-from _common import NS, PodLog, job, pace, until
+from _budget import NS, PodLog
+from _common import OnHarness, WatchFaults, pace
 from _migslicer import Tracker
 from _spotpool import bench
 
@@ -50,12 +52,12 @@ from gpuops.controllers.migslicer.api import GATE, OUR_PREFIX
 from gpuops_sim.apiserver.errors import StatusError
 from gpuops_sim.apiserver.faults import Faults
 from gpuops_sim.apiserver.store import WatchEvent
-from gpuops_sim.budget_workload import budget, pod
+from gpuops_sim.budget_workload import budget, job, pod
 from gpuops_sim.cloud.faults import CloudFaults
 from gpuops_sim.cluster.access import BUDGETS, GROUPS, JOBS, PODS, POOLS
 from gpuops_sim.cluster.cluster import SimCluster
 from gpuops_sim.demo import repo_crds
-from gpuops_sim.harness import OperatorHarness
+from gpuops_sim.harness import OperatorHarness, until
 from gpuops_sim.migfarm import MigAgentFarm
 from gpuops_sim.scenario import Scenario, parse
 
@@ -121,10 +123,14 @@ class Plan:
     spot_minimum: int
     spot_maximum: int
     notice: float
+    """The spot cloud's reclaim notice (s): how long a reclaimed instance runs on after its notice."""
     reclaims: tuple[float, ...]
     resync: float
+    """The operator's --spotpool-resync (s)."""
     converge_within: float
-    error_rate: float = 0.05
+    """How long the run may take to converge once the scenario's length is over (s)."""
+    error_rate: float
+    """The share of HTTP requests answered 500 while the faults are on."""
 
     @property
     def machines(self) -> int:
@@ -132,7 +138,7 @@ class Plan:
 
 
 FULL = Plan(  # ten minutes of faults (t = 5 .. 595 s), the workload busy throughout
-    length=600, faults_from=5, faults_until=595, drop_every=5, compactions=(150, 420),
+    length=600, faults_from=5, faults_until=595, error_rate=0.05, drop_every=5, compactions=(150, 420),
     storms=((90, 8), (270, 8), (480, 8)), storm_rate=0.6, retry_after=2, outage_at=210, outage_seconds=20,
     alert_from=20, alert_every=20, alert_pods=26, alert_runtime=60, alert_quota="0.2",
     ap_waves=(60, 200, 330, 480), ap_runtime=40, boot=4, unneeded=10,
@@ -141,13 +147,18 @@ FULL = Plan(  # ten minutes of faults (t = 5 .. 595 s), the workload busy throug
     spot_minimum=3, spot_maximum=4, notice=10, reclaims=(120, 280, 420, 540), resync=10, converge_within=150)
 
 QUICK = Plan(  # CI: both runs < 90 s on 2 cores; the informers' re-watch backoff (<= 30 s) sets the tail
-    length=14, faults_from=1, faults_until=9, drop_every=2.5, compactions=(3, 7.5),
+    length=14, faults_from=1, faults_until=9, error_rate=0.05, drop_every=2.5, compactions=(3, 7.5),
     storms=((2, 1), (8, 1)), storm_rate=0.6, retry_after=1, outage_at=5, outage_seconds=2,
     alert_from=0.5, alert_every=1.5, alert_pods=7, alert_runtime=3, alert_quota="0.003",
     ap_waves=(1.5, 6), ap_runtime=3, boot=1.5, unneeded=2,
     pause=Enforced(1.5, 4, 3, 5.2, 2, "0.0015", 4), evict=Enforced(3, 4, 3, 6.7, 2, "0.0015", 4),
     mig_waves=(1, 4.5, 8), mig_pods_per_wave=2, mig_runtime=(2, 3),
     spot_minimum=2, spot_maximum=3, notice=1.5, reclaims=(4,), resync=3, converge_within=70)
+
+
+def plan_of(args: argparse.Namespace) -> Plan:
+    """The plan a run's flags ask for: --quick is CI's."""
+    return QUICK if args.quick else FULL
 
 
 # ---------------------------------------------------------------------------------------------- the script
@@ -274,9 +285,8 @@ def _scenario(plan: Plan) -> Scenario:
 
 
 @dataclass
-class AllRig:
+class AllRig(OnHarness):
     plan: Plan
-    rig: OperatorHarness
     log: PodLog
     track: Tracker
     ap: ApRig
@@ -287,10 +297,6 @@ class AllRig:
     ignored: Callable[[dict[str, Any]], bool] = lambda _obj: False
     """Objects that are not the scenario's (chaos/bad_objects.py's poison): left out of `objects`, so of the
     convergence checks and the compared final state."""
-
-    @property
-    def cluster(self) -> SimCluster:
-        return self.rig.cluster
 
     @property
     def machine_names(self) -> list[str]:
@@ -374,7 +380,7 @@ async def open_all_rig(plan: Plan, seed: int, workdir: Path) -> AsyncIterator[Al
             farm = MigAgentFarm(cluster.access, [(n, "A100-80GB", 2) for n in MIG_NODES], heartbeat_seconds=5)
             await farm.start()
             try:
-                r = AllRig(plan, rig, log, track, ApRig(rig, calls, ap_pods, []), led, farm, faults)
+                r = AllRig(rig, plan, log, track, ApRig(rig, calls, ap_pods, []), led, farm, faults)
                 await r.create_objects()
                 await r.wait_settled(60)
                 yield r
@@ -405,24 +411,21 @@ class Faulter:
     """The faulted run's API server chaos on the plan's timeline; counts what it did."""
 
     r: AllRig
-    dropped: int = 0
-    drop_rounds: int = 0
-    compactions: int = 0
+    watch: WatchFaults = field(init=False)
+    """Drops every plan.drop_every seconds, the compactions and the outage."""
     storms: int = 0
-    outage_seconds: float = 0.0
     stopped_at: float = 0.0
     """Wall time the last fault ended."""
 
-    @property
-    def server(self) -> Any:
-        return self.r.cluster.server
+    def __post_init__(self) -> None:
+        self.watch = WatchFaults(self.r.cluster.server, self.r.plan.drop_every)
 
     async def run(self, t0: float) -> None:
         p = self.r.plan
         await pace(t0, p.faults_from)
         errors = self.r.faults.add_error(500, p.error_rate)
         stop = asyncio.Event()
-        tasks = [asyncio.create_task(self._drops(stop)), asyncio.create_task(self._outage(t0)),
+        tasks = [asyncio.create_task(self.watch.drop_every(stop)), asyncio.create_task(self._outage(t0)),
                  *(asyncio.create_task(self._compact(t0, at)) for at in p.compactions),
                  *(asyncio.create_task(self._storm(t0, at, s)) for at, s in p.storms)]
         await pace(t0, p.faults_until)
@@ -431,19 +434,9 @@ class Faulter:
         self.r.faults.rules.remove(errors)
         self.stopped_at = time.time()
 
-    async def _drops(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), self.r.plan.drop_every)  # the fault's cadence
-            except TimeoutError:
-                self.dropped += self.server.drop_watches()
-                self.drop_rounds += 1
-
     async def _compact(self, t0: float, at: float) -> None:
         await pace(t0, at)
-        self.server.compact()
-        self.dropped += self.server.drop_watches()
-        self.compactions += 1
+        self.watch.compact()
 
     async def _storm(self, t0: float, at: float, seconds: float) -> None:
         await pace(t0, at)
@@ -456,6 +449,4 @@ class Faulter:
     async def _outage(self, t0: float) -> None:
         p = self.r.plan
         await pace(t0, p.outage_at)
-        began = time.time()
-        await self.server.outage(p.outage_seconds)
-        self.outage_seconds = round(time.time() - began, 3)
+        await self.watch.outage(p.outage_seconds)

@@ -36,7 +36,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from _common import command
+from _common import OnHarness
 from aiohttp import web
 
 from gpuops_sim.apiserver.faults import Faults
@@ -84,17 +84,12 @@ class PodSeen:
 
 
 @dataclass
-class ApRig:
-    rig: OperatorHarness
+class ApRig(OnHarness):
     calls: list[Call]
     pods: dict[str, PodSeen]
     transitions: list[tuple[float, str, str]]  # (time, machine, fleet event)
     hooks: list[Callable[[Call], None]] = field(default_factory=list)
     """Called synchronously after the cloud performed a start/stop, before it answers (e.g. kill -9)."""
-
-    @property
-    def cluster(self) -> SimCluster:
-        return self.rig.cluster
 
     @property
     def machines(self) -> dict[str, Machine]:
@@ -386,8 +381,3 @@ async def burst(ap: ApRig, count: int, gpus: int, runtime: float, spacing: float
         await ap.create_pod(f"{prefix}-{i:03d}", gpus, runtime)
     return t0
 
-
-def verdict(problems: list[str], ok: bool, script: str, args: Any) -> str:
-    """The closing lines every autoprovision report ends with: problems, the result, the command."""
-    return (f'Problems: {"; ".join(problems) or "none"}.\n\nResult: {"PASS" if ok else "FAIL"}.\n\n'
-            f"Command: `{command(script, args)}`\n")

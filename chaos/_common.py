@@ -1,13 +1,9 @@
-"""What the budget chaos scenarios share: the rig, the ground-truth pod log, snapshots, results files.
+"""What every chaos scenario shares, whatever its controller: how a scenario script runs and what it writes.
 
-Ground truth. `PodLog` is a synchronous listener on the emulator's store, attached before the cluster starts:
-it sees every version of every pod of the namespace, in order, including the last state of pods that are
-deleted (Job TTL + garbage collection, evictions). Unlike an HTTP watch it cannot be dropped, compacted or
-failed by the faults a scenario injects into the API server, so the truth never depends on the very
-machinery under test. Truth itself is `gpuops_sim.budget_workload.truth` (exact arithmetic on the
-emulator's container timestamps, none of the controller's code); a pod that disappears while one of its
-containers has no terminated state (a grace-0 eviction removes a running pod at once) is given a terminated
-state that ends at the instant the store removed it, since that is when its GPUs were taken back.
+Every scenario script runs the same way (`run_scenario`): its flags, the scenario, the `passed` figure, its
+`Report` (the page, its figures with their meanings, its SUMMARY.md row), the closing lines (`closing`), the
+results files and the exit status. The rigs of every controller are `OnHarness`: a harness running
+`gpuops run` and the emulated cluster it drives; `WatchFaults` are the watch faults of the API-server scenarios.
 
 Results: `write_results` writes chaos/results/<name>.json (machine facts, `figures`, `passed`, a one-line
 `summary`, then the scenario's detail) and <name>.md, then regenerates chaos/results/SUMMARY.md from every
@@ -18,222 +14,80 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import importlib.util
 import json
 import os
 import sys
-import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from fractions import Fraction
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpuops import logs
-from gpuops.accounting.reporting import counting_instant
-from gpuops_sim.apiserver.faults import Faults
-from gpuops_sim.apiserver.store import WatchEvent
-from gpuops_sim.budget_workload import MICROS, budget, job, micros, scenario, truth
-from gpuops_sim.cluster.access import EVENTS, JOBS, PODS
-from gpuops_sim.cluster.cluster import BUDGETS, SimCluster
-from gpuops_sim.harness import OperatorHarness, metric_value, now_us, until
+from gpuops_sim.apiserver.server import APIServer
+from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.harness import OperatorHarness, until
 
 __all__ = [
-    "BUDGETS_PATH", "CRD", "GPU", "METRIC", "NS", "RESULTS", "TARGET", "Chaos", "PodLog", "PodRecord",
-    "accuracy_ok", "budget", "cli", "command", "figures_table", "gpu_seconds", "job", "metric_gpu_hours", "metric_sum",
-    "metric_value", "micros", "now_us", "open_rig", "pace", "ratio", "run", "snapshot", "snapshot_ok", "until",
-    "window_accuracy", "write_results",
+    "RESULTS", "Detail", "Figures", "Found", "OnHarness", "Report", "WatchFaults", "cli", "closing", "command",
+    "figures_table", "load_bench", "log_records", "metric_sum", "mode_of", "pace", "run_scenario", "wait_for",
+    "write_results",
 ]
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
-CRD = ROOT / "manifests" / "crds" / "gpuworkloadbudgets.gpuops.io.yaml"
-NS = "chaos"
-BUDGETS_PATH = f"/apis/gpuops.io/v1alpha1/namespaces/{NS}/gpuworkloadbudgets"
-METRIC = "gpuops_budget_consumed_gpu_seconds"  # GPU-seconds: `metric_gpu_hours` divides the scraped float by 3600
-GPU = "nvidia.com/gpu"
-TARGET = Fraction(999, 1000)
 
 
-def _bench_common() -> Any:
-    """bench/_common.py, loaded under another name (this module is `_common` on the scripts' path too)."""
-    spec = importlib.util.spec_from_file_location("gpuops_bench_common", ROOT / "bench" / "_common.py")
+def load_bench(name: str) -> Any:
+    """bench/<name>.py as the module gpuops_bench_<name>. Both folders hold a `_common`, and this one is the
+    scripts' `_common`; while the bench module runs, `_common` is bench's, so its own imports get what they mean."""
+    spec = importlib.util.spec_from_file_location(f"gpuops_bench_{name.lstrip('_')}", ROOT / "bench" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class body runs
+    ours = sys.modules.get("_common")
+    if name != "_common":
+        sys.modules["_common"] = _BENCH
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        if ours is not None:
+            sys.modules["_common"] = ours
     return module
 
 
-_BENCH = _bench_common()
-
-
-# ---------------------------------------------------------------------------------------------- ground truth
-
-
-@dataclass
-class PodRecord:
-    last: dict[str, Any]
-    created_at: int
-    terminal_at: int | None = None
-    """When the store first held the pod Succeeded/Failed (µs)."""
-    deletion_at: int | None = None
-    """When the store first held the pod with a deletionTimestamp, or removed it (µs)."""
-    gone_at: int | None = None
-    """When the store removed the pod (µs)."""
-
-
-class PodLog:
-    """Every pod of NS as the store last had it (see the module docstring); attach before the first pod."""
-
-    def __init__(self, cluster: SimCluster) -> None:
-        self.records: dict[str, PodRecord] = {}
-        cluster.access.listen(self._on_event)
-
-    def _on_event(self, ev: WatchEvent) -> None:
-        if ev.gr != PODS or ev.key[0] != NS:
-            return
-        at = now_us()
-        obj = ev.new.obj  # stored objects are never mutated in place (writers clone), so keeping it is safe
-        uid = obj["metadata"]["uid"]
-        rec = self.records.get(uid)
-        if rec is None:
-            rec = self.records[uid] = PodRecord(obj, at)
-        rec.last = obj
-        if rec.terminal_at is None and (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-            rec.terminal_at = at
-        if rec.deletion_at is None and (obj["metadata"].get("deletionTimestamp") or ev.type == "DELETED"):
-            rec.deletion_at = at
-        if ev.type == "DELETED":
-            rec.gone_at = at
-
-    def select(self, labels: Mapping[str, str]) -> list[PodRecord]:
-        return [r for r in self.records.values()
-                if all((r.last["metadata"].get("labels") or {}).get(k) == v for k, v in labels.items())]
-
-    @staticmethod
-    def final_state(rec: PodRecord) -> dict[str, Any]:
-        """The pod's last state; if it vanished with a container not terminated, that container ends then."""
-        pod = rec.last
-        if rec.gone_at is None:
-            return pod
-        statuses = (pod.get("status") or {}).get("containerStatuses") or []
-        if all((s.get("state") or {}).get("terminated") for s in statuses):
-            return pod
-        end = datetime.fromtimestamp(rec.gone_at / MICROS, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        closed = []
-        for s in statuses:
-            state = s.get("state") or {}
-            if state.get("terminated"):
-                closed.append(s)
-                continue
-            started = (state.get("running") or {}).get("startedAt")
-            closed.append({**s, "state": {"terminated": {"startedAt": started, "finishedAt": end, "exitCode": 137,
-                                                         "reason": "DeletedWhileRunning"}}
-                           if started else state})
-        return {**pod, "status": {**pod["status"], "containerStatuses": closed}}
-
-    precise_kills: bool = False
-    """Truth ends a pod killed by its (grace-0) deletion at the store's microsecond instant of that deletion
-    instead of its finishedAt, which Kubernetes truncates to the second (so it can precede the deletion that
-    killed the pod). Set by scenarios whose operator ends such pods from its own clock (Evict)."""
-
-    def truth(self, labels: Mapping[str, str], at: int, resource: str = GPU) -> Fraction:
-        """Exact GPU-hours of the selected pods (deleted ones included) up to instant `at` (µs)."""
-        states = [self.killed_state(r) if self.precise_kills else self.final_state(r) for r in self.select(labels)]
-        return truth(states, resource, at)
-
-    @classmethod
-    def killed_state(cls, rec: PodRecord) -> dict[str, Any]:
-        """`final_state`, with containers that ended in the second of the pod's deletion ending at it (µs)."""
-        pod = cls.final_state(rec)
-        if rec.deletion_at is None:
-            return pod
-        killed = datetime.fromtimestamp(rec.deletion_at / MICROS, UTC)
-        stamp = killed.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        second = killed.strftime("%Y-%m-%dT%H:%M:%SZ")
-        out = []
-        for c in (pod.get("status") or {}).get("containerStatuses") or []:
-            term = (c.get("state") or {}).get("terminated")
-            if term and term.get("finishedAt") == second:
-                c = {**c, "state": {"terminated": {**term, "finishedAt": stamp}}}
-            out.append(c)
-        return {**pod, "status": {**pod["status"], "containerStatuses": out}}
-
-
-def gpu_seconds(rec: PodRecord, resource: str = GPU) -> Fraction:
-    """A finished pod's whole usage (GPU-seconds) from its container timestamps."""
-    return truth([PodLog.final_state(rec)], resource, now_us()) * 3600
+_BENCH = load_bench("_common")
 
 
 # ---------------------------------------------------------------------------------------------- the rig
 
 
 @dataclass
-class Chaos:
+class OnHarness:
+    """What every controller's rig starts from: the harness running `gpuops run` against an emulated cluster.
+    Scenario code reads and writes the cluster in-process (`cluster`), so faults injected into HTTP requests are
+    the operator's alone."""
+
     rig: OperatorHarness
-    log: PodLog
-    injected: list[str] = field(default_factory=list)
 
     @property
     def cluster(self) -> SimCluster:
         return self.rig.cluster
 
-    def budget_obj(self, name: str) -> dict[str, Any]:
-        """The budget as the store holds it (in-process: unaffected by faults injected into HTTP requests)."""
-        obj = self.cluster.access.get(BUDGETS, NS, name)
-        if obj is None:
-            raise LookupError(f"budget {NS}/{name} is gone")
-        return obj
-
-    def status(self, name: str) -> dict[str, Any]:
-        return dict(self.budget_obj(name).get("status") or {})
-
-    async def create_budget(self, body: dict[str, Any]) -> None:
-        name = body["metadata"]["name"]
-        await self.rig.request("POST", BUDGETS_PATH, body)
-
-        async def accounted() -> bool:
-            return bool(self.status(name).get("computedAt"))
-
-        await until(f"budget {name}'s first status", accounted, 30)
-
-    async def create_pod(self, body: dict[str, Any]) -> None:
-        """In-process, as bench/budget_accuracy.py's scale run does: faults injected into HTTP requests are the
-        operator's to face, not the scenario driver's."""
-        await self.cluster.access.create(PODS, NS, body)
-
-    async def create_job(self, body: dict[str, Any]) -> None:
-        await self.cluster.access.create(JOBS, NS, body)
-
-    def events(self, reason: str, name: str | None = None) -> int:
-        """Events of NS with this reason (about object `name`, if given), their counts summed."""
-        return sum(int(e.get("count") or 1) for e in self.cluster.access.iter(EVENTS, NS)
-                   if e.get("reason") == reason and (name is None or e["involvedObject"].get("name") == name))
-
     def operator_log(self, event: str) -> list[dict[str, Any]]:
-        """The operator's JSON log records (all its starts) whose `event` is `event`."""
+        """The operator's JSON log records (all its starts, each tagged `start`) whose `event` is `event`."""
         return log_records(self.rig.log_path, event)
 
-    async def metrics(self) -> str:
-        text, _, _ = await self.rig.scrape()
-        return text
 
+async def wait_for(what: str, probe: Callable[[], bool], within: float, every: float = 0.05) -> float:
+    """Until `probe()` holds; the monotonic instant it was first seen (TimeoutError naming `what` after `within`).
+    For probes of in-process state, which need no awaiting; the instant lets a scenario time a recovery."""
+    async def probed() -> bool:
+        return probe()
 
-@contextlib.asynccontextmanager
-async def open_rig(name: str, gpus: int, *, seed: int, log_level: str = "WARNING") -> AsyncIterator[Chaos]:
-    """An emulated cluster with room for `gpus` 1-GPU pods (A100 nodes of 8, one spare), Events on, kubelet
-    start latency 0.5 s (as the accuracy bench), the CRD installed and `gpuops run --controllers budget`."""
-    nodes = -(-gpus // 8) + 1
-    sc = scenario(name, nodes, namespaces=[NS], events=True, start_latency=0.5)
-    cluster = SimCluster(sc, workload=False, faults=False)
-    cluster.server.faults = Faults(seed)  # the injector's draws follow --seed
-    log = PodLog(cluster)
-    with tempfile.TemporaryDirectory() as tmp:
-        async with OperatorHarness(cluster, Path(tmp), crds=[CRD], log_level=log_level) as rig:
-            yield Chaos(rig, log)
+    await until(what, probed, within, every)
+    return time.monotonic()
 
 
 async def pace(origin: float, offset: float) -> None:
@@ -241,28 +95,39 @@ async def pace(origin: float, offset: float) -> None:
     await asyncio.sleep(max(0.0, origin + offset - time.time()))
 
 
-# ---------------------------------------------------------------------------------------------- snapshots
+@dataclass
+class WatchFaults:
+    """The watch faults of the API-server scenarios, counted: every open watch closed every `every` seconds
+    (informers must re-watch), a store compaction followed by a drop (re-watches from their last resourceVersion
+    meet 410 Gone and must relist), and an outage (the port closed: connections refused)."""
 
+    server: APIServer
+    every: float
+    dropped: int = 0
+    """Watch connections closed, the compactions' included."""
+    rounds: int = 0
+    """Periodic drops done (a compaction's drop is not one)."""
+    compactions: int = 0
+    compacted_rv: int = 0
+    outage_seconds: float = 0.0
 
-def ratio(reported: Fraction, truth_value: Fraction) -> float:
-    if truth_value == 0:
-        return 1.0 if reported == 0 else float("inf")
-    return round(float(reported / truth_value), 6)
+    async def drop_every(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), self.every)  # the fault's cadence
+            except TimeoutError:
+                self.dropped += self.server.drop_watches()
+                self.rounds += 1
 
+    def compact(self) -> None:
+        self.compacted_rv = self.server.compact()
+        self.dropped += self.server.drop_watches()
+        self.compactions += 1
 
-def accuracy_ok(*values: float) -> bool:
-    return all(float(TARGET) <= v <= 2 - float(TARGET) for v in values)
-
-
-def snapshot_ok(snap: Mapping[str, Any]) -> bool:
-    """Status exact at computedAt and metric exact at the counting instant (whole second) of some instant of its
-    scrape, both to 0.999..1.001.
-
-    The metric's instant is only known to lie inside the scrape's HTTP request; when the request straddles a
-    second, the midpoint's second (reported as accuracy_metric) can be the wrong one by running GPUs x 1 s.
-    accuracy_metric_in_window is 1 when the metric equals the truth at the counting instant of some instant of
-    the request, else its ratio to the nearer end."""
-    return accuracy_ok(snap["accuracy_status"], snap["accuracy_metric_in_window"])
+    async def outage(self, seconds: float) -> None:
+        began = time.time()
+        await self.server.outage(seconds)
+        self.outage_seconds = round(time.time() - began, 3)
 
 
 def metric_sum(text: str, name: str, labels: Mapping[str, str] | None = None) -> float:
@@ -276,49 +141,6 @@ def metric_sum(text: str, name: str, labels: Mapping[str, str] | None = None) ->
         if head.split("{", 1)[0] == name and all(w in head for w in want):
             total += float(value)
     return total
-
-
-def window_accuracy(metric: Fraction | None, lo: Fraction, hi: Fraction) -> float:
-    """The operator evaluates the metric at an instant inside the scrape's HTTP request, whose truth lies in
-    [lo, hi]: 1 inside that range, else the ratio to its nearer end (0 for a missing series)."""
-    if metric is None:
-        return 0.0
-    return 1.0 if lo <= metric <= hi else ratio(metric, lo if metric < lo else hi)
-
-
-def metric_gpu_hours(text: str, name: str) -> Fraction | None:
-    """Budget `name`'s scraped METRIC in GPU-hours: the exact quotient of the float GPU-seconds by 3600."""
-    value = metric_value(text, METRIC, {"namespace": NS, "name": name})
-    return Fraction(value) / 3600 if value is not None else None
-
-
-async def snapshot(chaos: Chaos, name: str, labels: Mapping[str, str], origin_us: int) -> dict[str, Any]:
-    """The budget's status (at its computedAt) and its metric (at the scrape's midpoint) against the truth."""
-    text, s0, s1 = await chaos.rig.scrape()
-    st = chaos.status(name)
-    taken = now_us()
-    computed = micros(st["computedAt"])
-    status = Fraction(st["consumedGpuHours"])
-    # figures are counted at whole seconds (gpuops.accounting.reporting): computedAt is one, and the metric is
-    # the figure at the counting instant of its scrape, which lies inside the request
-    t_status, t_metric = chaos.log.truth(labels, computed), chaos.log.truth(labels, counting_instant((s0 + s1) // 2))
-    lo, hi = chaos.log.truth(labels, counting_instant(s0)), chaos.log.truth(labels, counting_instant(s1))
-    metric = metric_gpu_hours(text, name)
-    in_window = window_accuracy(metric, lo, hi)
-    return {
-        "offset_seconds": round((taken - origin_us) / MICROS, 3),
-        "status_gpu_hours": str(status), "truth_status_gpu_hours": float(t_status),
-        "accuracy_status": ratio(status, t_status),
-        "delta_gpu_seconds_status": round(float((status - t_status) * 3600), 3),
-        "metric_gpu_hours": float(metric) if metric is not None else None, "truth_metric_gpu_hours": float(t_metric),
-        # a missing series (no reconcile since a restart) is an accuracy of 0, not a crash
-        "accuracy_metric": ratio(metric, t_metric) if metric is not None else 0.0,
-        "accuracy_metric_in_window": in_window,
-        "scrape_window_gpu_seconds": round(float((hi - lo) * 3600), 4),
-        "delta_gpu_seconds_metric": round(float((metric - t_metric) * 3600), 3) if metric is not None else None,
-        "staleness_seconds": round((taken - computed) / MICROS, 3),
-        "scrape_window_ms": round((s1 - s0) / 1000, 2),
-    }
 
 
 # ---------------------------------------------------------------------------------------------- results
@@ -367,22 +189,86 @@ def write_summary(folder: Path = RESULTS) -> Path:
     return out
 
 
-def cli(doc: str | None) -> argparse.Namespace:
+def cli(doc: str | None, *, quick: str = "CI-sized run (the scenario's times / 3, < 60 s)",
+        seed: str = "seed of the fault injector's random draws",
+        more: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+    """Every scenario's flags: --quick (what CI runs; `quick` says what it shrinks) and --seed (`seed` says what it
+    seeds), plus the scenario's own (`more`); the operator's log stays quiet in the terminal."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="CI-sized run (the scenario's times / 3, < 60 s)")
-    parser.add_argument("--seed", type=int, default=1, help="seed of the fault injector's random draws")
+    parser.add_argument("--quick", action="store_true", help=quick)
+    parser.add_argument("--seed", type=int, default=1, help=seed)
+    if more is not None:
+        more(parser)
     args = parser.parse_args()
     logs.configure(json=False, level="WARNING")
     return args
 
 
 def command(script: str, args: argparse.Namespace) -> str:
-    return f"python chaos/{script}{' --quick' if args.quick else ''} --seed {args.seed} ({os.cpu_count()} cores)"
+    """The command line that reproduces the run, the machine's cores, then the scenario's own switches that were
+    on (`cli`'s `more`)."""
+    own = "".join(f" --{k.replace('_', '-')}" for k, v in vars(args).items()
+                  if k not in ("quick", "seed") and v is True)
+    return f"python chaos/{script}{' --quick' if args.quick else ''} --seed {args.seed} ({os.cpu_count()} cores){own}"
 
 
-def run(main: Callable[[], Coroutine[Any, Any, bool]]) -> None:
-    """Run a scenario's coroutine; exit 1 when its pass criteria failed."""
-    sys.exit(0 if asyncio.run(main()) else 1)
+def closing(ok: bool, cmd: str, problems: Sequence[str] | None = None, *, listed: bool = False) -> str:
+    """The lines every scenario's page ends with: the problems it found (when it keeps a list of them: `listed`
+    puts one per line, for long ones), the result, and the command that reproduces the run."""
+    if problems is None:
+        found = ""
+    elif listed:
+        found = "Problems:\n" + ("\n".join(f"- {p}" for p in problems) or "none.") + "\n\n"
+    else:
+        found = f'Problems: {"; ".join(problems) or "none"}.\n\n'
+    return f'{found}Result: {"PASS" if ok else "FAIL"}.\n\nCommand: `{cmd}`\n'
+
+
+Figures = dict[str, float | int]
+"""A scenario's figures: name -> number (the results file's `figures`; `passed` is added last)."""
+Detail = dict[str, Any]
+"""What a scenario writes beside its figures (problems, rounds, timings...): JSON-able, read by its report."""
+Found = tuple[Figures, Detail, bool]
+"""What a scenario's run returns: its figures, its detail, whether its pass criteria held."""
+
+
+def mode_of(args: argparse.Namespace) -> str:
+    return "quick" if args.quick else "full"
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a scenario says about its run: its Markdown page up to its figures, the figures' meanings (`notes`),
+    its row of SUMMARY.md (what was injected, what was checked, the key figures), whether its problems are long
+    enough to list one per line, and what its page says after the figures (`footer`). `run_scenario` lays the
+    page out: the page, the figures table, the footer, the closing lines."""
+
+    page: str
+    notes: Mapping[str, str]
+    injected: str
+    checked: str
+    key: str
+    listed: bool = False
+    footer: str = ""
+
+
+def run_scenario(name: str, doc: str | None, scenario: Callable[[argparse.Namespace], Coroutine[Any, Any, Found]],
+                 report: Callable[[Figures, Detail, argparse.Namespace], Report], *,
+                 facts: Mapping[str, Any] | None = None, **flags: Any) -> None:
+    """A scenario script's whole life: its flags (`cli`, with `flags`), its run, the `passed` figure, its report
+    (closed by the detail's `problems`, for the scenarios that keep such a list), the results files
+    (chaos/results/<name>.json with `facts` and the detail beside the figures; <name>.md; SUMMARY.md), and exit
+    status 1 when its pass criteria failed, which `make chaos` reports."""
+    args = cli(doc, **flags)
+    figures, detail, ok = asyncio.run(scenario(args))
+    figures["passed"] = int(ok)
+    said = report(figures, detail, args)
+    parts = [said.page, figures_table(figures, said.notes), said.footer,
+             closing(ok, command(f"{name}.py", args), detail.get("problems"), listed=said.listed)]
+    write_results(name, figures, "\n\n".join(p for p in parts if p), passed=ok,
+                  summary={"injected": said.injected, "checked": said.checked, "key": said.key},
+                  extra={"mode": mode_of(args), "seed": args.seed, **(facts or {}), **detail})
+    sys.exit(0 if ok else 1)
 
 
 def log_records(path: Path, event: str) -> list[dict[str, Any]]:

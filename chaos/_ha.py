@@ -21,7 +21,7 @@ never through the operator:
   * MIG       every AllocationClaim change: live claims per pod <= its one slice, no two live claims sharing a
               GPU's memory slices, claims ever made per pod;
   * accuracy  a sample of the scale budgets, half of them with accounting.retainFinishedPods: status at computedAt
-              against the truth from their pods' container timestamps (chaos/_common.py's PodRecord/PodLog
+              against the truth from their pods' container timestamps (chaos/_budget.py's PodRecord/PodLog
               rules, deleted pods included), and per budget the usage of its pods deleted while its stored ledger
               did not hold them (all a failover can lose: see chaos/ha_failover.py).
 """
@@ -40,12 +40,10 @@ from typing import Any
 
 import msgspec
 from _autoprovision import Call, _record_calls, group_body
-from _common import GPU, PodLog, PodRecord, ratio
-from _scale_sim import BUDGETS, GROUPS, POOLS, Emulator, Params, budget_of, pod
+from _budget import GPU, PodLog, PodRecord, ratio
+from _scale_sim import BUDGETS, GROUPS, POOLS, Emulator, Params, budget_of, pod, quiet_child, serve
 from _spotpool import bench as spot_bench
 
-from gpuops import logs
-from gpuops.kube.gctune import tune_for_large_heaps
 from gpuops_sim.budget_workload import MICROS, micros, truth
 from gpuops_sim.cluster.access import LEASES, PODS, WatchEvent
 from gpuops_sim.harness import now_us
@@ -115,7 +113,7 @@ class LeaseLog:
 
 
 class TeamLog(PodLog):
-    """chaos/_common.py's PodLog for the pods of chosen (namespace, team) pairs instead of one namespace."""
+    """chaos/_budget.py's PodLog for the pods of chosen (namespace, team) pairs instead of one namespace."""
 
     def __init__(self, teams: set[tuple[str, str]]) -> None:
         self.records: dict[str, PodRecord] = {}
@@ -258,6 +256,12 @@ class HaEmulator(Emulator):
         self.tasks: list[asyncio.Task[Any]] = []
         self.background: set[asyncio.Task[Any]] = set()
         self.cluster.fleet.subscribe(self._on_machine)
+
+    async def stop(self) -> None:
+        """Its workload's and recorders' tasks first, then the emulator."""
+        for t in (*self.tasks, *self.background):
+            t.cancel()
+        await super().stop()
 
     def _on_machine(self, m: Any, event: str) -> None:
         """An hx machine that went off has its Node marked Unknown at once, the write the node lifecycle
@@ -553,28 +557,14 @@ async def _command(emu: HaEmulator, msg: tuple[Any, ...]) -> tuple[str, Any]:
 
 async def _serve(conn: Any, p: Params, plan: HaPlan) -> None:
     emu = HaEmulator(p, plan)
-    try:
-        await emu.boot()
-        await emu.create_ha_objects()
-        await emu.fill()
-        conn.send(("ready", {**emu.info, "size": emu.size.__dict__, "status": emu.status()}))
-        while True:
-            msg = await asyncio.to_thread(conn.recv)
-            if msg[0] == "stop":
-                break
-            conn.send(await _command(emu, msg))
-    except Exception as e:
-        conn.send(("error", f"{type(e).__name__}: {e}"))
-        raise
-    finally:
-        for t in (*emu.tasks, *emu.background):
-            t.cancel()
-        await emu.stop()
-        conn.send(("stopped", {}))
+
+    async def answer(msg: Any) -> tuple[str, Any] | None:
+        return None if msg[0] == "stop" else await _command(emu, msg)
+
+    await serve(conn, emu, answer, prepare=emu.create_ha_objects)
 
 
 def child_main(conn: Any, p: Params, plan: HaPlan) -> None:
     """The child process's entry point (multiprocessing target)."""
-    logs.configure(json=False, level="WARNING")
-    tune_for_large_heaps()
+    quiet_child()
     asyncio.run(_serve(conn, p, plan))

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _common import command, log_records
+from _common import Found, OnHarness, log_records, wait_for
 
 from gpuops.controllers.migslicer.agent.gpus import MigBackend, SliceInfo
 from gpuops.controllers.migslicer.allocator import CONDITION
@@ -59,9 +59,9 @@ from gpuops_sim.harness import OperatorHarness, free_port, until
 from gpuops_sim.scenario import parse
 
 __all__ = [
-    "CLAIMS", "COMMON_NOTES", "GPU_SPEC", "LIVE", "MIGNODES", "NS", "SYSTEM_NS", "Agent", "ClaimRecord",
-    "DriverGate", "MigRig", "PodRecord", "Tracker", "condition", "is_gated", "open_mig_rig", "pace", "requested",
-    "verdict", "wait_for",
+    "CLAIMS", "COMMON_NOTES", "GPU_SPEC", "LIVE", "MIGNODES", "NS", "SYSTEM_NS", "Agent", "ClaimRecord", "DriverGate",
+    "FreezeWhenCreated", "MigRig", "PodRecord", "Tracker", "condition", "is_gated", "open_mig_rig", "pace",
+    "requested",
 ]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -364,6 +364,28 @@ class DriverGate:
 # ---------------------------------------------------------------------------------------------- processes
 
 
+class FreezeWhenCreated:
+    """A tracker hook that holds `gate` (a node's fake driver) the moment the `claims` claims of the pods in `uids`
+    are all Created, so a scenario can act between a slice's making and its advertising: the agent's next
+    reconcile, the one that would advertise, waits on the lock. Holding it inside the hook is brief: the agent
+    holds the lock for one driver call at most."""
+
+    def __init__(self, track: Tracker, gate: DriverGate, claims: int) -> None:
+        self.track = track
+        self.gate = gate
+        self.claims = claims
+        self.uids: set[str] = set()
+        self.frozen_at: float | None = None
+
+    def __call__(self, what: str, rec: Any) -> None:
+        if self.frozen_at is not None or not isinstance(rec, ClaimRecord) or rec.pod_uid not in self.uids:
+            return
+        mine = [c for c in self.track.claims.values() if c.pod_uid in self.uids]
+        if len(mine) == self.claims and all(c.phase == "Created" for c in mine):
+            self.gate.hold_now()
+            self.frozen_at = time.monotonic()
+
+
 class Agent:
     """`gpuops agent --emulated` of one node, as a DaemonSet pod would run it."""
 
@@ -425,33 +447,19 @@ class Agent:
 # ---------------------------------------------------------------------------------------------- the rig
 
 
-async def wait_for(what: str, probe: Callable[[], bool], within: float, every: float = 0.05) -> float:
-    """Until `probe()` holds; the monotonic instant it was first seen (TimeoutError naming `what` after `within`)."""
-    async def p() -> bool:
-        return probe()
-
-    await until(what, p, within, every)
-    return time.monotonic()
-
-
 async def pace(seconds: float) -> None:
     """A hold of a fault for a set time (the scenario's timeline), never a wait for state."""
     await asyncio.sleep(seconds)
 
 
 @dataclass
-class MigRig:
-    rig: OperatorHarness
+class MigRig(OnHarness):
     track: Tracker
     agents: dict[str, Agent]
     state_dir: Path
     grace: float
     heartbeat: float
     refusals: list[str] = field(default_factory=list)
-
-    @property
-    def cluster(self) -> SimCluster:
-        return self.rig.cluster
 
     @property
     def nodes(self) -> list[str]:
@@ -708,6 +716,12 @@ class MigRig:
             total += len(await self.driver(n))
         return total
 
+    def verdict(self, figures: dict[str, Any], problems: list[str], **detail: Any) -> Found:
+        """A MIG scenario's run: it passes without a problem; its detail names the pods whose
+        NVIDIA_VISIBLE_DEVICES holds one profile's slices (`env_problems`: a known finding every MIG scenario
+        reports, not a chaos effect)."""
+        return figures, {"problems": problems, **detail, "env_short": self.env_problems()[1]}, not problems
+
     async def final_checks(self, problems: list[str], *, gated_within: float = 10.0,
                            leak_within: float | None = None) -> dict[str, Any]:
         """Both global checks plus the tracker's invariants and the Allocate envs; adds to `problems`, returns the
@@ -736,9 +750,6 @@ class MigRig:
             "leak_check_wait_s": leak_wait,
             "slices_at_end": await self.slice_count(),
         }
-
-    def operator_log(self, event: str) -> list[dict[str, Any]]:
-        return log_records(self.rig.log_path, event)
 
 
 def _scenario(name: str, nodes: int) -> Any:
@@ -801,8 +812,3 @@ COMMON_NOTES = {
     "slices_at_end": "slices left in all drivers at the end",
 }
 
-
-def verdict(problems: list[str], ok: bool, script: str, args: Any) -> str:
-    """The closing lines of every MIG slicer report: problems, the result, the command."""
-    listed = "\n".join(f"- {p}" for p in problems) or "none."
-    return f"Problems:\n{listed}\n\nResult: {'PASS' if ok else 'FAIL'}.\n\nCommand: `{command(script, args)}`\n"

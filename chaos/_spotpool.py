@@ -18,10 +18,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import importlib.util
 import os
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
@@ -29,15 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _common import command, log_records
+from _common import OnHarness, load_bench, wait_for
 
 from gpuops_sim.cloud.faults import CloudFaults
 from gpuops_sim.cloud.spot import Instance
 from gpuops_sim.cluster.cluster import SimCluster
-from gpuops_sim.harness import OperatorHarness, until
+from gpuops_sim.harness import OperatorHarness
 from gpuops_sim.scenario import parse
 
-__all__ = ["NS", "POOL", "SECRETS", "SpotRig", "bench", "open_spot_rig", "sleep_until", "verdict", "wait_for"]
+__all__ = ["NS", "POOL", "SECRETS", "SpotRig", "bench", "open_spot_rig", "sleep_until"]
 
 ROOT = Path(__file__).resolve().parents[1]
 NS = "gpuops-system"
@@ -45,30 +43,14 @@ POOL = "chaos"
 SECRETS = ("", "secrets")
 
 
-def _load_bench() -> Any:
-    """bench/spotpool.py as a module (its `_common` import resolves to chaos/_common, already loaded; it only
-    binds a name it never uses here)."""
-    spec = importlib.util.spec_from_file_location("gpuops_bench_spotpool", ROOT / "bench" / "spotpool.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class body runs
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_bench()
+bench = load_bench("spotpool")
 
 
 @dataclass
-class SpotRig:
-    rig: OperatorHarness
+class SpotRig(OnHarness):
     led: Any  # bench.SpotLedger of the pool POOL
     resync: float
     notes: list[str] = field(default_factory=list)
-
-    @property
-    def cluster(self) -> SimCluster:
-        return self.rig.cluster
 
     @property
     def spot(self) -> Any:
@@ -116,11 +98,13 @@ class SpotRig:
 
     async def wait_converged(self, what: str, within: float, target: int | None = None) -> float:
         """Until `converged(target)`; returns the monotonic instant it was first seen."""
-        async def probe() -> bool:
-            return self.converged(target)
+        return await wait_for(what, lambda: self.converged(target), within)
 
-        await until(what, probe, within)
-        return time.monotonic()
+    def launches_since(self, t0: float) -> list[dict[str, Any]]:
+        """Every RunInstances call the cloud answered: when (s after `t0`), its client token, how many instances
+        it asked for and whether it created them (a replayed token creates none)."""
+        return [{"at": round(c.at - t0, 3), "token": c.token, "count": c.count, "created": c.created}
+                for c in self.led.launches]
 
     def tagged(self) -> list[Instance]:
         return [i for i in self.spot.instances.values() if i.tags.get(bench.POOL_TAG) == POOL]
@@ -137,10 +121,6 @@ class SpotRig:
             await self.cluster.access.patch(SECRETS, NS, name, {"data": data})
 
     # ------------------------------------------------------------------------------------------ the operator
-
-    def operator_log(self, event: str) -> list[dict[str, Any]]:
-        """The operator's JSON log records whose `event` is `event` (all its starts, each tagged `start`)."""
-        return log_records(self.rig.log_path, event)
 
     def spot_calls(self) -> int:
         return int(bench.spot_calls(self.cluster))
@@ -184,21 +164,7 @@ async def open_spot_rig(name: str, *, seed: int, resync: float | None = None, no
                     shutil.copyfile(rig.log_path, Path(tempfile.gettempdir()) / f"{name}-operator.log")
 
 
-async def wait_for(what: str, probe: Callable[[], bool], within: float, every: float = 0.05) -> float:
-    """Until `probe()` holds; returns the monotonic instant it was first seen (TimeoutError after `within`)."""
-    async def p() -> bool:
-        return probe()
-
-    await until(what, p, within, every)
-    return time.monotonic()
-
-
 async def sleep_until(deadline: float) -> None:
     """The scenario's own timeline (a hold of a fault for a set time), not a wait for state."""
     await asyncio.sleep(max(0.0, deadline - time.monotonic()))
 
-
-def verdict(problems: list[str], ok: bool, script: str, args: Any) -> str:
-    """The closing lines of every spot pool report: problems, the result, the command."""
-    return (f'Problems: {"; ".join(problems) or "none"}.\n\nResult: {"PASS" if ok else "FAIL"}.\n\n'
-            f"Command: `{command(script, args)}`\n")

@@ -61,11 +61,9 @@ from typing import Any
 
 from _allcontrollers import (
     BUDGETS,
-    FULL,
     GROUPS,
     POOL,
     POOLS,
-    QUICK,
     AllRig,
     Faulter,
     Plan,
@@ -73,16 +71,33 @@ from _allcontrollers import (
     build_script,
     drive,
     open_all_rig,
+    plan_of,
 )
 from _autoprovision import power_report
-from _common import NS, command, figures_table, gpu_seconds, log_records, metric_sum, run, until, write_results
+from _budget import NS, gpu_seconds
+from _common import Detail, Figures, Found, Report, log_records, metric_sum, mode_of, run_scenario
 
-from gpuops import logs
 from gpuops.accounting.reporting import counting_instant
 from gpuops_sim.budget_workload import micros
 from gpuops_sim.cluster.access import EVENTS, JOBS
+from gpuops_sim.harness import until
 
 NAME = "apiserver_all"
+NOTES = {
+    "faulted_injected_500s": "HTTP 500s the emulator answered (5 % of every request in the fault window)",
+    "faulted_injected_429s": "HTTP 429s (Retry-After) answered during the storms",
+    "faulted_watches_dropped": "watch connections closed (every 5 s, and after each compaction)",
+    "faulted_operator_relists_expired_410": "informer relists after 410 Gone (operator's /metrics)",
+    "faulted_outage_seconds": "the API server's port closed (connections refused)",
+    "faulted_converge_after_faults_stop_s": "faults end -> every object converged (module docstring)",
+    "clean_converge_after_faults_stop_s": "the same instant of the clean run's timeline -> converged (< 0: before it)",
+    "faulted_converged_at_offset_s": "t0 -> converged (the scenario lasts `length` s; its last pod ends earlier)",
+    "canonical_differences": "fields of the final state that differ between the clean and the faulted run (0)",
+    "faulted_power_duplicate_transitions": "new key for a power transition already under way (0)",
+    "faulted_pods_evicted_twice": "pods the operator evicted more than once (0)",
+    "faulted_mig_pods_claims_not_slices": "MIG pods whose claims ever made != slices asked (0)",
+}
+
 TRANSIENT = frozenset({"EvictionBlocked", "EvictionFailed", "EnforcementFailed", "WebhookFailed", "LaunchLost",
                        "LaunchRenewed", "LaunchRejected", "CapacityError", "FailedMigAllocation"})
 """Event reasons that report one failed call (a fault's direct trace), not a state: listed, not compared.
@@ -458,38 +473,29 @@ def _fault_figures(r: AllRig, f: Faulter, text: str) -> dict[str, float | int]:
         "injected_500s": r.faults.by_code[500],
         "injected_429s": r.faults.by_code[429],
         "storms": f.storms,
-        "watches_dropped": f.dropped,
-        "drop_rounds": f.drop_rounds,
-        "compactions": f.compactions,
-        "outage_seconds": f.outage_seconds,
+        "watches_dropped": f.watch.dropped,
+        "drop_rounds": f.watch.rounds,
+        "compactions": f.watch.compactions,
+        "outage_seconds": f.watch.outage_seconds,
     }
 
 
 # ---------------------------------------------------------------------------------------------- main
 
 
-NOTES = {
-    "faulted_injected_500s": "HTTP 500s the emulator answered (5 % of every request in the fault window)",
-    "faulted_injected_429s": "HTTP 429s (Retry-After) answered during the storms",
-    "faulted_watches_dropped": "watch connections closed (every 5 s, and after each compaction)",
-    "faulted_operator_relists_expired_410": "informer relists after 410 Gone (operator's /metrics)",
-    "faulted_outage_seconds": "the API server's port closed (connections refused)",
-    "faulted_converge_after_faults_stop_s": "faults end -> every object converged (module docstring)",
-    "clean_converge_after_faults_stop_s": "the same instant of the clean run's timeline -> converged (< 0: before it)",
-    "faulted_converged_at_offset_s": "t0 -> converged (the scenario lasts `length` s; its last pod ends earlier)",
-    "canonical_differences": "fields of the final state that differ between the clean and the faulted run (0)",
-    "faulted_power_duplicate_transitions": "new key for a power transition already under way (0)",
-    "faulted_pods_evicted_twice": "pods the operator evicted more than once (0)",
-    "faulted_mig_pods_claims_not_slices": "MIG pods whose claims ever made != slices asked (0)",
-}
-
-
-def markdown(plan: Plan, figures: dict[str, float | int], runs: dict[str, dict[str, Any]], diffs: list[str],
-             problems: list[str], ok: bool, cmd: str, mode: str) -> str:
-    listed = "\n".join(f"- {p}" for p in problems) or "none."
-    diff_list = "\n".join(f"- `{d}`" for d in diffs) or "none: the final states are equal."
-    transient = runs["faulted"]["transient_event_reasons"]
-    return f"""# API-server chaos across all controllers ({mode} run)
+def report(figures: Figures, detail: Detail, args: argparse.Namespace) -> Report:
+    plan = plan_of(args)
+    diff_list = "\n".join(f"- `{d}`" for d in detail["diffs"]) or "none: the final states are equal."
+    transient = detail["transient_event_reasons"]
+    injected = (f"all controllers, {plan.length:g} s: 5 % 500s, {len(plan.storms)} 429 storms (Retry-After), "
+                f"watch drops every {plan.drop_every:g} s, {len(plan.compactions)} compactions (410), "
+                f"{plan.outage_seconds:g} s outage")
+    checked = "convergence; final state == clean run's; nothing doubled; budget status == truth"
+    key = (f"{figures['canonical_differences']} differences; {figures.get('faulted_injected_500s', 0)} 500s, "
+           f"{figures.get('faulted_injected_429s', 0)} 429s, {figures.get('faulted_watches_dropped', 0)} watches "
+           f"dropped, {figures.get('faulted_operator_relists_expired_410', 0)} 410 relists; converged "
+           f"{figures.get('faulted_converge_after_faults_stop_s', -1):g} s after the faults")
+    md = f"""# API-server chaos across all controllers ({mode_of(args)} run)
 
 One emulated cluster, one `gpuops run` (budget, autoprovision, spotpool, migslicer), the same seeded
 {plan.length:g} s scenario run clean and then under faults: {plan.error_rate:.0%} HTTP 500 on every request,
@@ -509,18 +515,9 @@ Differences between the clean and the faulted final state:
 
 Failure-only Event reasons seen in the faulted run (not compared): {transient or "none"}
 
-What held the faulted run's convergence up last (sampled every 2 s): {"; ".join(runs["faulted"]["last_blockers"])
-                                                                      or "nothing"}
-
-{figures_table(figures, NOTES)}
-
-Problems:
-{listed}
-
-Result: {"PASS" if ok else "FAIL"}.
-
-Command: `{cmd}`
-"""
+What held the faulted run's convergence up last (sampled every 2 s): {"; ".join(detail["last_blockers"]["faulted"])
+                                                                      or "nothing"}"""
+    return Report(md, NOTES, listed=True, injected=injected, checked=checked, key=key)
 
 
 async def run_all(plan: Plan, script: list[Step], seed: int, order: list[str], *, side_by_side: bool
@@ -538,56 +535,42 @@ async def run_all(plan: Plan, script: list[Step], seed: int, order: list[str], *
     return {n: await one(n) for n in order}
 
 
-def cli() -> argparse.Namespace:
-    """_common.cli's flags plus --verify-determinism."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="CI-sized run (22 s scenario, both runs < 90 s)")
-    parser.add_argument("--seed", type=int, default=1, help="seed of the workload script and the fault draws")
+def determinism_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verify-determinism", action="store_true",
                         help="run the clean scenario twice and compare those final states too")
-    args = parser.parse_args()
-    logs.configure(json=False, level="WARNING")
-    return args
 
 
-async def main() -> bool:
-    args = cli()
-    plan = QUICK if args.quick else FULL
+def compare_runs(runs: dict[str, dict[str, Any]], other: str, differs: str) -> tuple[list[str], list[str]]:
+    """The differences of run `other`'s canonical final state from the clean run's, and the problems of the
+    comparison: every run's own (prefixed with its name), then each difference (`differs` says what differs)."""
+    diffs = differences(runs["clean"]["canonical"], runs[other]["canonical"])
+    problems = [f"{n}: {p}" for n, res in runs.items() for p in res["problems"]]
+    return diffs, problems + [f"{differs}: {d}" for d in diffs]
+
+
+def run_figures(runs: dict[str, dict[str, Any]]) -> dict[str, float | int]:
+    """Every run's figures, each prefixed with the run's name."""
+    return {f"{n}_{k}": v for n, res in runs.items() for k, v in res["figures"].items()}
+
+
+async def scenario(args: argparse.Namespace) -> Found:
+    plan = plan_of(args)
     script = build_script(plan, args.seed)
     order = ["clean", "clean2", "faulted"] if args.verify_determinism else ["clean", "faulted"]
     runs = await run_all(plan, script, args.seed, order, side_by_side=args.quick)
-    diffs = differences(runs["clean"]["canonical"], runs["faulted"]["canonical"])
-    problems = [f"{n}: {p}" for n, res in runs.items() for p in res["problems"]]
-    problems += [f"final state differs: {d}" for d in diffs]
+    diffs, problems = compare_runs(runs, "faulted", "final state differs")
     figures: dict[str, float | int] = {"canonical_differences": len(diffs)}
     if "clean2" in runs:
         twice = differences(runs["clean"]["canonical"], runs["clean2"]["canonical"])
         figures["clean_vs_clean_differences"] = len(twice)
         problems += [f"clean runs differ (not deterministic): {d}" for d in twice]
-    for n, res in runs.items():
-        figures.update({f"{n}_{k}": v for k, v in res["figures"].items()})
-    ok = not problems
-    figures["passed"] = int(ok)
-    mode = "quick" if args.quick else "full"
-    cmd = command("apiserver_all.py", args) + (" --verify-determinism" if args.verify_determinism else "")
-    md = markdown(plan, figures, runs, diffs, problems, ok, cmd, mode)
-    summary = {
-        "injected": f"all controllers, {plan.length:g} s: 5 % 500s, {len(plan.storms)} 429 storms (Retry-After), "
-                    f"watch drops every {plan.drop_every:g} s, {len(plan.compactions)} compactions (410), "
-                    f"{plan.outage_seconds:g} s outage",
-        "checked": "convergence; final state == clean run's; nothing doubled; budget status == truth",
-        "key": f"{figures['canonical_differences']} differences; {figures.get('faulted_injected_500s', 0)} 500s, "
-               f"{figures.get('faulted_injected_429s', 0)} 429s, {figures.get('faulted_watches_dropped', 0)} watches "
-               f"dropped, {figures.get('faulted_operator_relists_expired_410', 0)} 410 relists; converged "
-               f"{figures.get('faulted_converge_after_faults_stop_s', -1):g} s after the faults",
-    }
-    write_results(NAME, figures, md, passed=ok, summary=summary,
-                  extra={"mode": mode, "seed": args.seed, "diffs": diffs, "problems": problems,
-                         "canonical": {n: res["canonical"] for n, res in runs.items()},
-                         "transient_event_reasons": runs["faulted"]["transient_event_reasons"],
-                         "last_blockers": {n: res["last_blockers"] for n, res in runs.items()}})
-    return ok
+    figures.update(run_figures(runs))
+    return figures, {"diffs": diffs, "problems": problems,
+                     "canonical": {n: res["canonical"] for n, res in runs.items()},
+                     "transient_event_reasons": runs["faulted"]["transient_event_reasons"],
+                     "last_blockers": {n: res["last_blockers"] for n, res in runs.items()}}, not problems
 
 
 if __name__ == "__main__":
-    run(main)
+    run_scenario(NAME, __doc__, scenario, report, quick="CI-sized run (22 s scenario, both runs < 90 s)",
+                 seed="seed of the workload script and the fault draws", more=determinism_flag)

@@ -19,54 +19,47 @@ in the end (converged with the faults still on).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import time
-from typing import Any
 
-from _autoprovision import ApRig, burst, open_ap_rig, power_report, verdict
-from _common import cli, figures_table, run, write_results
+from _autoprovision import burst, open_ap_rig, power_report
+from _common import Detail, Figures, Found, Report, WatchFaults, mode_of, pace, run_scenario
 
 NAME = "autoprovision_apiserver_faults"
+NOTES = {
+    "apiserver_500s_injected": "HTTP 500s the API server's injector answered (5 % of the operator's requests)",
+    "watches_dropped": "watch connections the emulator closed (every 2 s, and once after the compaction)",
+    "duplicate_transitions": "new key for a start while booting/on or a stop while going down/off (must be 0)",
+    "undecided_keys_sent": "power requests whose key the operator never logged as decided (must be 0)",
+    "power_cycles": "power-ons the machines went through (must not exceed power_on_decisions)",
+    "seconds_to_all_pods_running": "first pod created -> last pod first Running",
+    "seconds_to_all_machines_off": "first pod created -> every machine off and every group Off (faults on)",
+}
+
 MACHINES, PODS, GPUS = 6, 24, 2
 ERROR_RATE, DROP_EVERY, COMPACT_AT, OUTAGE_AT, OUTAGE = 0.05, 2.0, 1.0, 1.5, 2.0
 
 
-class Faulter:
-    def __init__(self, ap: ApRig) -> None:
-        self.server = ap.cluster.server
-        self.dropped = self.drops = 0
-        self.compacted_rv = 0
-        self.outage_seconds = 0.0
-
-    async def drops_every(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), DROP_EVERY)
-            except TimeoutError:
-                self.dropped += self.server.drop_watches()
-                self.drops += 1
-
-    async def timeline(self, t0: float) -> None:
-        await asyncio.sleep(max(0.0, t0 + COMPACT_AT - time.time()))
-        self.compacted_rv = self.server.compact()
-        self.dropped += self.server.drop_watches()
-        await asyncio.sleep(max(0.0, t0 + OUTAGE_AT - time.time()))
-        began = time.time()
-        await self.server.outage(OUTAGE)
-        self.outage_seconds = round(time.time() - began, 3)
+async def timeline(f: WatchFaults, t0: float) -> None:
+    """The compaction (410) and then the outage, in the middle of the burst."""
+    await pace(t0, COMPACT_AT)
+    f.compact()
+    await pace(t0, OUTAGE_AT)
+    await f.outage(OUTAGE)
 
 
-async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict[str, Any], bool]:
+async def scenario(quick: bool, seed: int) -> Found:
     boot, runtime, unneeded, spacing = (2.0, 5.0, 2, 0.1) if quick else (4.0, 15.0, 4, 0.25)
     names = [f"gpu-{i}" for i in range(MACHINES)]
     async with open_ap_rig("chaos-ap-apiserver", MACHINES, seed=seed, boot=boot) as ap:
         await ap.create_groups(names, unneeded=unneeded)
-        f = Faulter(ap)
+        f = WatchFaults(ap.cluster.server, DROP_EVERY)
         rule = ap.cluster.server.faults.add_error(500, ERROR_RATE)
         stop = asyncio.Event()
-        dropper = asyncio.create_task(f.drops_every(stop))
+        dropper = asyncio.create_task(f.drop_every(stop))
         t0 = time.time()
-        timeline = asyncio.create_task(f.timeline(t0))
+        timeline_done = asyncio.create_task(timeline(f, t0))
         await burst(ap, PODS, GPUS, runtime, spacing)
         problems: list[str] = []
         running_at = off_at = None
@@ -74,7 +67,7 @@ async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict
             running_at = await ap.wait_all_running(60 if quick else 120)
         except TimeoutError as e:
             problems.append(str(e))
-        await timeline
+        await timeline_done
         if running_at is not None:
             try:
                 off_at = await ap.wait_all_off(names, runtime + 40 if quick else runtime + 90)
@@ -90,7 +83,7 @@ async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict
             **figures,
             "apiserver_500s_injected": injected,
             "watches_dropped": f.dropped,
-            "drop_rounds": f.drops,
+            "drop_rounds": f.rounds,
             "compacted_rv": f.compacted_rv,
             "outage_seconds": f.outage_seconds,
             "pods": len(ap.pods),
@@ -99,33 +92,23 @@ async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict
             "seconds_to_all_machines_off": round(off_at - t0, 3) if off_at else -1,
             "machines_used": sum(1 for n in names if ap.machines[n].power_cycles > 0),
         }
-        ok = not problems
-        figures["passed"] = int(ok)
-        return figures, {"machines": per, "problems": problems, "trace": ap.trace(),
-                         "timings": {"boot_seconds": boot, "pod_runtime_seconds": runtime,
-                                     "scale_down_unneeded_seconds": unneeded, "pod_spacing_seconds": spacing}}, ok
+        timings = {"boot_seconds": boot, "pod_runtime_seconds": runtime, "scale_down_unneeded_seconds": unneeded,
+                   "pod_spacing_seconds": spacing}
+        return figures, {"machines": per, "problems": problems, "trace": ap.trace(), "timings": timings}, not problems
 
 
-NOTES = {
-    "apiserver_500s_injected": "HTTP 500s the API server's injector answered (5 % of the operator's requests)",
-    "watches_dropped": "watch connections the emulator closed (every 2 s, and once after the compaction)",
-    "duplicate_transitions": "new key for a start while booting/on or a stop while going down/off (must be 0)",
-    "undecided_keys_sent": "power requests whose key the operator never logged as decided (must be 0)",
-    "power_cycles": "power-ons the machines went through (must not exceed power_on_decisions)",
-    "seconds_to_all_pods_running": "first pod created -> last pod first Running",
-    "seconds_to_all_machines_off": "first pod created -> every machine off and every group Off (faults on)",
-}
-
-
-async def main() -> bool:
-    args = cli(__doc__)
-    figures, detail, ok = await scenario(args.quick, args.seed)
-    mode = "quick" if args.quick else "full"
+def report(figures: Figures, detail: Detail, args: argparse.Namespace) -> Report:
     t = detail["timings"]
     rows = "\n".join(f"| {n} | {d['power_cycles']} | {d['up_decisions']} | {d['down_decisions']} | "
                      f"{d['start_requests']} / {d['start_keys']} | {d['stop_requests']} / {d['stop_keys']} | "
                      f"{len(d['duplicates'])} |" for n, d in detail["machines"].items())
-    md = f"""# Autoprovision under API server faults ({mode} run)
+    injected = (f"5 % API 500s, watch drops every {DROP_EVERY:g} s, compaction (410), {OUTAGE:g} s outage during "
+                f"a burst of {PODS} pods over {MACHINES} off machines (compressed: boot {t['boot_seconds']:g} s)")
+    checked = "all pods Running; 0 duplicate transitions; keys all decided; cycles <= decisions; all off"
+    key = (f"{figures['apiserver_500s_injected']} 500s, {figures['watches_dropped']} watches dropped; "
+           f"{figures['duplicate_transitions']} duplicates; running after "
+           f"{figures['seconds_to_all_pods_running']:g} s, all off after {figures['seconds_to_all_machines_off']:g} s")
+    md = f"""# Autoprovision under API server faults ({mode_of(args)} run)
 
 Injected from the first pod until every machine is off: 5 % HTTP 500 on every request, all watches dropped
 every {DROP_EVERY:g} s, a compaction + drop (410 Gone) at t = {COMPACT_AT:g} s, a {OUTAGE:g} s outage (connections
@@ -139,24 +122,9 @@ machine off and every group Off at the end.
 | machine | power cycles | up decisions | down decisions | start requests / keys | stop requests / keys | \
 duplicates |
 |---|---|---|---|---|---|---|
-{rows}
-
-{figures_table(figures, NOTES)}
-
-{verdict(detail["problems"], ok, "autoprovision_apiserver_faults.py", args)}"""
-    summary = {
-        "injected": f"5 % API 500s, watch drops every {DROP_EVERY:g} s, compaction (410), {OUTAGE:g} s outage during "
-                    f"a burst of {PODS} pods over {MACHINES} off machines (compressed: boot {t['boot_seconds']:g} s)",
-        "checked": "all pods Running; 0 duplicate transitions; keys all decided; cycles <= decisions; all off",
-        "key": f"{figures['apiserver_500s_injected']} 500s, {figures['watches_dropped']} watches dropped; "
-               f"{figures['duplicate_transitions']} duplicates; running after "
-               f"{figures['seconds_to_all_pods_running']:g} s, all off after "
-               f"{figures['seconds_to_all_machines_off']:g} s",
-    }
-    write_results(NAME, figures, md, passed=ok, summary=summary,
-                  extra={"mode": mode, "seed": args.seed, **detail})
-    return ok
+{rows}"""
+    return Report(md, NOTES, injected=injected, checked=checked, key=key)
 
 
 if __name__ == "__main__":
-    run(main)
+    run_scenario(NAME, __doc__, lambda args: scenario(args.quick, args.seed), report)

@@ -14,14 +14,25 @@ Figures: decision -> Failed (vs bootTimeoutSeconds), pod created -> Running (tim
 
 from __future__ import annotations
 
+import argparse
 import time
 from datetime import datetime
 from typing import Any
 
-from _autoprovision import Sink, group_body, open_ap_rig, power_report, verdict
-from _common import cli, figures_table, run, until, write_results
+from _autoprovision import Sink, group_body, open_ap_rig, power_report
+from _common import Detail, Figures, Found, Report, mode_of, run_scenario
+
+from gpuops_sim.harness import until
 
 NAME = "autoprovision_never_boots"
+NOTES = {
+    "decision_to_failed_seconds": "ghost's decision (status.lastScaleUp) -> Failed (status.since), vs "
+                                  "bootTimeoutSeconds",
+    "pod_created_to_running_seconds": "time to fallback: the pod created -> Running on gpu-0",
+    "backoff_seconds": "status.backoffUntil - Failed time (operator default 300 s)",
+    "ghost_power_requests": "requests the never-booting machine's endpoint received (must be 1)",
+}
+
 BACKOFF_BASE = 300.0  # the operator's default boot backoff (reconciler.Settings.boot_backoff_base)
 
 
@@ -31,7 +42,7 @@ def _ts(text: str | None) -> float | None:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict[str, Any], bool]:
+async def scenario(quick: bool, seed: int) -> Found:
     timeout, boot, runtime = (3, 2.0, 10.0) if quick else (10, 3.0, 30.0)
     sink = Sink()
     await sink.start()
@@ -103,10 +114,8 @@ async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict
                                 f"{figures['ghost_power_keys']} keys (want 1 and 1)")
             if ap.machines["gpu-0"].power_cycles != 1:
                 problems.append(f"gpu-0 powered on {ap.machines['gpu-0'].power_cycles} times (want 1)")
-            ok = not problems
-            figures["passed"] = int(ok)
             return figures, {"ghost_status": st, "machines": per, "problems": problems, "trace": ap.trace(),
-                             "timings": {"boot_timeout_seconds": timeout, "boot_seconds": boot}}, ok
+                             "timings": {"boot_timeout_seconds": timeout, "boot_seconds": boot}}, not problems
     finally:
         await sink.stop()
 
@@ -115,43 +124,23 @@ async def _ready(ap: Any) -> bool:
     return bool(ap.state("gpu-0") == "Ready")
 
 
-NOTES = {
-    "decision_to_failed_seconds": "ghost's decision (status.lastScaleUp) -> Failed (status.since), vs "
-                                  "bootTimeoutSeconds",
-    "pod_created_to_running_seconds": "time to fallback: the pod created -> Running on gpu-0",
-    "backoff_seconds": "status.backoffUntil - Failed time (operator default 300 s)",
-    "ghost_power_requests": "requests the never-booting machine's endpoint received (must be 1)",
-}
-
-
-async def main() -> bool:
-    args = cli(__doc__)
-    figures, detail, ok = await scenario(args.quick, args.seed)
-    mode = "quick" if args.quick else "full"
+def report(figures: Figures, detail: Detail, args: argparse.Namespace) -> Report:
     t = detail["timings"]
-    md = f"""# Autoprovision: a machine that never boots ({mode} run)
+    injected = (f"a 1-GPU group whose power-on is accepted but whose node never joins (bootTimeoutSeconds "
+                f"{t['boot_timeout_seconds']}), beside a real 8-GPU machine")
+    checked = "Failed after the timeout, BootTimeout Event, backoffUntil, 1 request; pod runs on gpu-0"
+    key = (f"Failed {figures.get('decision_to_failed_seconds', '-')} s after the decision; pod Running after "
+           f"{figures['pod_created_to_running_seconds']:g} s; backoff {figures['backoff_seconds']:g} s")
+    md = f"""# Autoprovision: a machine that never boots ({mode_of(args)} run)
 
 `ghost` (1 GPU, the smallest fit) accepts its power-on (202) and never joins; `gpu-0` (8 GPUs) is a real
 powered-off machine. One pending 1-GPU pod. Compressed timings: ghost bootTimeoutSeconds {t['boot_timeout_seconds']}
 s, gpu-0 boot {t['boot_seconds']:g} s; boot backoff the operator's default (300 s).
 
 Checked: ghost Failed after (not before) its boot timeout, failures 1, backoffUntil 300 s later, a BootTimeout
-Event, one power request; the pod Running on gpu-0, powered on once, no duplicate transition.
-
-{figures_table(figures, NOTES)}
-
-{verdict(detail["problems"], ok, "autoprovision_never_boots.py", args)}"""
-    summary = {
-        "injected": f"a 1-GPU group whose power-on is accepted but whose node never joins (bootTimeoutSeconds "
-                    f"{t['boot_timeout_seconds']}), beside a real 8-GPU machine",
-        "checked": "Failed after the timeout, BootTimeout Event, backoffUntil, 1 request; pod runs on gpu-0",
-        "key": f"Failed {figures.get('decision_to_failed_seconds', '-')} s after the decision; pod Running after "
-               f"{figures['pod_created_to_running_seconds']:g} s; backoff {figures['backoff_seconds']:g} s",
-    }
-    write_results(NAME, figures, md, passed=ok, summary=summary,
-                  extra={"mode": mode, "seed": args.seed, **detail})
-    return ok
+Event, one power request; the pod Running on gpu-0, powered on once, no duplicate transition."""
+    return Report(md, NOTES, injected=injected, checked=checked, key=key)
 
 
 if __name__ == "__main__":
-    run(main)
+    run_scenario(NAME, __doc__, lambda args: scenario(args.quick, args.seed), report)

@@ -19,14 +19,26 @@ was indeed still booting when the new operator process started.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import time
 from typing import Any
 
-from _autoprovision import ApRig, Call, open_ap_rig, power_report, verdict
-from _common import cli, figures_table, run, until, write_results
+from _autoprovision import ApRig, Call, open_ap_rig, power_report
+from _common import Detail, Figures, Found, Report, mode_of, run_scenario
+
+from gpuops_sim.harness import until
 
 NAME = "autoprovision_operator_kill"
+NOTES = {
+    "after_boot_power_cycles": "gpu-0: restarted after it booted (must be 1)",
+    "while_booting_power_cycles": "gpu-1: restarted while it booted (must be 1)",
+    "while_booting_start_requests_after_restart": "the same transition re-sent by the new process",
+    "while_booting_replayed": "answers the power API replayed for the decision's key",
+    "outage_seconds": "kill -> new process spawned",
+    "duplicate_transitions": "new key for a start while booting/on (must be 0)",
+}
+
 VARIANTS = (("after_boot", "gpu-0"), ("while_booting", "gpu-1"))
 
 
@@ -102,7 +114,7 @@ async def variant(ap: ApRig, kind: str, machine: str, runtime: float, boot: floa
     return info, problems
 
 
-async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict[str, Any], bool]:
+async def scenario(quick: bool, seed: int) -> Found:
     boot, runtime = (4.0, 8.0) if quick else (6.0, 20.0)
     names = [m for _, m in VARIANTS]
     async with open_ap_rig("chaos-ap-kill", len(names), seed=seed, boot=boot) as ap:
@@ -122,33 +134,25 @@ async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict
                       "outage_seconds", "restart_to_metrics_seconds", "pod_running_after_seconds"):
                 if k in info:
                     figures[f"{kind}_{k}"] = info[k]
-        ok = not problems
-        figures["passed"] = int(ok)
         return figures, {"variants": results, "machines": per, "problems": problems, "trace": ap.trace(),
-                         "timings": {"boot_seconds": boot, "pod_runtime_seconds": runtime}}, ok
+                         "timings": {"boot_seconds": boot, "pod_runtime_seconds": runtime}}, not problems
 
 
-NOTES = {
-    "after_boot_power_cycles": "gpu-0: restarted after it booted (must be 1)",
-    "while_booting_power_cycles": "gpu-1: restarted while it booted (must be 1)",
-    "while_booting_start_requests_after_restart": "the same transition re-sent by the new process",
-    "while_booting_replayed": "answers the power API replayed for the decision's key",
-    "outage_seconds": "kill -> new process spawned",
-    "duplicate_transitions": "new key for a start while booting/on (must be 0)",
-}
-
-
-async def main() -> bool:
-    args = cli(__doc__)
-    figures, detail, ok = await scenario(args.quick, args.seed)
-    mode = "quick" if args.quick else "full"
+def report(figures: Figures, detail: Detail, args: argparse.Namespace) -> Report:
     t = detail["timings"]
     rows = "\n".join(f"| {k} | {m} | {v.get('machine_state_at_restart', '-')} | {v.get('outage_seconds', '-')} | "
                      f"{v.get('power_cycles', '-')} | {v.get('start_requests', '-')} / {v.get('start_keys', '-')} | "
                      f"{v.get('start_requests_after_restart', '-')} | {v.get('replayed', '-')} | "
                      f"{v.get('pod_node', '-')} |" for (k, m), v in zip(VARIANTS, detail["variants"].values(),
                                                                            strict=False))
-    md = f"""# Autoprovision: operator kill -9 while a machine boots ({mode} run)
+    injected = ("kill -9 inside the power-on request (machine booting, 2xx never seen); restart after the "
+                f"boot / while booting (compressed: boot {t['boot_seconds']:g} s)")
+    checked = "power_cycles == 1, one key per machine, 0 duplicates, pod Running, group Ready"
+    key = (f"cycles {figures.get('after_boot_power_cycles', '-')}/{figures.get('while_booting_power_cycles', '-')}"
+           f", re-sent after restart {figures.get('after_boot_start_requests_after_restart', '-')}/"
+           f"{figures.get('while_booting_start_requests_after_restart', '-')} (replayed "
+           f"{figures.get('while_booting_replayed', '-')}), duplicates {figures['duplicate_transitions']}")
+    md = f"""# Autoprovision: operator kill -9 while a machine boots ({mode_of(args)} run)
 
 The operator is killed (SIGKILL) inside the power API's start request, after the machine began booting and
 before the answer; restarted after the boot finished (after_boot, gpu-0) or at once, while it boots
@@ -160,24 +164,9 @@ the machine, the group Ready; while_booting: the machine still booting when the 
 | variant | machine | machine at restart | outage (s) | power cycles | start requests / keys | \
 requests after restart | replayed | pod ran on |
 |---|---|---|---|---|---|---|---|---|
-{rows}
-
-{figures_table(figures, NOTES)}
-
-{verdict(detail["problems"], ok, "autoprovision_operator_kill.py", args)}"""
-    summary = {
-        "injected": "kill -9 inside the power-on request (machine booting, 2xx never seen); restart after the "
-                    f"boot / while booting (compressed: boot {t['boot_seconds']:g} s)",
-        "checked": "power_cycles == 1, one key per machine, 0 duplicates, pod Running, group Ready",
-        "key": f"cycles {figures.get('after_boot_power_cycles', '-')}/{figures.get('while_booting_power_cycles', '-')}"
-               f", re-sent after restart {figures.get('after_boot_start_requests_after_restart', '-')}/"
-               f"{figures.get('while_booting_start_requests_after_restart', '-')} (replayed "
-               f"{figures.get('while_booting_replayed', '-')}), duplicates {figures['duplicate_transitions']}",
-    }
-    write_results(NAME, figures, md, passed=ok, summary=summary,
-                  extra={"mode": mode, "seed": args.seed, **detail})
-    return ok
+{rows}"""
+    return Report(md, NOTES, injected=injected, checked=checked, key=key)
 
 
 if __name__ == "__main__":
-    run(main)
+    run_scenario(NAME, __doc__, lambda args: scenario(args.quick, args.seed), report)

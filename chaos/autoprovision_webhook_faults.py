@@ -20,12 +20,26 @@ machine powered on more often than decided; every machine powered off and every 
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
 
-from _autoprovision import ApRig, burst, open_ap_rig, power_report, verdict
-from _common import cli, figures_table, run, write_results
+from _autoprovision import ApRig, burst, open_ap_rig, power_report
+from _common import Detail, Figures, Found, Report, mode_of, run_scenario
 
 NAME = "autoprovision_webhook_faults"
+NOTES = {
+    "webhook_requests": "power API start/stop requests received by the cloud (all attempts)",
+    "webhook_requests_replayed": "answered from the Idempotency-Key store (a retry of a transition that took effect)",
+    "faults_injected": "the cloud's fault injector: 500s and hangs, before or after the operation",
+    "webhook_failure_fraction": "requests not answered 2xx (hangs end in 504 after the client gave up)",
+    "duplicate_transitions": "new key for a start while booting/on or a stop while going down/off (must be 0)",
+    "undecided_keys_sent": "requests whose key the operator never logged as decided (must be 0)",
+    "power_cycles": "power-ons the machines went through (must not exceed power_on_decisions)",
+    "seconds_to_all_pods_running": "first pod created -> last pod first Running (first burst)",
+    "decision_to_first_request_seconds_max": "operator's decision log record -> its first power request (worst)",
+    "machines_powered_on_that_ran_no_pod": "power-ons no pod ever used (the burst went elsewhere meanwhile)",
+    "seconds_to_all_machines_off": "first pod created -> every machine off and every group Off",
+}
+
 MACHINES, PODS, GPUS, SPACING = 6, 24, 2, 0.1
 RULE_RATE = 1 - 0.7 ** 0.25  # four independent rules: 30 % of calls fail
 HANG = 2.5
@@ -40,7 +54,7 @@ def inject(ap: ApRig) -> None:
     faults.add(api="power", hang=True, hang_seconds=HANG, rate=RULE_RATE, after=True)
 
 
-async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict[str, Any], bool]:
+async def scenario(quick: bool, seed: int) -> Found:
     first: dict[str, float] = {}
     boot, runtime, unneeded = (2.0, 5.0, 2) if quick else (4.0, 15.0, 4)
     names = [f"gpu-{i}" for i in range(MACHINES)]
@@ -93,40 +107,27 @@ async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict
             **{k: v for k, v in first.items() if k.startswith("wave")},
             "machines_used": sum(1 for n in names if ap.machines[n].power_cycles > 0),
         }
-        ok = not problems
-        figures["passed"] = int(ok)
         detail = {"machines": per, "problems": problems, "trace": ap.trace(),
                   "cloud_faults": ap.cluster.cloud.faults.describe()["injected"],
                   "timings": {"boot_seconds": boot, "pod_runtime_seconds": runtime,
                               "scale_down_unneeded_seconds": unneeded, "webhook_timeout_seconds": WEBHOOK_TIMEOUT,
                               "hang_seconds": HANG}}
-        return figures, detail, ok
+        return figures, detail, not problems
 
 
-NOTES = {
-    "webhook_requests": "power API start/stop requests received by the cloud (all attempts)",
-    "webhook_requests_replayed": "answered from the Idempotency-Key store (a retry of a transition that took effect)",
-    "faults_injected": "the cloud's fault injector: 500s and hangs, before or after the operation",
-    "webhook_failure_fraction": "requests not answered 2xx (hangs end in 504 after the client gave up)",
-    "duplicate_transitions": "new key for a start while booting/on or a stop while going down/off (must be 0)",
-    "undecided_keys_sent": "requests whose key the operator never logged as decided (must be 0)",
-    "power_cycles": "power-ons the machines went through (must not exceed power_on_decisions)",
-    "seconds_to_all_pods_running": "first pod created -> last pod first Running (first burst)",
-    "decision_to_first_request_seconds_max": "operator's decision log record -> its first power request (worst)",
-    "machines_powered_on_that_ran_no_pod": "power-ons no pod ever used (the burst went elsewhere meanwhile)",
-    "seconds_to_all_machines_off": "first pod created -> every machine off and every group Off",
-}
-
-
-async def main() -> bool:
-    args = cli(__doc__)
-    figures, detail, ok = await scenario(args.quick, args.seed)
-    mode = "quick" if args.quick else "full"
+def report(figures: Figures, detail: Detail, args: argparse.Namespace) -> Report:
     rows = "\n".join(f"| {n} | {d['power_cycles']} | {d['up_decisions']} | {d['down_decisions']} | "
                      f"{d['start_requests']} / {d['start_keys']} | {d['stop_requests']} / {d['stop_keys']} | "
                      f"{d['replayed']} | {len(d['duplicates'])} |" for n, d in detail["machines"].items())
     t = detail["timings"]
-    md = f"""# Autoprovision: power webhook failing 30 % with 500s and timeouts ({mode} run)
+    injected = (f"power API 500s + hangs (> webhook timeout), before/after the op, ~30 % of calls; {PODS} pods "
+                f"x {GPUS} GPUs over {MACHINES} off machines (compressed: boot {t['boot_seconds']:g} s)")
+    checked = "all pods Running; 0 duplicate transitions; keys all decided; cycles <= decisions; all off"
+    key = (f"{figures['webhook_requests']} requests, {figures['faults_injected']} faults, "
+           f"{figures['duplicate_transitions']} duplicates; running after "
+           f"{figures['seconds_to_all_pods_running']:g} s, all off after "
+           f"{figures['seconds_to_all_machines_off']:g} s")
+    md = f"""# Autoprovision: power webhook failing 30 % with 500s and timeouts ({mode_of(args)} run)
 
 Injected on the emulated power API (start and stop): 500 before the operation, hang before it ({HANG:g} s,
 webhook timeout {WEBHOOK_TIMEOUT} s), 500 after it took effect, hang after it; each {RULE_RATE:.1%} of calls
@@ -141,24 +142,9 @@ every key sent decided by the operator; power-ons <= decisions; every machine of
 | machine | power cycles | up decisions | down decisions | start requests / keys | stop requests / keys | \
 replayed | duplicates |
 |---|---|---|---|---|---|---|---|
-{rows}
-
-{figures_table(figures, NOTES)}
-
-{verdict(detail["problems"], ok, "autoprovision_webhook_faults.py", args)}"""
-    summary = {
-        "injected": f"power API 500s + hangs (> webhook timeout), before/after the op, ~30 % of calls; {PODS} pods "
-                    f"x {GPUS} GPUs over {MACHINES} off machines (compressed: boot {t['boot_seconds']:g} s)",
-        "checked": "all pods Running; 0 duplicate transitions; keys all decided; cycles <= decisions; all off",
-        "key": f"{figures['webhook_requests']} requests, {figures['faults_injected']} faults, "
-               f"{figures['duplicate_transitions']} duplicates; running after "
-               f"{figures['seconds_to_all_pods_running']:g} s, all off after "
-               f"{figures['seconds_to_all_machines_off']:g} s",
-    }
-    write_results(NAME, figures, md, passed=ok, summary=summary,
-                  extra={"mode": mode, "seed": args.seed, **detail})
-    return ok
+{rows}"""
+    return Report(md, NOTES, injected=injected, checked=checked, key=key)
 
 
 if __name__ == "__main__":
-    run(main)
+    run_scenario(NAME, __doc__, lambda args: scenario(args.quick, args.seed), report)

@@ -46,17 +46,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _allcontrollers import BASE, FULL, QUICK, AllRig, Plan, Step, build_script, drive, open_all_rig
-from _common import command, figures_table, metric_sum, run, until, write_results
-from apiserver_all import accuracy, canonical, differences, doubling, wait_converged
+from _allcontrollers import BASE, AllRig, Plan, Step, build_script, drive, open_all_rig, plan_of
+from _common import Detail, Figures, Found, Report, metric_sum, mode_of, run_scenario
+from apiserver_all import accuracy, canonical, compare_runs, doubling, run_figures, wait_converged
 
-from gpuops import logs
 from gpuops.controllers.migslicer.api import GATE, OUR_PREFIX
 from gpuops_sim.apiserver.errors import StatusError
 from gpuops_sim.budget_workload import budget, pod
 from gpuops_sim.cluster.access import EVENTS
+from gpuops_sim.harness import until
 
 NAME = "bad_objects"
+NOTES = {
+    "canonical_differences": "fields of the healthy objects' final state that differ between the runs (must be 0)",
+    "poisoned_poison_refused": "poison objects admission refused (of poison_refusable: all must be)",
+    "poisoned_poison_visibly_failing": "admitted poison with a failing condition and an Event (of _admitted_judged)",
+    "poisoned_operator_reconcile_errors": "controller_runtime_reconcile_errors_total at the end (reported)",
+    "poisoned_operator_log_tracebacks": "tracebacks in the operator's log (must be 0)",
+}
+
 POISON_NS = "poison"
 POISON_LABEL = "gpuops.io/poison"
 FAILING = {("Ready", "False"), ("Degraded", "True"), ("WebhookFailing", "True"), ("DeletionBlocked", "True"),
@@ -339,23 +347,22 @@ def poison_problems(report: PoisonReport) -> list[str]:
 # ---------------------------------------------------------------------------------------------- main
 
 
-NOTES = {
-    "canonical_differences": "fields of the healthy objects' final state that differ between the runs (must be 0)",
-    "poisoned_poison_refused": "poison objects admission refused (of poison_refusable: all must be)",
-    "poisoned_poison_visibly_failing": "admitted poison with a failing condition and an Event (of _admitted_judged)",
-    "poisoned_operator_reconcile_errors": "controller_runtime_reconcile_errors_total at the end (reported)",
-    "poisoned_operator_log_tracebacks": "tracebacks in the operator's log (must be 0)",
-}
-
-
-def markdown(plan: Plan, figures: dict[str, float | int], report: PoisonReport, diffs: list[str],
-             problems: list[str], ok: bool, cmd: str, mode: str) -> str:
-    refused_rows = "\n".join(f"| `{k}` | {v.replace('|', '/')} |" for k, v in report.refused.items())
+def report(figures: Figures, detail: Detail, args: argparse.Namespace) -> Report:
+    plan = plan_of(args)
+    refused_rows = "\n".join(f"| `{k}` | {v.replace('|', '/')} |" for k, v in detail["refused"].items())
     shown_rows = "\n".join(f"| `{k}` | {v['what']} | {', '.join(v['failing_conditions']) or 'NONE'} | "
-                           f"{', '.join(v['event_reasons']) or 'NONE'} |" for k, v in report.shown.items())
-    diff_list = "\n".join(f"- `{d}`" for d in diffs) or "none: the healthy objects end as in the clean run."
-    listed = "\n".join(f"- {p}" for p in problems) or "none."
-    return f"""# Bad objects across all controllers ({mode} run)
+                           f"{', '.join(v['event_reasons']) or 'NONE'} |" for k, v in detail["shown"].items())
+    diff_list = "\n".join(f"- `{d}`" for d in detail["diffs"]) or "none: the healthy objects end as in the clean run."
+    injected = (f"all controllers, {plan.length:g} s: {len(detail['refused'])} objects admission must refuse, "
+                f"{len(detail['shown'])} admitted poison objects (claimed machine, missing or foreign Secret, "
+                "unresolvable host, impossible MIG asks, an eviction a PDB blocks)")
+    checked = ("healthy final state == clean run's; each refused with the field named; each admitted one "
+               "failing visibly (condition + Event); no traceback")
+    key = (f"{figures['canonical_differences']} differences; {figures.get('poisoned_poison_refused', 0)}/"
+           f"{figures.get('poisoned_poison_refusable', 0)} refused; "
+           f"{figures.get('poisoned_poison_visibly_failing', 0)}/"
+           f"{figures.get('poisoned_poison_admitted_judged', 0)} visibly failing")
+    md = f"""# Bad objects across all controllers ({mode_of(args)} run)
 
 The all-controllers scenario ({plan.length:g} s: budgets alert, ap, pause and evict; {plan.machines} powered-off
 machines with a GPUNodeGroup each; a SpotPool with {len(plan.reclaims)} reclaim(s); MIG pods on 2 MIG nodes) run
@@ -375,31 +382,12 @@ clean and then with poison objects planted at t0. No fault is injected: the pois
 
 ## The healthy objects
 
-Differences between the clean and the poisoned final state: {diff_list}
-
-{figures_table(figures, NOTES)}
-
-Problems:
-{listed}
-
-Result: {"PASS" if ok else "FAIL"}.
-
-Command: `{cmd}`
-"""
+Differences between the clean and the poisoned final state: {diff_list}"""
+    return Report(md, NOTES, listed=True, injected=injected, checked=checked, key=key)
 
 
-def cli() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="CI-sized run (14 s scenario instead of 600 s)")
-    parser.add_argument("--seed", type=int, default=1, help="seed of the workload script")
-    args = parser.parse_args()
-    logs.configure(json=False, level="WARNING")
-    return args
-
-
-async def main() -> bool:
-    args = cli()
-    plan = QUICK if args.quick else FULL
+async def scenario(args: argparse.Namespace) -> Found:
+    plan = plan_of(args)
     script = build_script(plan, args.seed)
 
     async def one(name: str) -> dict[str, Any]:
@@ -412,34 +400,13 @@ async def main() -> bool:
     # (chaos/_allcontrollers.py), and no fault makes either run wait out a backoff
     order = ("clean", "poisoned")
     runs = dict(zip(order, await asyncio.gather(*(one(n) for n in order)), strict=True))
-    diffs = differences(runs["clean"]["canonical"], runs["poisoned"]["canonical"])
-    problems = [f"{n}: {p}" for n, res in runs.items() for p in res["problems"]]
-    problems += [f"healthy final state differs: {d}" for d in diffs]
-    figures: dict[str, float | int] = {"canonical_differences": len(diffs)}
-    for n, res in runs.items():
-        figures.update({f"{n}_{k}": v for k, v in res["figures"].items()})
-    ok = not problems
-    figures["passed"] = int(ok)
-    mode = "quick" if args.quick else "full"
-    report: PoisonReport = runs["poisoned"]["poison"]
-    md = markdown(plan, figures, report, diffs, problems, ok, command("bad_objects.py", args), mode)
-    summary = {
-        "injected": f"all controllers, {plan.length:g} s: {len(report.refused)} objects admission must refuse, "
-                    f"{len(report.shown)} admitted poison objects (claimed machine, missing or foreign Secret, "
-                    "unresolvable host, impossible MIG asks, an eviction a PDB blocks)",
-        "checked": "healthy final state == clean run's; each refused with the field named; each admitted one "
-                   "failing visibly (condition + Event); no traceback",
-        "key": f"{figures['canonical_differences']} differences; {figures.get('poisoned_poison_refused', 0)}/"
-               f"{figures.get('poisoned_poison_refusable', 0)} refused; "
-               f"{figures.get('poisoned_poison_visibly_failing', 0)}/"
-               f"{figures.get('poisoned_poison_admitted_judged', 0)} visibly failing",
-    }
-    write_results(NAME, figures, md, passed=ok, summary=summary,
-                  extra={"mode": mode, "seed": args.seed, "diffs": diffs, "problems": problems,
-                         "refused": report.refused, "shown": report.shown,
-                         "canonical": {n: res["canonical"] for n, res in runs.items()}})
-    return ok
+    diffs, problems = compare_runs(runs, "poisoned", "healthy final state differs")
+    poison: PoisonReport = runs["poisoned"]["poison"]
+    return {"canonical_differences": len(diffs), **run_figures(runs)}, {
+        "diffs": diffs, "problems": problems, "refused": poison.refused, "shown": poison.shown,
+        "canonical": {n: res["canonical"] for n, res in runs.items()}}, not problems
 
 
 if __name__ == "__main__":
-    run(main)
+    run_scenario(NAME, __doc__, scenario, report, quick="CI-sized run (14 s scenario instead of 600 s)",
+                 seed="seed of the workload script")

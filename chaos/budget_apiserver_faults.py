@@ -10,7 +10,7 @@ in-process, so the faults are the operator's alone. Workload: the seed's scenari
 
 Checked: snapshots at t = 15, 30 and 45 s: status.consumedGpuHours against the truth at status.computedAt
 and the scraped metric against the truth at the scrape (judged at some instant of the scrape request, the
-midpoint reported too: chaos/_common.py `snapshot_ok`). Pass: 0.999 <= accuracy <= 1.001 at every snapshot,
+midpoint reported too: chaos/_budget.py `snapshot_ok`). Pass: 0.999 <= accuracy <= 1.001 at every snapshot,
 and the final status (after the faults stop) equal to the truth of all pods within 1e-6 GPU-h. Reported: faults
 injected (the emulator's count), watches dropped (connections closed), the operator's own view from its
 /metrics (500s it received, relists by reason, expired = 410, watch restarts, reconcile errors), the lag from
@@ -23,34 +23,29 @@ faults stop (0 when the status already held the final value).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 from fractions import Fraction
 from typing import Any
 
-from _common import (
-    GPU,
-    NS,
-    Chaos,
-    budget,
-    cli,
-    command,
-    figures_table,
-    metric_gpu_hours,
-    metric_sum,
-    micros,
-    now_us,
-    open_rig,
-    pace,
-    run,
-    snapshot,
-    snapshot_ok,
-    until,
-    write_results,
-)
+from _budget import GPU, NS, metric_gpu_hours, open_rig, snapshot, snapshot_ok
+from _common import Detail, Figures, Found, Report, WatchFaults, metric_sum, mode_of, pace, run_scenario
 
-from gpuops_sim.budget_workload import MICROS, pod
+from gpuops_sim.budget_workload import MICROS, budget, micros, pod
+from gpuops_sim.harness import now_us, until
 
 NAME = "budget_apiserver_faults"
+NOTES = {
+    "accuracy_metric_t15": "at the scrape's midpoint (reported)",
+    "accuracy_metric_in_window_t15": "at some instant of the scrape request (judged)",
+    "faults_injected": "500s the emulator returned (to any client: only the operator talks HTTP here)",
+    "watches_dropped": "watch connections closed by drop_watches(), the compaction's included",
+    "operator_relists_expired_410": "informer relists after 410 Gone, from the operator's /metrics",
+    "last_pod_end_to_status_seconds": "store marks the last pod Succeeded -> status write reflecting it",
+    "converge_after_faults_stop_seconds": "0: the status and metric already held the final truth",
+    "pods_informer_rewatch_backoff_max_seconds": "longest sleep before the pods watch was re-opened (operator log)",
+}
+
 PODS, RATE, RUNTIME = 50, 10.0, 30.0
 SNAPSHOTS = (15, 30, 45)
 ERROR_RATE, DROP_EVERY, COMPACT_AT = 0.05, 2.0, 22.5
@@ -58,41 +53,18 @@ LABELS = {"chaos": "apiserver-faults"}
 HOUR_TOL = Fraction(1, 1_000_000)
 
 
-class Dropper:
-    """Closes every open watch every DROP_EVERY seconds; `compact()` forces the 410 path once."""
-
-    def __init__(self, chaos: Chaos) -> None:
-        self.server = chaos.cluster.server
-        self.dropped = 0
-        self.drops = 0
-        self.compacted_rv = 0
-
-    async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), DROP_EVERY)  # the fault's cadence
-            except TimeoutError:
-                self.dropped += self.server.drop_watches()
-                self.drops += 1
-
-    def compact(self) -> None:
-        self.compacted_rv = self.server.compact()
-        self.dropped += self.server.drop_watches()
-        self.drops += 1
-
-
-async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict[str, Any], bool]:
+async def scenario(quick: bool, seed: int) -> Found:
     c = 3.0 if quick else 1.0
     # DEBUG: the reflector logs each re-watch backoff ("re-watching after backoff", with its delay) only there
     async with open_rig("chaos-apiserver-faults", PODS, seed=seed, log_level="DEBUG") as chaos:
         await chaos.create_budget(budget("seed", LABELS, GPU))
         faults = chaos.cluster.server.faults
-        dropper = Dropper(chaos)
+        dropper = WatchFaults(chaos.cluster.server, DROP_EVERY)
         stop = asyncio.Event()
         origin = now_us()
         t0 = origin / MICROS
         faults.add_error(500, ERROR_RATE)
-        dropping = asyncio.create_task(dropper.run(stop))
+        dropping = asyncio.create_task(dropper.drop_every(stop))
 
         async def create_all() -> None:
             for i in range(PODS):
@@ -143,7 +115,7 @@ async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict
             figures[f"staleness_seconds_t{t}"] = snap["staleness_seconds"]
         figures.update({
             "faults_injected": injected,
-            "watch_drop_rounds": dropper.drops,
+            "watch_drop_rounds": dropper.rounds + dropper.compactions,
             "watches_dropped": dropper.dropped,
             "operator_500s_received": metric_sum(text, "rest_client_requests_total", {"code": "500"}),
             "operator_requests": metric_sum(text, "rest_client_requests_total"),
@@ -162,7 +134,6 @@ async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict
             "timed_out": int(timed_out),
         })
         ok = not timed_out and len(ended) == PODS and all(snapshot_ok(s) for s in snaps.values())
-        figures["passed"] = int(ok)
         return figures, {"snapshots": {str(t): v for t, v in snaps.items()}, "compacted_rv": dropper.compacted_rv,
                          "final_status": st.get("consumedGpuHours")}, ok
 
@@ -175,28 +146,23 @@ def backoff_figures(records: list[dict[str, Any]]) -> dict[str, float | int]:
             "pods_informer_rewatch_backoff_total_seconds": round(sum(delays), 3)}
 
 
-NOTES = {
-    "accuracy_metric_t15": "at the scrape's midpoint (reported)",
-    "accuracy_metric_in_window_t15": "at some instant of the scrape request (judged)",
-    "faults_injected": "500s the emulator returned (to any client: only the operator talks HTTP here)",
-    "watches_dropped": "watch connections closed by drop_watches(), the compaction's included",
-    "operator_relists_expired_410": "informer relists after 410 Gone, from the operator's /metrics",
-    "last_pod_end_to_status_seconds": "store marks the last pod Succeeded -> status write reflecting it",
-    "converge_after_faults_stop_seconds": "0: the status and metric already held the final truth",
-    "pods_informer_rewatch_backoff_max_seconds": "longest sleep before the pods watch was re-opened (operator log)",
-}
-
-
-async def main() -> bool:
-    args = cli(__doc__)
-    figures, extra, ok = await scenario(args.quick, args.seed)
-    mode = "quick" if args.quick else "full"
+def report(figures: Figures, extra: Detail, args: argparse.Namespace) -> Report:
     c = 3 if args.quick else 1
     rows = [f"| t{t} ({v['offset_seconds']:.1f} s) | {v['accuracy_status']:.6f} | "
             f"{v['delta_gpu_seconds_status']:+.3f} | {v['accuracy_metric']:.6f} | "
             f"{v['accuracy_metric_in_window']:.6f} | {v['scrape_window_ms']:.1f} | {v['staleness_seconds']:.3f} |"
             for t, v in extra["snapshots"].items()]
-    md = f"""# Budget controller under API server faults ({mode} run)
+    acc = [v for k, v in figures.items() if k.startswith(("accuracy_status", "accuracy_metric_in_window"))]
+    injected = (f"{ERROR_RATE:.0%} 500s on all requests, watches dropped every {DROP_EVERY:g} s, one compaction "
+                "(410)")
+    checked = "status+metric accuracy t15/t30/t45; convergence after faults stop"
+    key = (f"min acc {min(acc):g}; {figures['faults_injected']} 500s, {figures['watches_dropped']} watches "
+           f"dropped, {figures['operator_relists_expired_410']:g} relists on 410; pods watch in backoff "
+           f"{figures['pods_informer_rewatch_backoff_total_seconds']:g} s (longest "
+           f"{figures['pods_informer_rewatch_backoff_max_seconds']:g} s); last pod end -> status "
+           f"{figures['last_pod_end_to_status_seconds']:g} s; converge "
+           f"{figures['converge_after_faults_stop_seconds']:g} s")
+    md = f"""# Budget controller under API server faults ({mode_of(args)} run)
 
 Injected (from the first pod to the last snapshot): {ERROR_RATE:.0%} HTTP 500 on every verb and resource, every
 open watch closed every {DROP_EVERY:g} s, and at t = {COMPACT_AT / c:g} s a compaction then a drop (re-watches meet
@@ -207,30 +173,9 @@ t = {", ".join(f"{t / c:g}" for t in SNAPSHOTS)} s; after the faults stop, statu
 | snapshot | status accuracy | status delta (GPU-s) | metric accuracy (midpoint) | metric accuracy (in window) | \
 scrape (ms) | staleness (s) |
 |---|---|---|---|---|---|---|
-{chr(10).join(rows)}
-
-{figures_table(figures, NOTES)}
-
-Result: {"PASS" if ok else "FAIL"}.
-
-Command: `{command("budget_apiserver_faults.py", args)}`
-"""
-    acc = [v for k, v in figures.items() if k.startswith(("accuracy_status", "accuracy_metric_in_window"))]
-    summary = {
-        "injected": f"{ERROR_RATE:.0%} 500s on all requests, watches dropped every {DROP_EVERY:g} s, one compaction "
-                    "(410)",
-        "checked": "status+metric accuracy t15/t30/t45; convergence after faults stop",
-        "key": f"min acc {min(acc):g}; {figures['faults_injected']} 500s, {figures['watches_dropped']} watches "
-               f"dropped, {figures['operator_relists_expired_410']:g} relists on 410; pods watch in backoff "
-               f"{figures['pods_informer_rewatch_backoff_total_seconds']:g} s (longest "
-               f"{figures['pods_informer_rewatch_backoff_max_seconds']:g} s); last pod end -> status "
-               f"{figures['last_pod_end_to_status_seconds']:g} s; converge "
-               f"{figures['converge_after_faults_stop_seconds']:g} s",
-    }
-    write_results(NAME, figures, md, passed=ok, summary=summary,
-                  extra={"mode": mode, "seed": args.seed, "namespace": NS, **extra})
-    return ok
+{chr(10).join(rows)}"""
+    return Report(md, NOTES, injected=injected, checked=checked, key=key)
 
 
 if __name__ == "__main__":
-    run(main)
+    run_scenario(NAME, __doc__, lambda args: scenario(args.quick, args.seed), report, facts={"namespace": NS})

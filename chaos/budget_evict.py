@@ -17,54 +17,43 @@ operator's `gpuops_budget_enforcement_actions_total{action="Evict",result="Evict
 against the truth, which includes the evicted pods' last states: their container timestamps, whole seconds as the
 operator counts them, and for a pod removed while running (no finishedAt) the instant the store removed it.
 Pass, per budget: all N pods evicted, no drop, final accuracy within 0.999..1.001 (metric: inside its scrape
-window, see chaos/_common.py `snapshot_ok`).
+window, see chaos/_budget.py `snapshot_ok`).
 
 `--quick`: N = 9 instead of 24 (the timeline is short already: about 15 s of evictions in full mode).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import itertools
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import partial
 from typing import Any
 
-from _common import (
-    GPU,
-    NS,
-    Chaos,
-    PodLog,
-    PodRecord,
-    budget,
-    cli,
-    command,
-    figures_table,
-    metric_gpu_hours,
-    metric_sum,
-    micros,
-    now_us,
-    open_rig,
-    pace,
-    run,
-    snapshot,
-    snapshot_ok,
-    until,
-    write_results,
-)
+from _budget import GPU, NS, Chaos, PodLog, PodRecord, metric_gpu_hours, open_rig, set_labels, snapshot, snapshot_ok
+from _common import Detail, Figures, Found, Report, metric_sum, mode_of, pace, run_scenario
 
-from gpuops_sim.budget_workload import MICROS, pod
+from gpuops_sim.budget_workload import MICROS, budget, micros, pod
+from gpuops_sim.harness import now_us, until
 
 NAME = "budget_evict"
+NOTES = {
+    "evict_largest_status_drop_gpu_seconds": "max over consecutive samples of previous - next (must be <= 0)",
+    "evict_final_accuracy_metric": "at the scrape's midpoint (reported)",
+    "evict_final_accuracy_metric_in_window": "at some instant of the scrape request (judged)",
+    "operator_evict_counter": "gpuops_budget_enforcement_actions_total{action=Evict,result=Evicted}, both budgets",
+    "evict_ledger_end_minus_truth_end_ms_mean": "ledger entry end - store removal, per evicted pod (ms)",
+    "evict_retain_ledger_end_minus_truth_end_ms_mean": "ledger entry end - container finishedAt (ms)",
+}
+
 SETS = ("evict", "evict-retain")
+labels = partial(set_labels, "evict")
 QUOTA_SECONDS_PER_POD = 4
 DELAY = 2
 SAMPLE_EVERY = 0.15
 TOL = Fraction(1, 10**9)  # GPU-hours
-
-
-def labels(s: str) -> dict[str, str]:
-    return {"chaos": "evict", "set": s}
 
 
 @dataclass
@@ -145,7 +134,7 @@ def ledger_lag_ms(status: dict[str, Any], recs: list[PodRecord]) -> list[float]:
     return out
 
 
-async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict[str, Any], bool]:
+async def scenario(quick: bool, seed: int) -> Found:
     n = 9 if quick else 24
     quota = f"{n * QUOTA_SECONDS_PER_POD / 3600:.9f}"
     async with open_rig("chaos-evict", 2 * n, seed=seed) as chaos:
@@ -214,26 +203,21 @@ async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict
             }
         figures["operator_evict_counter"] = counter
         figures["timed_out"] = int(timed_out)
-        figures["passed"] = int(ok)
         return figures, {"quota_gpu_hours": quota, "budgets": detail}, ok
 
 
-NOTES = {
-    "evict_largest_status_drop_gpu_seconds": "max over consecutive samples of previous - next (must be <= 0)",
-    "evict_final_accuracy_metric": "at the scrape's midpoint (reported)",
-    "evict_final_accuracy_metric_in_window": "at some instant of the scrape request (judged)",
-    "operator_evict_counter": "gpuops_budget_enforcement_actions_total{action=Evict,result=Evicted}, both budgets",
-    "evict_ledger_end_minus_truth_end_ms_mean": "ledger entry end - store removal, per evicted pod (ms)",
-    "evict_retain_ledger_end_minus_truth_end_ms_mean": "ledger entry end - container finishedAt (ms)",
-}
-
-
-async def main() -> bool:
-    args = cli(__doc__)
-    figures, extra, ok = await scenario(args.quick, args.seed)
-    mode = "quick" if args.quick else "full"
+def report(figures: Figures, extra: Detail, args: argparse.Namespace) -> Report:
     n = figures["pods_per_budget"]
-    md = f"""# Budget Evict: consumption never drops ({mode} run)
+    injected = (f"Evict budgets (quota {n}x{QUOTA_SECONDS_PER_POD} GPU-s, delay {DELAY} s) over {n} pods each, "
+                "with and without the finalizer")
+    checked = f"status+metric sampled every {SAMPLE_EVERY} s: no drop; all evicted; final accuracy"
+    key = (f"evicted {figures['evict_pods_evicted']}+{figures['evict_retain_pods_evicted']}; largest drop status "
+           f"{figures['evict_largest_status_drop_gpu_seconds']:g}/"
+           f"{figures['evict_retain_largest_status_drop_gpu_seconds']:g}, metric "
+           f"{figures['evict_largest_metric_drop_gpu_seconds']:g}/"
+           f"{figures['evict_retain_largest_metric_drop_gpu_seconds']:g} GPU-s; final acc "
+           f"{figures['evict_final_accuracy_status']:g}/{figures['evict_retain_final_accuracy_status']:g}")
+    md = f"""# Budget Evict: consumption never drops ({mode_of(args)} run)
 
 Injected: two `action: Evict` budgets (`delaySeconds: {DELAY}`, quota {extra['quota_gpu_hours']} GPU-h = \
 {n} x {QUOTA_SECONDS_PER_POD} GPU-s),
@@ -241,29 +225,9 @@ each over {n} running 1-GPU pods: `evict` (no finalizer, grace 0: an evicted pod
 `evict-retain` (retainFinishedPods: the finalizer holds an evicted pod until its final usage is recorded).
 Checked: status.consumedGpuHours (HTTP GET) and the scraped metric every {SAMPLE_EVERY} s through the evictions
 (largest drop between consecutive samples must be <= 1e-9 GPU-h); every pod evicted; final accuracy against
-truth that includes the evicted pods.
-
-{figures_table(figures, NOTES)}
-
-Result: {"PASS" if ok else "FAIL"}.
-
-Command: `{command("budget_evict.py", args)}`
-"""
-    summary = {
-        "injected": f"Evict budgets (quota {n}x{QUOTA_SECONDS_PER_POD} GPU-s, delay {DELAY} s) over {n} pods each, "
-                    "with and without the finalizer",
-        "checked": f"status+metric sampled every {SAMPLE_EVERY} s: no drop; all evicted; final accuracy",
-        "key": f"evicted {figures['evict_pods_evicted']}+{figures['evict_retain_pods_evicted']}; largest drop status "
-               f"{figures['evict_largest_status_drop_gpu_seconds']:g}/"
-               f"{figures['evict_retain_largest_status_drop_gpu_seconds']:g}, metric "
-               f"{figures['evict_largest_metric_drop_gpu_seconds']:g}/"
-               f"{figures['evict_retain_largest_metric_drop_gpu_seconds']:g} GPU-s; final acc "
-               f"{figures['evict_final_accuracy_status']:g}/{figures['evict_retain_final_accuracy_status']:g}",
-    }
-    write_results(NAME, figures, md, passed=ok, summary=summary,
-                  extra={"mode": mode, "seed": args.seed, "namespace": NS, **extra})
-    return ok
+truth that includes the evicted pods."""
+    return Report(md, NOTES, injected=injected, checked=checked, key=key)
 
 
 if __name__ == "__main__":
-    run(main)
+    run_scenario(NAME, __doc__, lambda args: scenario(args.quick, args.seed), report, facts={"namespace": NS})

@@ -15,7 +15,7 @@ deleted between the kill and the restart) and counts a scenario that missed it a
 Checked: snapshots at t = 10 s (before the kill), 30 s and 45 s (after the restart; every pod has ended by
 t = 45 s): status.consumedGpuHours against the truth at status.computedAt and the scraped metric against the
 truth at the scrape's midpoint, per budget. Truth includes deleted pods (their last state, kept by a store
-listener attached before the first pod: see chaos/_common.py). Loss = truth - reported at t = 45 s. The bound
+listener attached before the first pod: see chaos/_budget.py). Loss = truth - reported at t = 45 s. The bound
 for `plain` = sum over its pods that both finished and were deleted while the operator was down of GPUs x
 runtime (the controller never saw them end, so at most their whole usage is lost); for `retain` the same sum
 over pods that finished and were marked for deletion in the outage is reported as "at risk".
@@ -31,37 +31,33 @@ run's names t10/t30/t45).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 from fractions import Fraction
+from functools import partial
 from typing import Any
 
-from _common import (
-    GPU,
-    NS,
-    Chaos,
-    PodRecord,
-    budget,
-    cli,
-    command,
-    figures_table,
-    gpu_seconds,
-    job,
-    now_us,
-    open_rig,
-    pace,
-    ratio,
-    run,
-    snapshot,
-    snapshot_ok,
-    until,
-    write_results,
-)
+from _budget import GPU, NS, Chaos, PodRecord, gpu_seconds, open_rig, ratio, set_labels, snapshot, snapshot_ok
+from _common import Detail, Figures, Found, Report, mode_of, pace, run_scenario
 
-from gpuops_sim.budget_workload import MICROS, micros, pod
+from gpuops_sim.budget_workload import MICROS, budget, job, micros, pod
+from gpuops_sim.harness import now_us, until
 
 NAME = "budget_operator_kill"
+NOTES = {
+    "retain_loss_gpu_seconds_status": "truth - status at t45 (must be 0: <= 1e-6 GPU-h)",
+    "plain_loss_gpu_seconds_status": "truth - status at t45 (must be within [0, bound])",
+    "plain_bound_gpu_seconds": "GPUs x runtime of plain pods finished and deleted while the operator was down",
+    "retain_at_risk_gpu_seconds": "same sum for retain pods (finished, deletion requested in the outage)",
+    "plain_accuracy_status_t45_without_unseen_pods": "status / truth without the pods the controller never saw end",
+    "retain_pods_held_through_outage": "retain Job pods marked for deletion in the outage, gone only after restart",
+    "restart_to_metrics_up_seconds": "process spawn -> /metrics answers",
+    "restart_to_retained_pods_released_seconds": "spawn -> last retained Job pod released by the finalizer and gone",
+}
+
 FINALIZER = "gpuops.io/budget-accounting"
 SETS = ("retain", "plain")
+labels = partial(set_labels, "operator-kill")
 PODS, RATE, RUNTIME = 50, 10.0, 30.0
 JOBS, JOB_AT, JOB_END = 20, 2.0, 17.5
 KILL_AT, RESTART_AT = 15.0, 25.0
@@ -70,15 +66,11 @@ HOUR_TOL = Fraction(1, 1_000_000)  # 1e-6 GPU-hours
 START_OVERHEAD = 0.6  # Job -> pod -> bound -> started: the kubelet's 0.5 s start latency plus the controllers'
 
 
-def labels(s: str) -> dict[str, str]:
-    return {"chaos": "operator-kill", "set": s}
-
-
 def in_outage(at: int | None, kill: int, restart: int) -> bool:
     return at is not None and kill < at < restart
 
 
-async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict[str, Any], bool]:
+async def scenario(quick: bool, seed: int) -> Found:
     c = 3.0 if quick else 1.0
     job_runtime = (JOB_END - JOB_AT) / c - START_OVERHEAD
     async with open_rig("chaos-operator-kill", 2 * (PODS + JOBS), seed=seed) as chaos:
@@ -159,7 +151,7 @@ async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict
 
 def summarize(chaos: Chaos, snaps: dict[int, dict[str, dict[str, Any]]], job_recs: dict[str, list[PodRecord]],
               kill_us: int, spawn_us: int, metrics_up_us: int, first_status: dict[str, float],
-              released_after: int, chain_in_time: bool) -> tuple[dict[str, float | int], dict[str, Any], bool]:
+              released_after: int, chain_in_time: bool) -> Found:
     figures: dict[str, float | int] = {}
     for t, per in snaps.items():
         for s, snap in per.items():
@@ -204,26 +196,10 @@ def summarize(chaos: Chaos, snaps: dict[int, dict[str, dict[str, Any]]], job_rec
     figures["restart_to_retained_pods_released_seconds"] = round(released_after / MICROS, 3)
     figures["outage_seconds"] = round((spawn_us - kill_us) / MICROS, 3)
     figures["job_chain_in_outage"] = int(chain_in_time)
-    figures["passed"] = int(ok)
     return figures, {"snapshots": {str(t): v for t, v in snaps.items()}, "budgets": detail}, ok
 
 
-NOTES = {
-    "retain_loss_gpu_seconds_status": "truth - status at t45 (must be 0: <= 1e-6 GPU-h)",
-    "plain_loss_gpu_seconds_status": "truth - status at t45 (must be within [0, bound])",
-    "plain_bound_gpu_seconds": "GPUs x runtime of plain pods finished and deleted while the operator was down",
-    "retain_at_risk_gpu_seconds": "same sum for retain pods (finished, deletion requested in the outage)",
-    "plain_accuracy_status_t45_without_unseen_pods": "status / truth without the pods the controller never saw end",
-    "retain_pods_held_through_outage": "retain Job pods marked for deletion in the outage, gone only after restart",
-    "restart_to_metrics_up_seconds": "process spawn -> /metrics answers",
-    "restart_to_retained_pods_released_seconds": "spawn -> last retained Job pod released by the finalizer and gone",
-}
-
-
-async def main() -> bool:
-    args = cli(__doc__)
-    figures, extra, ok = await scenario(args.quick, args.seed)
-    mode = "quick" if args.quick else "full"
+def report(figures: Figures, extra: Detail, args: argparse.Namespace) -> Report:
     c = 3 if args.quick else 1
     rows = []
     for t, per in extra["snapshots"].items():
@@ -233,7 +209,15 @@ async def main() -> bool:
                         f"{snap['delta_gpu_seconds_metric'] if snap['delta_gpu_seconds_metric'] is not None else '-'}"
                         f" | {snap['accuracy_metric_in_window']:.6f} | {snap['scrape_window_ms']:.1f} / "
                         f"{snap['scrape_window_gpu_seconds']:.3f} | {snap['staleness_seconds']:.3f} |")
-    md = f"""# Budget operator kill -9 + Job TTL deletions during the outage ({mode} run)
+    injected = (f"kill -9 at {KILL_AT / c:g} s, restart at {RESTART_AT / c:g} s; {JOBS} Job pods/budget end and "
+                "are TTL+GC-deleted in the outage")
+    checked = "status+metric accuracy t10/t30/t45; loss vs bound, retain vs plain"
+    key = (f"retain loss {figures['retain_loss_gpu_seconds_status']:g} GPU-s, min acc "
+           f"{min(v for k, v in figures.items() if k.startswith('retain_accuracy')):g}; plain loss "
+           f"{figures['plain_loss_gpu_seconds_status']:g} <= bound {figures['plain_bound_gpu_seconds']:g} GPU-s; "
+           f"first status {figures['retain_restart_to_first_status_seconds']:g}/"
+           f"{figures['plain_restart_to_first_status_seconds']:g} s after spawn")
+    md = f"""# Budget operator kill -9 + Job TTL deletions during the outage ({mode_of(args)} run)
 
 Injected: `kill -9` of the operator at t = {KILL_AT / c:g} s, restart at t = {RESTART_AT / c:g} s (outage \
 {figures['outage_seconds']} s). Two budgets over disjoint pod sets, `retain` (retainFinishedPods) and `plain`, each
@@ -244,36 +228,16 @@ Job chain completed inside the outage: {"yes" if figures['job_chain_in_outage'] 
 Checked: status (at computedAt) and metric (at the scrape) against exact truth from the emulator's container
 timestamps, deleted pods included; loss at t45 against the bound (GPUs x runtime of pods finished and deleted
 while the operator was down). Pass: retain loses nothing and stays within 0.999..1.001 everywhere (status at
-computedAt; metric at some instant of its scrape request, see chaos/_common.py `snapshot_ok`; the midpoint
+computedAt; metric at some instant of its scrape request, see chaos/_budget.py `snapshot_ok`; the midpoint
 figure is reported too); plain loses between 0 and the bound.
 
 | snapshot | budget | status accuracy | status delta (GPU-s) | metric accuracy (midpoint) | metric delta (GPU-s) | \
 metric accuracy (in scrape window) | scrape window (ms / GPU-s) | staleness (s) |
 |---|---|---|---|---|---|---|---|---|
-{chr(10).join(rows)}
-
-{figures_table(figures, NOTES)}
-
-Lost (plain): {", ".join(extra["budgets"]["plain"]["lost_pods"]) or "none"}.
-
-Result: {"PASS" if ok else "FAIL"}.
-
-Command: `{command("budget_operator_kill.py", args)}`
-"""
-    summary = {
-        "injected": f"kill -9 at {KILL_AT / c:g} s, restart at {RESTART_AT / c:g} s; {JOBS} Job pods/budget end and "
-                    "are TTL+GC-deleted in the outage",
-        "checked": "status+metric accuracy t10/t30/t45; loss vs bound, retain vs plain",
-        "key": f"retain loss {figures['retain_loss_gpu_seconds_status']:g} GPU-s, min acc "
-               f"{min(v for k, v in figures.items() if k.startswith('retain_accuracy')):g}; plain loss "
-               f"{figures['plain_loss_gpu_seconds_status']:g} <= bound {figures['plain_bound_gpu_seconds']:g} GPU-s; "
-               f"first status {figures['retain_restart_to_first_status_seconds']:g}/"
-               f"{figures['plain_restart_to_first_status_seconds']:g} s after spawn",
-    }
-    write_results(NAME, figures, md, passed=ok, summary=summary,
-                  extra={"mode": mode, "seed": args.seed, "namespace": NS, **extra})
-    return ok
+{chr(10).join(rows)}"""
+    lost = f"Lost (plain): {', '.join(extra['budgets']['plain']['lost_pods']) or 'none'}."
+    return Report(md, NOTES, injected=injected, checked=checked, key=key, footer=lost)
 
 
 if __name__ == "__main__":
-    run(main)
+    run_scenario(NAME, __doc__, lambda args: scenario(args.quick, args.seed), report, facts={"namespace": NS})

@@ -43,7 +43,8 @@ for _p in (Path(__file__).resolve().parents[1] / "bench", Path(__file__).resolve
     while str(_p) in sys.path:  # `_common` is chaos's (the spawned child runs this file's top again)
         sys.path.remove(str(_p))
     sys.path.insert(0, str(_p))
-from _common import TARGET, figures_table, write_results  # noqa: E402 (the path order above first)
+from _budget import TARGET  # noqa: E402 (the path order above first)
+from _common import figures_table, write_results  # noqa: E402
 from _ha import HaPlan, child_main  # noqa: E402
 from _scale_sim import EmulatorProcess, Params, size_of  # noqa: E402
 

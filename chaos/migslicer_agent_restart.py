@@ -16,13 +16,22 @@ pods created while the agent is down (the allocator may place them on the dead n
 
 from __future__ import annotations
 
+import argparse
 import time
 from typing import Any
 
-from _common import cli, figures_table, run, write_results
-from _migslicer import COMMON_NOTES, MigRig, open_mig_rig, pace, verdict, wait_for
+from _common import Detail, Figures, Found, Report, mode_of, run_scenario, wait_for
+from _migslicer import COMMON_NOTES, MigRig, open_mig_rig, pace
 
 NAME = "migslicer_agent_restart"
+NOTES = {
+    "target_slices": "slices in the round's target state at the kill (half-made GI, or made but claim Pending)",
+    "target_slices_kept": "of those, the same GPU instance serves the claim after the restart (finished/adopted)",
+    "replans": "allocator 'replanning pod' records for the rounds' pods (0: no claim was abandoned)",
+    "restart_to_all_created_max_s": "agent restart -> every claim of the round Created (worst round)",
+    "kill_to_all_running_max_s": "kill -> every pod of the round Running (includes the downtime)",
+}
+
 ROUND_PODS = [["3g.20gb"], ["2g.10gb", "1g.5gb"], ["1g.10gb"], ["1g.5gb", "1g.5gb"]]
 
 
@@ -108,7 +117,7 @@ async def one_round(mr: MigRig, n: int, node: str, kind: str, *, runtime: float,
     return info
 
 
-async def scenario(quick: bool) -> tuple[dict[str, Any], dict[str, Any], bool]:
+async def scenario(quick: bool) -> Found:
     problems: list[str] = []
     rounds = [("mig-0", "half-made"), ("mig-1", "unreported")] + ([] if quick else [("mig-2", "half-made")])
     runtime = 4.0 if quick else 8.0
@@ -138,32 +147,24 @@ async def scenario(quick: bool) -> tuple[dict[str, Any], dict[str, Any], bool]:
         }
         if figures["claims_created"] != figures["slices_asked"]:
             problems.append(f"{figures['claims_created']} claims created for {figures['slices_asked']} slices")
-        ok = not problems
-        figures["passed"] = int(ok)
-        return figures, {"problems": problems, "rounds": results, "env_short": mr.env_problems()[1]}, ok
+        return mr.verdict(figures, problems, rounds=results)
 
 
-NOTES = {
-    **COMMON_NOTES,
-    "target_slices": "slices in the round's target state at the kill (half-made GI, or made but claim Pending)",
-    "target_slices_kept": "of those, the same GPU instance serves the claim after the restart (finished/adopted)",
-    "replans": "allocator 'replanning pod' records for the rounds' pods (0: no claim was abandoned)",
-    "restart_to_all_created_max_s": "agent restart -> every claim of the round Created (worst round)",
-    "kill_to_all_running_max_s": "kill -> every pod of the round Running (includes the downtime)",
-}
-
-
-async def main() -> bool:
-    args = cli(__doc__)
-    figures, detail, ok = await scenario(args.quick)
-    mode = "quick" if args.quick else "full"
+def report(figures: Figures, detail: Detail, args: argparse.Namespace) -> Report:
     rows = "\n".join(
         f"| {r['round']} | {r['node']} | {r['kind']} | {r['claims']} | {r['driver_steps']} | "
         f"{r['kill_state']['half_made']} / {r['kill_state']['complete_claim_pending']} / "
         f"{r['kill_state']['claims_pending']} | {r['target_slices_kept']}/{r['target_slices']} | "
         f"{r['agent_start_s']} | {r['restart_to_all_created_s']} | {r['kill_to_all_running_s']} | {r['replans']} |"
         for r in detail["rounds"])
-    md = f"""# MIG slicer: node agent kill -9 while it makes slices ({mode} run)
+    injected = f"agent kill -9 mid-creation ({', '.join(r['kind'] for r in detail['rounds'])}), restart"
+    checked = ("claims Created in place, pods run with their slices, no re-plan/double claim, no gated pod "
+               "without reason, no leaked slice")
+    key = (f"{figures['target_slices_kept']}/{figures['target_slices']} target slices kept, "
+           f"{figures['claims_created']} claims for {figures['slices_asked']} slices, "
+           f"restart->Created <= {figures['restart_to_all_created_max_s']} s, "
+           f"{figures['leaked_slices_at_end']} leaked")
+    md = f"""# MIG slicer: node agent kill -9 while it makes slices ({mode_of(args)} run)
 
 Each round: the node's fake driver frozen (its lock held by the scenario), 4 pods pinned to the node
 ({', '.join('+'.join(p) for p in ROUND_PODS)}), their claims written, then the agent let through one driver call
@@ -174,23 +175,9 @@ downtime.
 | round | node | kind | claims | driver steps | at kill: half-made / made-unreported / claims Pending | \
 target slices kept | agent start (s) | restart -> all Created (s) | kill -> all Running (s) | replans |
 |---|---|---|---|---|---|---|---|---|---|---|
-{rows}
-
-{figures_table(figures, NOTES)}
-
-{verdict(detail["problems"], ok, "migslicer_agent_restart.py", args)}"""
-    summary = {
-        "injected": f"agent kill -9 mid-creation ({', '.join(r['kind'] for r in detail['rounds'])}), restart",
-        "checked": "claims Created in place, pods run with their slices, no re-plan/double claim, no gated pod "
-                   "without reason, no leaked slice",
-        "key": f"{figures['target_slices_kept']}/{figures['target_slices']} target slices kept, "
-               f"{figures['claims_created']} claims for {figures['slices_asked']} slices, "
-               f"restart->Created <= {figures['restart_to_all_created_max_s']} s, "
-               f"{figures['leaked_slices_at_end']} leaked",
-    }
-    write_results(NAME, figures, md, passed=ok, summary=summary, extra={"mode": mode, "seed": args.seed, **detail})
-    return ok
+{rows}"""
+    return Report(md, COMMON_NOTES | NOTES, listed=True, injected=injected, checked=checked, key=key)
 
 
 if __name__ == "__main__":
-    run(main)
+    run_scenario(NAME, __doc__, lambda args: scenario(args.quick), report)

@@ -15,15 +15,31 @@ global checks once every pod is deleted (no pod gated without a reason; no slice
 
 from __future__ import annotations
 
+import argparse
 import time
 from typing import Any
 
-from _common import cli, figures_table, run, write_results
-from _migslicer import COMMON_NOTES, ClaimRecord, MigRig, open_mig_rig, verdict, wait_for
+from _common import Detail, Figures, Found, Report, mode_of, run_scenario, wait_for
+from _migslicer import COMMON_NOTES, FreezeWhenCreated, MigRig, open_mig_rig
 
 from gpuops_sim.harness import until
 
 NAME = "migslicer_node_reboot"
+NOTES = {
+    "bound_claims_failed": "claims that were Bound (their pod had the device) and became Failed",
+    "reboot_to_bound_failed_max_s": "reboot -> every Bound claim of the node Failed (worst round)",
+    "reboot_to_created_remade_max_s": "reboot -> every Created claim's slice made again (worst round)",
+    "placing_claims_replanned": "claims of the pods being placed that were deleted and planned again",
+    "device_uuids_reused": "re-made slices with the same MIG UUID as before the reboot (the fake's UUIDs are a "
+                           "function of GPU, GI id and CI id; real MIG UUIDs are new for every slice)",
+    "reboot_to_new_pods_running_max_s": "reboot -> pods asking for the failed pods' space Running",
+    "pods_never_ran": "pods that ended without running (e.g. refused by the kubelet's Allocate)",
+    "gated_without_reason_before_cleanup": "pods gated with no MigSlices=False reason once the rounds are over, "
+                                           "checked before the pods are deleted (must be 0)",
+    "pods_stuck_ungated_unscheduled": "MIG pods ungated (pinned) that never ran before being deleted at the end",
+    "reboot_to_placing_running_max_s": "reboot -> the pods being placed Running (-1: some never did)",
+}
+
 RUNNING = [["3g.20gb"], ["2g.10gb", "1g.5gb"]]
 PLACING = [["1g.10gb"], ["1g.5gb"]]
 
@@ -40,17 +56,8 @@ async def one_round(mr: MigRig, node: str, kind: str, problems: list[str], wait:
     await wait_for(f"{node}: running pods' claims Bound", lambda: all(c.phase == "Bound" for c in bound), 20)
 
     placing = [f"{node}-place{i}" for i in range(len(PLACING))]
-    uids: set[str] = set()
-    frozen: list[float] = []
-
-    def hook(what: str, rec: Any) -> None:
-        if frozen or not isinstance(rec, ClaimRecord) or rec.pod_uid not in uids:
-            return
-        mine = [c for c in mr.track.claims.values() if c.pod_uid in uids]
-        if len(mine) == sum(len(s) for s in PLACING) and all(c.phase == "Created" for c in mine):
-            gate.hold_now()
-            frozen.append(time.monotonic())
-
+    hook = FreezeWhenCreated(mr.track, gate, sum(len(s) for s in PLACING))
+    uids = hook.uids
     mr.track.hooks.append(hook)
     try:
         for name, shape in zip(placing, PLACING, strict=True):
@@ -58,7 +65,7 @@ async def one_round(mr: MigRig, node: str, kind: str, problems: list[str], wait:
             r = mr.track.pod(name)
             assert r is not None
             uids.add(r.uid)
-        await wait_for(f"{node}: the placing pods' claims Created", lambda: bool(frozen), 30)
+        await wait_for(f"{node}: the placing pods' claims Created", lambda: hook.frozen_at is not None, 30)
     finally:
         mr.track.hooks.remove(hook)
     created = [c for c in mr.track.claims.values() if c.pod_uid in uids]
@@ -115,7 +122,7 @@ async def one_round(mr: MigRig, node: str, kind: str, problems: list[str], wait:
     return info
 
 
-async def scenario(quick: bool) -> tuple[dict[str, Any], dict[str, Any], bool]:
+async def scenario(quick: bool) -> Found:
     problems: list[str] = []
     t0 = time.monotonic()
     async with open_mig_rig(NAME, grace=3.0, heartbeat=2.0) as mr:
@@ -147,38 +154,23 @@ async def scenario(quick: bool) -> tuple[dict[str, Any], dict[str, Any], bool]:
             **common,
             "run_seconds": round(time.monotonic() - t0, 1),
         }
-        ok = not problems
-        figures["passed"] = int(ok)
-        return figures, {"problems": problems, "rounds": rounds, "env_short": mr.env_problems()[1]}, ok
+        return mr.verdict(figures, problems, rounds=rounds)
 
 
-NOTES = {
-    **COMMON_NOTES,
-    "bound_claims_failed": "claims that were Bound (their pod had the device) and became Failed",
-    "reboot_to_bound_failed_max_s": "reboot -> every Bound claim of the node Failed (worst round)",
-    "reboot_to_created_remade_max_s": "reboot -> every Created claim's slice made again (worst round)",
-    "placing_claims_replanned": "claims of the pods being placed that were deleted and planned again",
-    "device_uuids_reused": "re-made slices with the same MIG UUID as before the reboot (the fake's UUIDs are a "
-                           "function of GPU, GI id and CI id; real MIG UUIDs are new for every slice)",
-    "reboot_to_new_pods_running_max_s": "reboot -> pods asking for the failed pods' space Running",
-    "pods_never_ran": "pods that ended without running (e.g. refused by the kubelet's Allocate)",
-    "gated_without_reason_before_cleanup": "pods gated with no MigSlices=False reason once the rounds are over, "
-                                           "checked before the pods are deleted (must be 0)",
-    "pods_stuck_ungated_unscheduled": "MIG pods ungated (pinned) that never ran before being deleted at the end",
-    "reboot_to_placing_running_max_s": "reboot -> the pods being placed Running (-1: some never did)",
-}
-
-
-async def main() -> bool:
-    args = cli(__doc__)
-    figures, detail, ok = await scenario(args.quick)
-    mode = "quick" if args.quick else "full"
+def report(figures: Figures, detail: Detail, args: argparse.Namespace) -> Report:
     rows = "\n".join(
         f"| {r['node']} | {r['kind']} | {r['slices_at_reboot']} | {r['placing_claims_at_reboot']} | "
         f"{r['reboot_to_bound_failed_s']} | {r['reboot_to_created_remade_s']} | {r['reboot_to_placing_running_s']} | "
         f"{r['new_pods_ran']}/{len(RUNNING)} | {r['reboot_to_new_pods_running_s']} |" for r in detail["rounds"])
     messages = sorted({m for r in detail["rounds"] for m in r["failed_messages"]})
-    md = f"""# MIG slicer: node reboot (emulated GPUs lose their slices) ({mode} run)
+    injected = (f"{len(detail['rounds'])} GPU reboots (slices gone) with Bound and Created claims; one with "
+                "the agent killed and restarted")
+    checked = ("Bound -> Failed with message, Created re-made, placing pods and new pods run, no gated pod "
+               "without reason, no leaked slice")
+    key = (f"{figures['bound_claims_failed']} Bound->Failed, re-made <= "
+           f"{figures['reboot_to_created_remade_max_s']} s, new pods <= "
+           f"{figures['reboot_to_new_pods_running_max_s']} s, {figures['leaked_slices_at_end']} leaked")
+    md = f"""# MIG slicer: node reboot (emulated GPUs lose their slices) ({mode_of(args)} run)
 
 Per round, on one node: 2 running pods ({', '.join('+'.join(s) for s in RUNNING)}; claims Bound) and 2 pods
 being placed ({', '.join('+'.join(s) for s in PLACING)}; driver frozen when their claims are all Created), then
@@ -188,23 +180,9 @@ again on the node. Failed claim messages: {'; '.join(repr(m) for m in messages)}
 | node | kind | slices at reboot | placing claims at reboot | reboot -> Bound Failed (s) | \
 reboot -> Created re-made (s) | reboot -> placing Running (s) | new pods ran | reboot -> new pods Running (s) |
 |---|---|---|---|---|---|---|---|---|
-{rows}
-
-{figures_table(figures, NOTES)}
-
-{verdict(detail["problems"], ok, "migslicer_node_reboot.py", args)}"""
-    summary = {
-        "injected": f"{len(detail['rounds'])} GPU reboots (slices gone) with Bound and Created claims; one with "
-                    "the agent killed and restarted",
-        "checked": "Bound -> Failed with message, Created re-made, placing pods and new pods run, no gated pod "
-                   "without reason, no leaked slice",
-        "key": f"{figures['bound_claims_failed']} Bound->Failed, re-made <= "
-               f"{figures['reboot_to_created_remade_max_s']} s, new pods <= "
-               f"{figures['reboot_to_new_pods_running_max_s']} s, {figures['leaked_slices_at_end']} leaked",
-    }
-    write_results(NAME, figures, md, passed=ok, summary=summary, extra={"mode": mode, "seed": args.seed, **detail})
-    return ok
+{rows}"""
+    return Report(md, COMMON_NOTES | NOTES, listed=True, injected=injected, checked=checked, key=key)
 
 
 if __name__ == "__main__":
-    run(main)
+    run_scenario(NAME, __doc__, lambda args: scenario(args.quick), report)

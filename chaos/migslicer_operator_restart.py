@@ -19,13 +19,23 @@ restart -> every planned pod running.
 
 from __future__ import annotations
 
+import argparse
 import time
 from typing import Any
 
-from _common import cli, figures_table, run, write_results
-from _migslicer import COMMON_NOTES, ClaimRecord, MigRig, PodRecord, is_gated, open_mig_rig, pace, verdict, wait_for
+from _common import Detail, Figures, Found, Report, mode_of, run_scenario, wait_for
+from _migslicer import COMMON_NOTES, ClaimRecord, MigRig, PodRecord, is_gated, open_mig_rig, pace
 
 NAME = "migslicer_operator_restart"
+NOTES = {
+    "pods_partly_planned_at_kill": "gated pods with fewer live claims than slices at the kill (a plan cut short)",
+    "pods_all_created_at_restart": "pods whose every slice the agents made while the operator was down",
+    "replans": "allocator 'replanning pod' records (a partly written plan found after the restart is redone)",
+    "restart_to_first_ungate_max_s": "operator restart -> first pod ungated (worst round)",
+    "restart_to_planned_running_max_s": "operator restart -> every pod planned before it Running (worst round)",
+    "kill_to_all_running_max_s": "kill -> every pod of the round Running, waits for capacity included",
+}
+
 SHAPES = [["3g.20gb"], ["2g.10gb"], ["1g.10gb", "1g.5gb"], ["3g.20gb"], ["2g.10gb", "2g.10gb"]]
 
 
@@ -100,7 +110,7 @@ async def one_round(mr: MigRig, n: int, kind: str, *, pods: int, runtime: float,
     return info
 
 
-async def scenario(quick: bool) -> tuple[dict[str, Any], dict[str, Any], bool]:
+async def scenario(quick: bool) -> Found:
     problems: list[str] = []
     t0 = time.monotonic()
     pods, runtime, down = (16, 4.0, 2.0) if quick else (30, 8.0, 10.0)
@@ -132,28 +142,11 @@ async def scenario(quick: bool) -> tuple[dict[str, Any], dict[str, Any], bool]:
             **common,
             "run_seconds": round(time.monotonic() - t0, 1),
         }
-        ok = not problems
-        figures["passed"] = int(ok)
-        detail = {"problems": problems, "rounds": results, "env_short": mr.env_problems()[1],
-                  "replan_reasons": sorted({str(e.get("reason")) for e in replans})}
-        return figures, detail, ok
+        return mr.verdict(figures, problems, rounds=results,
+                          replan_reasons=sorted({str(e.get("reason")) for e in replans}))
 
 
-NOTES = {
-    **COMMON_NOTES,
-    "pods_partly_planned_at_kill": "gated pods with fewer live claims than slices at the kill (a plan cut short)",
-    "pods_all_created_at_restart": "pods whose every slice the agents made while the operator was down",
-    "replans": "allocator 'replanning pod' records (a partly written plan found after the restart is redone)",
-    "restart_to_first_ungate_max_s": "operator restart -> first pod ungated (worst round)",
-    "restart_to_planned_running_max_s": "operator restart -> every pod planned before it Running (worst round)",
-    "kill_to_all_running_max_s": "kill -> every pod of the round Running, waits for capacity included",
-}
-
-
-async def main() -> bool:
-    args = cli(__doc__)
-    figures, detail, ok = await scenario(args.quick)
-    mode = "quick" if args.quick else "full"
+def report(figures: Figures, detail: Detail, args: argparse.Namespace) -> Report:
 
     def snap(s: dict[str, int]) -> str:
         return f"{s['gated']} / {s['planned']} ({s['partly_planned']}) / {s['all_created']} / {s['not_planned']} / " \
@@ -163,7 +156,13 @@ async def main() -> bool:
         f"| {r['round']} | {r['kind']} | {r['pods']} | {snap(r['at_kill'])} | {snap(r['at_restart'])} | "
         f"{r['operator_up_s']} | {r['restart_to_first_ungate_s']} | {r['restart_to_planned_running_s']} | "
         f"{r['kill_to_all_running_s']} | {r['claims_created']}/{r['slices_asked']} |" for r in detail["rounds"])
-    md = f"""# MIG slicer: operator kill -9 with gated pods ({mode} run)
+    injected = "operator kill -9 while planning and before an ungate, with pods waiting for capacity; restart"
+    checked = ("every pod runs, waiting pods carry a reason, never more live claims than slices, no shared "
+               "slice, no leaked slice")
+    key = (f"{figures['mig_pods_ran']}/{figures['mig_pods']} ran, {figures['claims_created']} claims for "
+           f"{figures['slices_asked']} slices ({figures['replans']} replans), restart->1st ungate <= "
+           f"{figures['restart_to_first_ungate_max_s']} s, {figures['leaked_slices_at_end']} leaked")
+    md = f"""# MIG slicer: operator kill -9 with gated pods ({mode_of(args)} run)
 
 Each round a burst of pods ({', '.join('+'.join(s) for s in SHAPES)}, cycled) asking for more than the
 48 memory slices of the 3 nodes; the operator killed by a store listener (round 1: once pods have claims;
@@ -174,22 +173,9 @@ not planned / running. Replan reasons: {', '.join(detail['replan_reasons']) or '
 | round | kill at | pods | at kill | at restart | operator up (s) | restart -> 1st ungate (s) | \
 restart -> planned Running (s) | kill -> all Running (s) | claims / slices |
 |---|---|---|---|---|---|---|---|---|---|
-{rows}
-
-{figures_table(figures, NOTES)}
-
-{verdict(detail["problems"], ok, "migslicer_operator_restart.py", args)}"""
-    summary = {
-        "injected": "operator kill -9 while planning and before an ungate, with pods waiting for capacity; restart",
-        "checked": "every pod runs, waiting pods carry a reason, never more live claims than slices, no shared "
-                   "slice, no leaked slice",
-        "key": f"{figures['mig_pods_ran']}/{figures['mig_pods']} ran, {figures['claims_created']} claims for "
-               f"{figures['slices_asked']} slices ({figures['replans']} replans), restart->1st ungate <= "
-               f"{figures['restart_to_first_ungate_max_s']} s, {figures['leaked_slices_at_end']} leaked",
-    }
-    write_results(NAME, figures, md, passed=ok, summary=summary, extra={"mode": mode, "seed": args.seed, **detail})
-    return ok
+{rows}"""
+    return Report(md, COMMON_NOTES | NOTES, listed=True, injected=injected, checked=checked, key=key)
 
 
 if __name__ == "__main__":
-    run(main)
+    run_scenario(NAME, __doc__, lambda args: scenario(args.quick), report)

@@ -15,17 +15,28 @@ the agent's grace after the release), the later pods run on every node, and the 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import random
 import time
 from typing import Any
 
-from _common import cli, figures_table, run, write_results
-from _migslicer import COMMON_NOTES, ClaimRecord, MigRig, is_gated, open_mig_rig, verdict, wait_for
+from _common import Detail, Figures, Found, Report, mode_of, run_scenario, wait_for
+from _migslicer import COMMON_NOTES, FreezeWhenCreated, MigRig, is_gated, open_mig_rig
 
 from gpuops_sim.harness import until
 
 NAME = "migslicer_pod_deleted"
+NOTES = {
+    "claims_of_deleted_pods_left": "claims whose pod was deleted and that still exist at the end (must be 0)",
+    "delete_to_claims_gone_max_s": "pod deletion -> its claims garbage-collected (worst frozen round)",
+    "release_to_slices_gone_pending_s": "driver released -> node empty, claims were Pending (nothing to destroy "
+                                        "unless the agent made slices for claims already gone)",
+    "release_to_slices_gone_created_s": "driver released -> orphaned slices destroyed (about the 3 s grace)",
+    "slices_made_for_deleted_pending_claims": "slices the agent made for claims already deleted (mig-0 round)",
+    "reuse_all_running_s": "new whole-GPU pods on every node -> all Running (the space of the deleted ones)",
+}
+
 WHOLE = ["7g.40gb"]
 
 
@@ -33,19 +44,8 @@ async def fill_and_delete(mr: MigRig, node: str, kind: str) -> dict[str, Any]:
     info: dict[str, Any] = {"node": node, "kind": kind}
     gate = mr.gate(node)
     names = [f"{kind}-{i}" for i in range(2)]
-    uids: set[str] = set()
-    frozen: list[float] = []
-
-    def hook(what: str, rec: Any) -> None:
-        # freeze the driver the moment the last claim is Created: the agent's next reconcile (the one that
-        # would advertise) waits on the lock; blocking here is brief, the agent holds it for one call at most
-        if frozen or not isinstance(rec, ClaimRecord) or rec.pod_uid not in uids:
-            return
-        mine = [c for c in mr.track.claims.values() if c.pod_uid in uids]
-        if len(mine) == len(names) and all(c.phase == "Created" for c in mine):
-            gate.hold_now()
-            frozen.append(time.monotonic())
-
+    hook = FreezeWhenCreated(mr.track, gate, len(names))  # whole-GPU pods: one claim each
+    uids = hook.uids
     if kind == "pending":
         await gate.hold()
     else:
@@ -59,7 +59,7 @@ async def fill_and_delete(mr: MigRig, node: str, kind: str) -> dict[str, Any]:
 
         def ready() -> bool:
             mine = [c for c in mr.track.claims.values() if c.pod_uid in uids]
-            return len(mine) == len(names) and (kind == "pending" or bool(frozen))
+            return len(mine) == len(names) and (kind == "pending" or hook.frozen_at is not None)
 
         await wait_for(f"{node}: claims {kind}", ready, 30)
     finally:
@@ -105,7 +105,7 @@ async def racing(mr: MigRig, node: str, waves: int, rng: random.Random) -> dict[
     return {"node": node, "kind": "racing", "pods_deleted": deleted, "last_phase_of_claims": sorted(states)}
 
 
-async def scenario(quick: bool, seed: int) -> tuple[dict[str, Any], dict[str, Any], bool]:
+async def scenario(quick: bool, seed: int) -> Found:
     problems: list[str] = []
     t0 = time.monotonic()
     async with open_mig_rig(NAME, grace=3.0) as mr:
@@ -144,31 +144,20 @@ async def scenario(quick: bool, seed: int) -> tuple[dict[str, Any], dict[str, An
         }
         if figures["claims_of_deleted_pods_left"]:
             problems.append(f"{figures['claims_of_deleted_pods_left']} claims of deleted pods still exist")
-        ok = not problems
-        figures["passed"] = int(ok)
-        return figures, {"problems": problems, "rounds": rounds, "env_short": mr.env_problems()[1]}, ok
+        return mr.verdict(figures, problems, rounds=rounds)
 
 
-NOTES = {
-    **COMMON_NOTES,
-    "claims_of_deleted_pods_left": "claims whose pod was deleted and that still exist at the end (must be 0)",
-    "delete_to_claims_gone_max_s": "pod deletion -> its claims garbage-collected (worst frozen round)",
-    "release_to_slices_gone_pending_s": "driver released -> node empty, claims were Pending (nothing to destroy "
-                                        "unless the agent made slices for claims already gone)",
-    "release_to_slices_gone_created_s": "driver released -> orphaned slices destroyed (about the 3 s grace)",
-    "slices_made_for_deleted_pending_claims": "slices the agent made for claims already deleted (mig-0 round)",
-    "reuse_all_running_s": "new whole-GPU pods on every node -> all Running (the space of the deleted ones)",
-}
-
-
-async def main() -> bool:
-    args = cli(__doc__)
-    figures, detail, ok = await scenario(args.quick, args.seed)
-    mode = "quick" if args.quick else "full"
+def report(figures: Figures, detail: Detail, args: argparse.Namespace) -> Report:
     rows = "\n".join(f"| {r['node']} | {r['kind']} | {r.get('claims_at_delete', r.get('last_phase_of_claims'))} | "
                      f"{r.get('delete_to_claims_gone_s', '-')} | {r.get('release_to_slices_gone_s', '-')} | "
                      f"{r.get('slices_made_for_deleted_claims', '-')} |" for r in detail["rounds"])
-    md = f"""# MIG slicer: pods deleted before their slices are handed over ({mode} run)
+    injected = "pods deleted with claims Pending / Created-unadvertised" + ("" if args.quick else " / random")
+    checked = ("claims GC'd, orphan slices destroyed after grace, capacity reused, no gated pod without "
+               "reason, no leaked slice")
+    key = (f"{figures['claims_of_deleted_pods_left']} claims left, orphans gone "
+           f"{figures['release_to_slices_gone_created_s']} s after release, reuse {figures['reuse_all_running_s']} "
+           f"s, {figures['leaked_slices_at_end']} leaked")
+    md = f"""# MIG slicer: pods deleted before their slices are handed over ({mode_of(args)} run)
 
 Two whole-GPU (7g.40gb) pods pinned to a node, deleted while their claims are Pending (driver frozen from the
 start) or Created and not yet advertised (driver frozen the moment the second claim is Created); the full
@@ -177,22 +166,9 @@ run adds waves of pods deleted at random instants on mig-2. Then two whole-GPU p
 | node | kind | claims at deletion (or last phase seen) | delete -> claims gone (s) | \
 release -> node empty (s) | slices the agent made for these claims |
 |---|---|---|---|---|---|
-{rows}
-
-{figures_table(figures, NOTES)}
-
-{verdict(detail["problems"], ok, "migslicer_pod_deleted.py", args)}"""
-    summary = {
-        "injected": "pods deleted with claims Pending / Created-unadvertised" + ("" if args.quick else " / random"),
-        "checked": "claims GC'd, orphan slices destroyed after grace, capacity reused, no gated pod without "
-                   "reason, no leaked slice",
-        "key": f"{figures['claims_of_deleted_pods_left']} claims left, orphans gone "
-               f"{figures['release_to_slices_gone_created_s']} s after release, reuse {figures['reuse_all_running_s']} "
-               f"s, {figures['leaked_slices_at_end']} leaked",
-    }
-    write_results(NAME, figures, md, passed=ok, summary=summary, extra={"mode": mode, "seed": args.seed, **detail})
-    return ok
+{rows}"""
+    return Report(md, COMMON_NOTES | NOTES, listed=True, injected=injected, checked=checked, key=key)
 
 
 if __name__ == "__main__":
-    run(main)
+    run_scenario(NAME, __doc__, lambda args: scenario(args.quick, args.seed), report)

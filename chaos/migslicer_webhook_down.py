@@ -18,17 +18,29 @@ names from its first stored version and runs; the plain pods run; the two global
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import time
 from collections import Counter
 from typing import Any
 
-from _common import cli, figures_table, run, write_results
-from _migslicer import COMMON_NOTES, NS, SYSTEM_NS, MigRig, is_gated, open_mig_rig, pace, verdict, wait_for
+from _common import Detail, Figures, Found, Report, mode_of, run_scenario, wait_for
+from _migslicer import COMMON_NOTES, NS, SYSTEM_NS, MigRig, is_gated, open_mig_rig, pace
 
 from gpuops.controllers.migslicer.api import NVIDIA_PREFIX, OUR_PREFIX
 
 NAME = "migslicer_webhook_down"
+NOTES = {
+    "mig_refusals": "MIG pod creations refused (failurePolicy Fail), retries included",
+    "mig_refusals_after_restart": "of those, after the restart (the new CA not yet in the caBundle, or not serving)",
+    "mig_admitted_during_outage": "MIG pods admitted while the webhook was down (must be 0)",
+    "plain_refusals": "plain (non-MIG) pod creations refused (a 1.30+ apiserver: 0, matchConditions skip the call)",
+    "system_ns_refusals": "creations in gpuops-system refused (namespaceSelector excludes it: 0 expected)",
+    "system_ns_mig_pod_unrenamed": "1: a MIG pod in gpuops-system is admitted as is (no rename, no gate), as the "
+                                   "manifest documents",
+    "restart_to_first_mig_admitted_s": "operator restart -> first MIG pod admitted (includes the caBundle patch)",
+}
+
 SHAPES = [["3g.20gb"], ["1g.5gb"], ["2g.10gb", "1g.5gb"], ["1g.10gb"]]
 
 
@@ -76,7 +88,7 @@ def renamed(pod: dict[str, Any]) -> bool:
                for k in ((c.get("resources") or {}).get("limits") or {})) and not unrenamed(pod)
 
 
-async def scenario(quick: bool) -> tuple[dict[str, Any], dict[str, Any], bool]:
+async def scenario(quick: bool) -> Found:
     problems: list[str] = []
     t0 = time.monotonic()
     outage, mig_n, plain_n, runtime = (5.0, 4, 2, 3.0) if quick else (25.0, 12, 4, 5.0)
@@ -150,31 +162,11 @@ async def scenario(quick: bool) -> tuple[dict[str, Any], dict[str, Any], bool]:
         }
         if figures["mig_refusals"] == 0:
             problems.append("no MIG pod creation was refused during the outage")
-        ok = not problems
-        figures["passed"] = int(ok)
-        detail = {"problems": problems, "error_classes": dict(classes),
-                  "sample_error": next((m for c in mig for _, m in c.refusals), ""),
-                  "env_short": mr.env_problems()[1]}
-        return figures, detail, ok
+        return mr.verdict(figures, problems, error_classes=dict(classes),
+                          sample_error=next((m for c in mig for _, m in c.refusals), ""))
 
 
-NOTES = {
-    **COMMON_NOTES,
-    "mig_refusals": "MIG pod creations refused (failurePolicy Fail), retries included",
-    "mig_refusals_after_restart": "of those, after the restart (the new CA not yet in the caBundle, or not serving)",
-    "mig_admitted_during_outage": "MIG pods admitted while the webhook was down (must be 0)",
-    "plain_refusals": "plain (non-MIG) pod creations refused (a 1.30+ apiserver: 0, matchConditions skip the call)",
-    "system_ns_refusals": "creations in gpuops-system refused (namespaceSelector excludes it: 0 expected)",
-    "system_ns_mig_pod_unrenamed": "1: a MIG pod in gpuops-system is admitted as is (no rename, no gate), as the "
-                                   "manifest documents",
-    "restart_to_first_mig_admitted_s": "operator restart -> first MIG pod admitted (includes the caBundle patch)",
-}
-
-
-async def main() -> bool:
-    args = cli(__doc__)
-    figures, detail, ok = await scenario(args.quick)
-    mode = "quick" if args.quick else "full"
+def report(figures: Figures, detail: Detail, args: argparse.Namespace) -> Report:
     if figures["plain_refusals"] == 0:
         plain_text = (f"all {figures['plain_pods_tried']} admitted during the outage without a refusal: this emulator "
                       "evaluated the webhook's matchConditions (no call for a pod that mentions no `/mig-` "
@@ -183,7 +175,14 @@ async def main() -> bool:
         plain_text = (f"refused {figures['plain_refusals']} times: the emulator called the webhook for them, which a "
                       "1.30+ apiserver would not (matchConditions); this differs from a real cluster.")
     classes = "\n".join(f"| {k} | {v} |" for k, v in sorted(detail["error_classes"].items()))
-    md = f"""# MIG slicer: webhook unreachable (operator down) ({mode} run)
+    injected = (f"operator (webhook) killed {figures['outage_s']:.0f} s; clients retrying MIG, plain and "
+                "excluded-namespace pods")
+    checked = ("MIG pods refused (Fail), none unrenamed; after restart admitted gated+renamed and run; no gated "
+               "pod without reason, no leaked slice")
+    key = (f"{figures['mig_refusals']} MIG refusals, {figures['mig_admitted_during_outage']} admitted in "
+           f"outage, plain pods refused {figures['plain_refusals']}x, first admit "
+           f"{figures['restart_to_first_mig_admitted_s']} s after restart")
+    md = f"""# MIG slicer: webhook unreachable (operator down) ({mode_of(args)} run)
 
 Operator killed for {figures['outage_s']} s while clients retry pod creations every 0.5 s: MIG and plain pods
 in `{NS}`, one of each in `{SYSTEM_NS}` (excluded by the namespaceSelector). Operator restarted; the clients go
@@ -195,23 +194,9 @@ Sample refusal: `{detail['sample_error'][:400]}`
 
 | refusal class | count |
 |---|---|
-{classes}
-
-{figures_table(figures, NOTES)}
-
-{verdict(detail["problems"], ok, "migslicer_webhook_down.py", args)}"""
-    summary = {
-        "injected": f"operator (webhook) killed {figures['outage_s']:.0f} s; clients retrying MIG, plain and "
-                    "excluded-namespace pods",
-        "checked": "MIG pods refused (Fail), none unrenamed; after restart admitted gated+renamed and run; no gated "
-                   "pod without reason, no leaked slice",
-        "key": f"{figures['mig_refusals']} MIG refusals, {figures['mig_admitted_during_outage']} admitted in "
-               f"outage, plain pods refused {figures['plain_refusals']}x, first admit "
-               f"{figures['restart_to_first_mig_admitted_s']} s after restart",
-    }
-    write_results(NAME, figures, md, passed=ok, summary=summary, extra={"mode": mode, "seed": args.seed, **detail})
-    return ok
+{classes}"""
+    return Report(md, COMMON_NOTES | NOTES, listed=True, injected=injected, checked=checked, key=key)
 
 
 if __name__ == "__main__":
-    run(main)
+    run_scenario(NAME, __doc__, lambda args: scenario(args.quick), report)

@@ -19,14 +19,24 @@ Ready (B: the reclaimed instance replaced) and CredentialsInvalid=False.
 
 from __future__ import annotations
 
+import argparse
 import math
 import time
 from typing import Any
 
-from _common import cli, figures_table, run, write_results
-from _spotpool import SpotRig, open_spot_rig, sleep_until, verdict, wait_for
+from _common import Detail, Figures, Found, Report, mode_of, run_scenario, wait_for
+from _spotpool import SpotRig, open_spot_rig, sleep_until
 
 NAME = "spotpool_credentials"
+NOTES = {
+    "A_calls_while_broken": "spot API requests while the Secret was wrong (A: pool created broken)",
+    "A_calls_bound": "1 + window / resync: the most allowed (one per resync beyond the first refusal)",
+    "B_calls_while_broken": "spot API requests while the Secret was wrong (B: broken while running, a reclaim)",
+    "B_run_calls_while_broken": "launch requests while the Secret was wrong (must be 0)",
+    "B_fix_to_minimum_ready_s": "Secret fixed -> pool at minimum Ready (the reclaimed instance replaced)",
+    "cloud_401_answers": "requests the cloud refused (whole run)",
+}
+
 TOKEN = "s3cret-token"
 WRONG = "not-the-token"
 SECRET = "cloud"
@@ -93,7 +103,7 @@ async def broken_window(sr: SpotRig, label: str, hold: float, problems: list[str
     return info
 
 
-async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict[str, Any], bool]:
+async def scenario(quick: bool, seed: int) -> Found:
     resync, hold = (2.0, 10.0) if quick else (5.0, 30.0)
     problems: list[str] = []
     windows: list[dict[str, Any]] = []
@@ -115,30 +125,22 @@ async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict
                     figures[f"{key}_{k}"] = w[k]
         if figures["duplicates"]:
             problems.append(f"{figures['duplicates']} instances created beyond minimum + reclaimed")
-        ok = not problems
-        figures["passed"] = int(ok)
-        return figures, {"problems": problems, "windows": windows}, ok
+        return figures, {"problems": problems, "windows": windows}, not problems
 
 
-NOTES = {
-    "A_calls_while_broken": "spot API requests while the Secret was wrong (A: pool created broken)",
-    "A_calls_bound": "1 + window / resync: the most allowed (one per resync beyond the first refusal)",
-    "B_calls_while_broken": "spot API requests while the Secret was wrong (B: broken while running, a reclaim)",
-    "B_run_calls_while_broken": "launch requests while the Secret was wrong (must be 0)",
-    "B_fix_to_minimum_ready_s": "Secret fixed -> pool at minimum Ready (the reclaimed instance replaced)",
-    "cloud_401_answers": "requests the cloud refused (whole run)",
-}
-
-
-async def main() -> bool:
-    args = cli(__doc__)
-    figures, detail, ok = await scenario(args.quick, args.seed)
-    mode = "quick" if args.quick else "full"
+def report(figures: Figures, detail: Detail, args: argparse.Namespace) -> Report:
     rows = "\n".join(f"| {w['window']} | {w.get('window_s', '-')} | {w.get('reason', '-')} | "
                      f"{w.get('calls_while_broken', '-')} (bound {w.get('calls_bound', '-')}) | "
                      f"{w.get('run_calls_while_broken', '-')} | {w.get('fix_to_condition_false_s', '-')} | "
                      f"{w.get('fix_to_minimum_ready_s', '-')} |" for w in detail["windows"])
-    md = f"""# Spot pool: wrong cloud credentials, then fixed ({mode} run)
+    injected = (f"wrong bearer token in the pool's Secret for {figures['hold_seconds']:g} s, twice (at creation; "
+                "while running + a reclaim), then fixed")
+    checked = "CredentialsInvalid=True, 0 launches, requests <= 1 + window/resync, recovery to minimum Ready"
+    key = (f"requests while broken A {figures.get('A_calls_while_broken', '-')}/"
+           f"{figures.get('A_calls_bound', '-')}, B {figures.get('B_calls_while_broken', '-')}/"
+           f"{figures.get('B_calls_bound', '-')} (bound); fix -> minimum Ready "
+           f"{figures.get('A_fix_to_minimum_ready_s', '-')} / {figures.get('B_fix_to_minimum_ready_s', '-')} s")
+    md = f"""# Spot pool: wrong cloud credentials, then fixed ({mode_of(args)} run)
 
 The emulated cloud requires a bearer token; the pool's Secret holds a wrong one (A: from the pool's creation;
 B: broken while the pool runs, then one instance reclaimed), held {figures['hold_seconds']:g} s, then fixed.
@@ -150,23 +152,9 @@ resync (no hot loop); after the fix CredentialsInvalid=False and the pool at min
 | window | broken (s) | reason | cloud requests while broken | launch requests | fix -> condition False (s) | \
 fix -> minimum Ready (s) |
 |---|---|---|---|---|---|---|
-{rows}
-
-{figures_table(figures, NOTES)}
-
-{verdict(detail["problems"], ok, "spotpool_credentials.py", args)}"""
-    summary = {
-        "injected": f"wrong bearer token in the pool's Secret for {figures['hold_seconds']:g} s, twice (at creation; "
-                    "while running + a reclaim), then fixed",
-        "checked": "CredentialsInvalid=True, 0 launches, requests <= 1 + window/resync, recovery to minimum Ready",
-        "key": f"requests while broken A {figures.get('A_calls_while_broken', '-')}/"
-               f"{figures.get('A_calls_bound', '-')}, B {figures.get('B_calls_while_broken', '-')}/"
-               f"{figures.get('B_calls_bound', '-')} (bound); fix -> minimum Ready "
-               f"{figures.get('A_fix_to_minimum_ready_s', '-')} / {figures.get('B_fix_to_minimum_ready_s', '-')} s",
-    }
-    write_results(NAME, figures, md, passed=ok, summary=summary, extra={"mode": mode, "seed": args.seed, **detail})
-    return ok
+{rows}"""
+    return Report(md, NOTES, injected=injected, checked=checked, key=key)
 
 
 if __name__ == "__main__":
-    run(main)
+    run_scenario(NAME, __doc__, lambda args: scenario(args.quick, args.seed), report)

@@ -16,14 +16,25 @@ cloud's replay, or found the instances by their launch-id tag).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import time
 from typing import Any
 
-from _common import cli, figures_table, run, write_results
-from _spotpool import SpotRig, open_spot_rig, sleep_until, verdict, wait_for
+from _common import Detail, Figures, Found, Report, mode_of, run_scenario, wait_for
+from _spotpool import SpotRig, open_spot_rig, sleep_until
 
 NAME = "spotpool_operator_kill"
+NOTES = {
+    "instances_created": "instances the cloud created (replays of a token create none)",
+    "duplicates": "created beyond what the rounds needed (must be 0)",
+    "tokens_creating_instances": "client tokens that created instances (must equal launch_intents)",
+    "launch_intents": "status.launchSequence: launch intents the operator persisted",
+    "tokens_reused_after_restart": "rounds where the token persisted at the kill is the one that bought",
+    "rounds_settled_by_replay": "rounds where the new process re-sent the token (the rest found the instances by tag)",
+    "restart_to_converged_max_s": "restart -> pool at its minimum Ready (worst round)",
+}
+
 HOLD = 3.0
 START_MIN, MAXIMUM = 3, 10
 
@@ -101,7 +112,7 @@ async def one_round(sr: SpotRig, n: int, kind: str, problems: list[str]) -> dict
     return info
 
 
-async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict[str, Any], bool]:
+async def scenario(quick: bool, seed: int) -> Found:
     rounds = 3 if quick else 6
     kinds = ["create", *(("reclaim", "raise")[i % 2] for i in range(rounds - 1))]
     problems: list[str] = []
@@ -140,32 +151,20 @@ async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict
                             f"{figures['launch_intents']} launch intents")
         if figures["final_live"] != figures["final_minimum"]:
             problems.append(f"{figures['final_live']} live instances at the end for minimum {figures['final_minimum']}")
-        ok = not problems
-        figures["passed"] = int(ok)
         return figures, {"problems": problems, "rounds": results,
-                         "timings": {"held_answer_seconds": HOLD, "resync_seconds": sr.resync}}, ok
+                         "timings": {"held_answer_seconds": HOLD, "resync_seconds": sr.resync}}, not problems
 
 
-NOTES = {
-    "instances_created": "instances the cloud created (replays of a token create none)",
-    "duplicates": "created beyond what the rounds needed (must be 0)",
-    "tokens_creating_instances": "client tokens that created instances (must equal launch_intents)",
-    "launch_intents": "status.launchSequence: launch intents the operator persisted",
-    "tokens_reused_after_restart": "rounds where the token persisted at the kill is the one that bought",
-    "rounds_settled_by_replay": "rounds where the new process re-sent the token (the rest found the instances by tag)",
-    "restart_to_converged_max_s": "restart -> pool at its minimum Ready (worst round)",
-}
-
-
-async def main() -> bool:
-    args = cli(__doc__)
-    figures, detail, ok = await scenario(args.quick, args.seed)
-    mode = "quick" if args.quick else "full"
-    rows = "\n".join(f"| {r['round']} | {r['kind']} | {r.get('need', '-')} | {r.get('created', '-')} | "
-                     f"{r.get('kill_after_launch_s', '-')} | {r.get('killed_token', '-')} | "
-                     f"{r.get('persisted_token', '-')} | {r.get('settled_by', '-')} | "
-                     f"{r.get('restart_to_converged_s', '-')} |" for r in detail["rounds"])
-    md = f"""# Spot pool: operator kill -9 between the launch and the status write ({mode} run)
+def report(figures: Figures, detail: Detail, args: argparse.Namespace) -> Report:
+    columns = ("round", "kind", "need", "created", "kill_after_launch_s", "killed_token", "persisted_token",
+               "settled_by", "restart_to_converged_s")  # a round cut short lacks its later values: "-"
+    rows = "\n".join("| " + " | ".join(str(r.get(c, "-")) for c in columns) + " |" for r in detail["rounds"])
+    injected = (f"kill -9 while RunInstances' answer is held {HOLD:g} s after it took effect; restart; "
+                f"{figures['rounds']} rounds (create, reclaim, raise minimum)")
+    checked = "created == needed, one token per launch intent, persisted token reused, minimum Ready"
+    key = (f"{figures['kills']} kills, {figures['instances_created']}/{figures['instances_needed']} created/"
+           f"needed, {figures['tokens_creating_instances']} tokens for {figures['launch_intents']} intents")
+    md = f"""# Spot pool: operator kill -9 between the launch and the status write ({mode_of(args)} run)
 
 Every RunInstances answer held {HOLD:g} s after the launch took effect; the operator killed (SIGKILL) as soon as
 the cloud's launched counter rises, then restarted (`--spotpool-resync 2`). Rounds: create (minimum {START_MIN}),
@@ -178,21 +177,9 @@ restart, nothing bought while it then sits at minimum.
 | round | kind | needed | created | kill after launch (s) | token of the launch | token persisted | \
 settled by | restart -> converged (s) |
 |---|---|---|---|---|---|---|---|---|
-{rows}
-
-{figures_table(figures, NOTES)}
-
-{verdict(detail["problems"], ok, "spotpool_operator_kill.py", args)}"""
-    summary = {
-        "injected": f"kill -9 while RunInstances' answer is held {HOLD:g} s after it took effect; restart; "
-                    f"{figures['rounds']} rounds (create, reclaim, raise minimum)",
-        "checked": "created == needed, one token per launch intent, persisted token reused, minimum Ready",
-        "key": f"{figures['kills']} kills, {figures['instances_created']}/{figures['instances_needed']} created/"
-               f"needed, {figures['tokens_creating_instances']} tokens for {figures['launch_intents']} intents",
-    }
-    write_results(NAME, figures, md, passed=ok, summary=summary, extra={"mode": mode, "seed": args.seed, **detail})
-    return ok
+{rows}"""
+    return Report(md, NOTES, injected=injected, checked=checked, key=key)
 
 
 if __name__ == "__main__":
-    run(main)
+    run_scenario(NAME, __doc__, lambda args: scenario(args.quick, args.seed), report)

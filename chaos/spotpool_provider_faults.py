@@ -24,14 +24,23 @@ pool object is gone and no instance carrying its tag is left pending or running 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import time
 from typing import Any
 
-from _common import cli, figures_table, run, write_results
-from _spotpool import SpotRig, bench, open_spot_rig, verdict, wait_for
+from _common import Detail, Figures, Found, Report, mode_of, run_scenario, wait_for
+from _spotpool import SpotRig, bench, open_spot_rig
 
 NAME = "spotpool_provider_faults"
+NOTES = {
+    "failure_fraction": "spot API requests not answered 2xx (hangs end in 504 after the operator gave up)",
+    "samples_above_maximum": "50 ms samples with live instances above the bound in force (must be 0)",
+    "leaked_instances": "tagged instances pending/running after the pool was deleted (must be 0)",
+    "launch_calls_replayed": "RunInstances calls answered from the client token (a retry of a launch that happened)",
+    "client_tokens_creating": "client tokens that created instances",
+}
+
 TOTAL = 0.20
 HANG_RATE = 0.02
 HANG_SECONDS = 16.0
@@ -99,7 +108,7 @@ async def phase(sr: SpotRig, ceiling: Ceiling, name: str, t0: float, log: list[d
                 "maximum": sr.spec().get("maximum")})
 
 
-async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict[str, Any], bool]:
+async def scenario(quick: bool, seed: int) -> Found:
     problems: list[str] = []
     phases: list[dict[str, Any]] = []
     up_min, up_max = (6, 8) if quick else (8, 10)
@@ -174,34 +183,25 @@ async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict
         conv = [p["converged_after_s"] for p in phases if p["phase"] != "delete"]
         figures["phase_converged_p50_s"] = bench.pct(conv, 0.5) or -1
         figures["phase_converged_max_s"] = max(conv, default=-1)
-        ok = not problems
-        figures["passed"] = int(ok)
         detail = {"problems": problems, "phases": phases, "cloud_faults": rules,
                   "unterminated": unterminated,
-                  "launches": [{"at": round(c.at - t0, 3), "token": c.token, "count": c.count, "created": c.created}
-                               for c in sr.led.launches],
+                  "launches": sr.launches_since(t0),
                   "rates": {"other_rules": round(OTHER_RATE, 4), "hang": HANG_RATE, "hang_seconds": HANG_SECONDS}}
-        return figures, detail, ok
+        return figures, detail, not problems
 
 
-NOTES = {
-    "failure_fraction": "spot API requests not answered 2xx (hangs end in 504 after the operator gave up)",
-    "samples_above_maximum": "50 ms samples with live instances above the bound in force (must be 0)",
-    "leaked_instances": "tagged instances pending/running after the pool was deleted (must be 0)",
-    "launch_calls_replayed": "RunInstances calls answered from the client token (a retry of a launch that happened)",
-    "client_tokens_creating": "client tokens that created instances",
-}
-
-
-async def main() -> bool:
-    args = cli(__doc__)
-    figures, detail, ok = await scenario(args.quick, args.seed)
-    mode = "quick" if args.quick else "full"
+def report(figures: Figures, detail: Detail, args: argparse.Namespace) -> Report:
     rows = "\n".join(f"| {p['phase']} | {p['at']} | {p.get('target', '-')} | {p['converged_after_s']} | "
                      f"{len(p.get('reclaimed') or [])} |"
                      for p in detail["phases"])
     r = detail["rates"]
-    md = f"""# Spot pool: the cloud API failing 20 % of calls ({mode} run)
+    injected = ("spot API: 500/503/429 before, 502 after, hangs > call timeout after; ~20 % of calls; "
+                "scale up/down, reclaims, deletion")
+    checked = "live <= maximum (50 ms samples), every phase converges, 0 leaked after deletion"
+    key = (f"{figures['spot_calls']} calls, {figures['failure_fraction']:.0%} failed, "
+           f"{figures['hangs_injected']} hangs; peak live {figures['max_live_not_noticed']}, "
+           f"{figures['samples_above_maximum']} samples above max, {figures['leaked_instances']} leaked")
+    md = f"""# Spot pool: the cloud API failing 20 % of calls ({mode_of(args)} run)
 
 Injected on the emulated spot API (run, describe, terminate): 500 / 503 / 429 RequestLimitExceeded before the
 operation and 502 after it took effect ({r['other_rules']:.1%} of calls each), a hang after it took effect for
@@ -214,22 +214,9 @@ or running.
 
 | phase | started (s) | target | converged after (s) | reclaimed |
 |---|---|---|---|---|
-{rows}
-
-{figures_table(figures, NOTES)}
-
-{verdict(detail["problems"], ok, "spotpool_provider_faults.py", args)}"""
-    summary = {
-        "injected": "spot API: 500/503/429 before, 502 after, hangs > call timeout after; ~20 % of calls; "
-                    "scale up/down, reclaims, deletion",
-        "checked": "live <= maximum (50 ms samples), every phase converges, 0 leaked after deletion",
-        "key": f"{figures['spot_calls']} calls, {figures['failure_fraction']:.0%} failed, "
-               f"{figures['hangs_injected']} hangs; peak live {figures['max_live_not_noticed']}, "
-               f"{figures['samples_above_maximum']} samples above max, {figures['leaked_instances']} leaked",
-    }
-    write_results(NAME, figures, md, passed=ok, summary=summary, extra={"mode": mode, "seed": args.seed, **detail})
-    return ok
+{rows}"""
+    return Report(md, NOTES, injected=injected, checked=checked, key=key)
 
 
 if __name__ == "__main__":
-    run(main)
+    run_scenario(NAME, __doc__, lambda args: scenario(args.quick, args.seed), report)

@@ -16,15 +16,27 @@ annotation, and the time back to minimum Ready.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import random
 import time
 from typing import Any
 
-from _common import cli, figures_table, run, write_results
-from _spotpool import SpotRig, bench, open_spot_rig, verdict, wait_for
+from _common import Detail, Figures, Found, Report, mode_of, run_scenario, wait_for
+from _spotpool import SpotRig, bench, open_spot_rig
 
 NAME = "spotpool_reclaim_wave"
+NOTES = {
+    "replacement_from_notice_p50_s": "cloud notice -> replacing instance created in the cloud",
+    "replacement_from_annotation_p50_s": "node agent's annotation -> replacing instance created (negative: the "
+                                         "replacement came first, from a describe another annotation triggered)",
+    "replacement_within_1s_of_annotation": "share of reclaims replaced <= 1 s after their annotation",
+    "samples_above_maximum": "50 ms samples with live instances not under notice > maximum (must be 0)",
+    "duplicates": "instances created beyond minimum + reclaimed (must be 0)",
+    "shortfall_instance_seconds": "max(0, minimum - Ready) integrated after the minimum was first Ready",
+    "back_to_minimum_ready_s": "wave -> pool at minimum Ready again",
+}
+
 SHARE = 0.3
 
 
@@ -48,7 +60,7 @@ async def wave(sr: SpotRig, k: int, rng: random.Random, notice: float, problems:
     return out
 
 
-async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict[str, Any], bool]:
+async def scenario(quick: bool, seed: int) -> Found:
     minimum, maximum = (10, 11) if quick else (20, 22)
     notice, poll = (6.0, 0.5) if quick else (20.0, 1.0)
     waves = 1 if quick else 2
@@ -118,58 +130,33 @@ async def scenario(quick: bool, seed: int) -> tuple[dict[str, float | int], dict
             for key in ("all_replacements_launched_s", "back_to_minimum_ready_s"):
                 if key in d:
                     figures[f"wave{i}_{key}"] = d[key]
-        ok = not problems
-        figures["passed"] = int(ok)
         detail = {"problems": problems, "waves": details,
                   "replacements": [{k2: (round(v - t0, 3) if isinstance(v, float) else v) for k2, v in r.items()}
                                    for r in repl],
-                  "launches": [{"at": round(c.at - t0, 3), "token": c.token, "count": c.count, "created": c.created}
-                               for c in sr.led.launches],
+                  "launches": sr.launches_since(t0),
                   "timings": {"notice_seconds": notice, "notice_poll_seconds": poll, "resync_seconds": sr.resync}}
-        return figures, detail, ok
+        return figures, detail, not problems
 
 
-NOTES = {
-    "replacement_from_notice_p50_s": "cloud notice -> replacing instance created in the cloud",
-    "replacement_from_annotation_p50_s": "node agent's annotation -> replacing instance created (negative: the "
-                                         "replacement came first, from a describe another annotation triggered)",
-    "replacement_within_1s_of_annotation": "share of reclaims replaced <= 1 s after their annotation",
-    "samples_above_maximum": "50 ms samples with live instances not under notice > maximum (must be 0)",
-    "duplicates": "instances created beyond minimum + reclaimed (must be 0)",
-    "shortfall_instance_seconds": "max(0, minimum - Ready) integrated after the minimum was first Ready",
-    "back_to_minimum_ready_s": "wave -> pool at minimum Ready again",
-}
-
-
-async def main() -> bool:
-    args = cli(__doc__)
-    figures, detail, ok = await scenario(args.quick, args.seed)
-    mode = "quick" if args.quick else "full"
+def report(figures: Figures, detail: Detail, args: argparse.Namespace) -> Report:
     t = detail["timings"]
-    md = f"""# Spot pool: a reclaim wave takes 30 % of the pool ({mode} run)
+    injected = (f"{SHARE:.0%} of a pool of {figures['minimum']} reclaimed at once ({figures['waves']} wave(s), "
+                f"notice {t['notice_seconds']:g} s)")
+    checked = "all replaced, back to minimum Ready, never above maximum, 0 duplicates"
+    key = (f"replacement from notice p50/p99 {figures['replacement_from_notice_p50_s']:g}/"
+           f"{figures['replacement_from_notice_p99_s']:g} s, from annotation p50/p99 "
+           f"{figures['replacement_from_annotation_p50_s']:g}/{figures['replacement_from_annotation_p99_s']:g} s"
+           f", duplicates {figures['duplicates']}")
+    md = f"""# Spot pool: a reclaim wave takes 30 % of the pool ({mode_of(args)} run)
 
 A pool of {figures['minimum']} (maximum {figures['maximum']}); {SHARE:.0%} of its instances get a reclaim notice in
 one call ({figures['waves']} wave(s)); notice {t['notice_seconds']:g} s, node agent poll
 {t['notice_poll_seconds']:g} s, `--spotpool-resync` {t['resync_seconds']:g} s (the default).
 
 Checked: every reclaimed instance replaced; the pool back at minimum Ready; live instances not under notice
-never above the maximum (50 ms samples); no instance beyond minimum + reclaimed.
-
-{figures_table(figures, NOTES)}
-
-{verdict(detail["problems"], ok, "spotpool_reclaim_wave.py", args)}"""
-    summary = {
-        "injected": f"{SHARE:.0%} of a pool of {figures['minimum']} reclaimed at once ({figures['waves']} wave(s), "
-                    f"notice {t['notice_seconds']:g} s)",
-        "checked": "all replaced, back to minimum Ready, never above maximum, 0 duplicates",
-        "key": f"replacement from notice p50/p99 {figures['replacement_from_notice_p50_s']:g}/"
-               f"{figures['replacement_from_notice_p99_s']:g} s, from annotation p50/p99 "
-               f"{figures['replacement_from_annotation_p50_s']:g}/{figures['replacement_from_annotation_p99_s']:g} s"
-               f", duplicates {figures['duplicates']}",
-    }
-    write_results(NAME, figures, md, passed=ok, summary=summary, extra={"mode": mode, "seed": args.seed, **detail})
-    return ok
+never above the maximum (50 ms samples); no instance beyond minimum + reclaimed."""
+    return Report(md, NOTES, injected=injected, checked=checked, key=key)
 
 
 if __name__ == "__main__":
-    run(main)
+    run_scenario(NAME, __doc__, lambda args: scenario(args.quick, args.seed), report)
