@@ -37,7 +37,7 @@ typecheck: install
 	$(BIN)/mypy --strict gpuops sim/gpuops_sim
 
 unit: install
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=30
 
 test: lint typecheck unit
 

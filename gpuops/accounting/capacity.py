@@ -1,8 +1,8 @@
 """Which GPU nodes to power on for pending pods, and which idle ones to power off.
 
-The seed autoprovisioner compared cluster-wide GPU sums (a pod cannot span nodes), ignored nodes that were
-already booting (re-POSTing power-on every tick) and only ever powered off the single largest idle node, even
-when it was already off. This module decides per pod and per node instead:
+A naive autoprovisioner (k8s-gpu-autoprovision, which gpuops replaces) compares cluster-wide GPU sums (a pod cannot
+span nodes), ignores nodes that are already booting (re-POSTing power-on every tick) and only ever powers off the
+single largest idle node, even when it is already off. This module decides per pod and per node instead:
 
 * Scale-up is a per-pod first-fit-decreasing packing. Each pod, largest first, goes to the best-fitting free
   capacity of a Ready or PoweringOn node; failing that to a node this plan already powers on; failing that

@@ -1,8 +1,8 @@
 """GPU-hours consumed in a rolling window, from live pod intervals plus a durable ledger of gone pods.
 
-Why not the seed's stateless sum: it recomputed usage from the pods still in the API, so every pod its own
-Evict action deleted (or a Job TTL, or `kubectl delete`) took its GPU-hours with it, the budget dropped back
-under quota and the workload was re-admitted (oscillation). Here the caller keeps a ledger of finished or
+Why not a stateless sum over the pods still in the API: every pod an Evict action deleted (or a Job TTL, or
+`kubectl delete`) would take its GPU-hours with it, the budget would drop back under quota and the workload
+would be re-admitted (oscillation). Here the caller keeps a ledger of finished or
 deleted pods (e.g. in the budget's status) and passes it along with the live intervals.
 
 Model. Instants and durations are integer microseconds; GPU amounts and GPU-hours are exact Fractions. The
@@ -632,8 +632,8 @@ def _pieces_by_cell(
 def format_gpu_hours(value: Fraction | int, places: int = 6) -> str:
     """Fixed-point text with `places` decimals, rounded half to even ("12.345679").
 
-    Six decimals keep the rounding error (<= 5e-7 GPU-hours) below 1e-4 of the seed's 50-pod bench value
-    (0.041667 GPU-hours), where the seed's milli-rounding cost 2.4 %. The text is also a valid quantity.
+    Six decimals keep the rounding error (<= 5e-7 GPU-hours) below 1e-4 of a 2.5-GPU-minute amount
+    (0.041667 GPU-hours), where rounding to milli-units would cost 2.4 %. The text is also a valid quantity.
     """
     if isinstance(value, bool) or not isinstance(value, Fraction | int):
         raise AccountingError(f"value must be an exact Fraction or int of GPU-hours, got {value!r}")

@@ -1,8 +1,8 @@
 """Kubernetes quantities ("100m", "1.5", "1Gi", "2e3") as exact numbers, and back to their canonical text.
 
-Quotas and requests are compared against each other, so they must be exact: the seed read them with
-`AsApproximateFloat64` and rounded its status to milli-units. Here a quantity is a `Fraction` and the text form
-follows apimachinery's `resource.Quantity` (k8s.io/apimachinery/pkg/api/resource, read at HEAD eed236c):
+Quotas and requests are compared against each other, so they must be exact: reading them with `AsApproximateFloat64`
+and rounding a status to milli-units loses GPU-seconds that add up. Here a quantity is a `Fraction` and the text
+form follows apimachinery's `resource.Quantity` (k8s.io/apimachinery/pkg/api/resource, read at HEAD eed236c):
 
 Accepted syntax is what both `ParseQuantity` and the OpenAPI pattern of Quantity accept::
 

@@ -1,8 +1,8 @@
 """The effective request of a pod for any resource, computed the way the scheduler computes it.
 
-The seed summed the GPU requests of regular containers only, so an init container that needs more GPUs than
+Summing the GPU requests of regular containers only would miss an init container that needs more GPUs than
 the main containers, a sidecar (restartable init container) that holds a GPU for the pod's whole life, and
-pod overhead were all invisible. This follows `PodRequests` of k8s.io/component-helpers/resource (read at
+pod overhead. This follows `PodRequests` of k8s.io/component-helpers/resource (read at
 HEAD 1961876) with default options, i.e. what the scheduler's fit check uses:
 
     request(r) = max( sum over containers and sidecars of req(r),

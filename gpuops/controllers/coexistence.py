@@ -10,10 +10,11 @@ skip with them, and docs/coexistence.md lists the same rules for the people who 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Final
+from collections.abc import Iterable, Mapping
+from typing import Final, NamedTuple
 
-from gpuops.kube.objects import Job, Node
+from gpuops.kube.conditions import get_condition
+from gpuops.kube.objects import Condition, Job, Node
 
 __all__ = [
     "CA_TAINTS",
@@ -28,7 +29,9 @@ __all__ = [
     "MIG_STRATEGY",
     "NO_CONFLICT",
     "SCALE_DOWN_DISABLED",
+    "ConflictCondition",
     "conflict_condition",
+    "conflict_to_write",
     "karpenter_nodepool",
     "kueue_owner",
     "mig_manager_conflict",
@@ -63,18 +66,35 @@ CA_TAINTS: Final = ("ToBeDeletedByClusterAutoscaler", "DeletionCandidateOfCluste
 """Taints cluster-autoscaler puts on a node it is about to remove, or considers removing."""
 
 
+class ConflictCondition(NamedTuple):
+    """A ConflictDetected condition to write."""
+
+    status: str
+    reason: str
+    message: str
+
+
 def conflict_condition(current: tuple[str, str | None, str | None] | None, found: tuple[str, str] | None,
-                       cleared: str) -> tuple[str, str, str] | None:
-    """The ConflictDetected condition to write, as (status, reason, message), or None when the object's current
-    one (status, reason, message) already says it: True with the conflict `found`, else False with `cleared`
-    once it had been True (an object that never had a conflict never gets the condition)."""
+                       cleared: str) -> ConflictCondition | None:
+    """The ConflictDetected condition to write, or None when the object's current one (status, reason, message)
+    already says it: True with the conflict `found`, else False with `cleared` once it had been True (an object
+    that never had a conflict never gets the condition)."""
     if found is None:
         if current is None or current[0] == "False":
             return None
-        want = ("False", NO_CONFLICT, cleared)
+        want = ConflictCondition("False", NO_CONFLICT, cleared)
     else:
-        want = ("True", *found)
+        want = ConflictCondition("True", *found)
     return None if current == want else want
+
+
+def conflict_to_write(conditions: Iterable[Condition] | None, found: tuple[str, str] | None,
+                      cleared: str) -> ConflictCondition | None:
+    """`conflict_condition` for an object whose status holds `conditions`: what each controller that reports
+    ConflictDetected asks before it writes (the condition, or None when the object already says it)."""
+    current = get_condition(conditions, CONDITION)
+    return conflict_condition(None if current is None else (current.status, current.reason, current.message),
+                              found, cleared)
 
 
 def kueue_owner(job: Job) -> str | None:

@@ -21,7 +21,8 @@ R = TypeVar("R")
 @dataclass(frozen=True, slots=True)
 class Installed(Generic[R]):
     """A controller as `install` added it: the object that decides (`reconciler`), its controller loop and the
-    recorder of its Events."""
+    recorder of its Events. Construct it as `Installed(...)`; `Installed[X]` is for annotations (a frozen
+    dataclass refuses the attribute a subscripted call would set)."""
 
     reconciler: R
     controller: Controller

@@ -1,8 +1,9 @@
 """GPUNodeGroup (gpuops.io/v1alpha1, cluster-scoped, short name gng): one power-managed GPU machine.
 
-The seed configured each machine with environment variables (GPU_NODE_<n>_NAME, _GPU_COUNT,
-_SCALE_UP_ENDPOINT, _SCALE_DOWN_ENDPOINT); `groups_from_env` turns those into the same specs, so its users
-switch without rewriting their deployment. Secrets (a bearer token, an HMAC key) are only ever referenced.
+k8s-gpu-autoprovision, the autoprovisioner gpuops replaces, configures each machine with environment variables
+(GPU_NODE_<n>_NAME, _GPU_COUNT, _SCALE_UP_ENDPOINT, _SCALE_DOWN_ENDPOINT); `groups_from_env` turns those into the
+same specs, so its users switch without rewriting their deployment. Secrets (a bearer token, an HMAC key) are only
+ever referenced.
 """
 
 from __future__ import annotations
@@ -14,22 +15,19 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
+from gpuops.controllers.apigroup import DEFAULT_RESOURCE, ApiStruct, CustomObject, custom_resource, resource_type
 from gpuops.controllers.errors import SpecError
-from gpuops.kube.crd import USE_DEFAULT, Column, CustomResource, Rule, crd
+from gpuops.kube.crd import USE_DEFAULT, Column, Rule, crd
 from gpuops.kube.crd.markers import marker
 from gpuops.kube.crd.patterns import dns_label, dns_subdomain, http_url, label_map, resource_name, secret_key
-from gpuops.kube.objects import Condition, ObjectMeta, Taint
-from gpuops.kube.resources import ResourceType
+from gpuops.kube.objects import Condition, Taint
 
 __all__ = [
-    "API_VERSION",
     "DEFAULT_RESOURCE",
-    "GROUP",
     "GROUPS",
     "KIND",
     "PLURAL",
     "STATES",
-    "VERSION",
     "EnvGroup",
     "GPUNodeGroup",
     "GroupSpec",
@@ -47,12 +45,8 @@ __all__ = [
     "secret_refs",
 ]
 
-GROUP: Final = "gpuops.io"
-VERSION: Final = "v1alpha1"
 PLURAL: Final = "gpunodegroups"
 KIND: Final = "GPUNodeGroup"
-API_VERSION: Final = f"{GROUP}/{VERSION}"
-DEFAULT_RESOURCE: Final = "nvidia.com/gpu"
 
 State = Literal["Off", "PoweringOn", "Ready", "Draining", "PoweringOff", "Failed"]
 STATES: Final[tuple[State, ...]] = ("Off", "PoweringOn", "Ready", "Draining", "PoweringOff", "Failed")
@@ -70,14 +64,10 @@ HEADER_RULES: Final = (
 )
 
 
-class _Api(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
-    """Base of the CRD types: camelCase JSON, defaults left out, every field optional when decoding."""
-
-
 # ---------------------------------------------------------------------------------------------- spec
 
 
-class SecretRef(_Api):
+class SecretRef(ApiStruct):
     """A Secret holding the webhook's credentials; the operator reads it, the spec never holds them."""
 
     name: Annotated[str, dns_subdomain(required=True)] = ""
@@ -92,7 +82,7 @@ class SecretRef(_Api):
     X-Gpuops-Signature: sha256= and the hex HMAC-SHA256 of "<timestamp>." followed by the body."""
 
 
-class Webhook(_Api):
+class Webhook(ApiStruct):
     url: Annotated[str, http_url(required=True)] = ""
     """Receives POST {"node", "action", "idempotencyKey"} with an Idempotency-Key header that stays the same across
     retries of one transition, and X-Gpuops-Signature when an HMAC key is set."""
@@ -110,7 +100,7 @@ class Webhook(_Api):
     condition InsecureTransport=True says so. For a loopback or trusted network only."""
 
 
-class NodeTemplate(_Api):
+class NodeTemplate(ApiStruct):
     """What the node will look like once it joins (fit checks before it ever has)."""
 
     labels: Annotated[dict[str, str] | None, label_map("spec.template.labels")] = None
@@ -121,7 +111,7 @@ class NodeTemplate(_Api):
     if it tolerates the NoSchedule and NoExecute ones. gpuops does not put them on the node."""
 
 
-class GroupSpec(_Api):
+class GroupSpec(ApiStruct):
     node_name: Annotated[str, dns_subdomain(required=True)] = ""
     """The name of the machine's Node object once it has joined the cluster."""
     gpu_count: Annotated[int, crd(required=True, minimum=1, maximum=1024)] = 0
@@ -150,7 +140,7 @@ class GroupSpec(_Api):
 # ---------------------------------------------------------------------------------------------- status
 
 
-class PendingTransition(_Api):
+class PendingTransition(ApiStruct):
     """A power transition decided and persisted before its webhook is called: a retry or a restarted operator
     sends the same Idempotency-Key, and never a second transition for the same decision."""
 
@@ -167,7 +157,7 @@ class PendingTransition(_Api):
     """True once the webhook answered 2xx."""
 
 
-class LastWebhook(_Api):
+class LastWebhook(ApiStruct):
     direction: str = ""
     """up or down."""
     url: str = ""
@@ -182,7 +172,7 @@ class LastWebhook(_Api):
     """Why the call failed, with secrets redacted; empty on success."""
 
 
-class GroupStatus(_Api):
+class GroupStatus(ApiStruct):
     observed_generation: int = 0
     """The spec generation this status was written for (set on every status write)."""
     state: Annotated[str, crd(enum=("Off", "PoweringOn", "Ready", "Draining", "PoweringOff", "Failed"))] = ""
@@ -220,32 +210,28 @@ class GroupStatus(_Api):
     ClusterAutoscalerScaleDown or NodeProtected; False once that is over). metav1.Condition."""
 
 
-class GPUNodeGroup(_Api):
+class GPUNodeGroup(CustomObject):
     """GPUNodeGroup is one power-managed GPU machine (a "node group" of dseif0x/k8s-gpu-autoprovision, the
     autoprovisioner gpuops replaces). gpuops powers it on when pending GPU pods need it (smallest sufficient machine
     first) and off once it has had no GPU pods for scaleDownUnneededSeconds (largest idle machine first), by POSTing
     to the webhooks below."""
 
-    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     spec: Annotated[GroupSpec, crd(required=True)] = msgspec.field(default_factory=GroupSpec)
     """The machine, its webhooks and its timing."""
     status: GroupStatus = msgspec.field(default_factory=GroupStatus)
     """Written by the autoprovision controller."""
 
 
-GROUPS: Final = ResourceType(GROUP, VERSION, PLURAL, KIND, False, GPUNodeGroup)
-CRD: Final = CustomResource(
-    GROUPS, short_names=("gng",), categories=("gpuops",), labels={"app.kubernetes.io/part-of": "gpuops"},
-    columns=(
-        Column("Node", "string", ".spec.nodeName"),
-        Column("GPUs", "integer", ".spec.gpuCount"),
-        Column("State", "string", ".status.state", "Off, PoweringOn, Ready, Draining, PoweringOff or Failed."),
-        Column("Since", "date", ".status.since"),
-        Column("Webhook", "string", ".status.webhook",
-               "The last power webhook call: its HTTP code, unsent or no answer."),
-        Column("Priority", "integer", ".spec.priority", priority=1),
-        Column("Age", "date", ".metadata.creationTimestamp"),
-    ),
+GROUPS: Final = resource_type(PLURAL, KIND, False, GPUNodeGroup)
+CRD: Final = custom_resource(
+    GROUPS,
+    Column("Node", "string", ".spec.nodeName"),
+    Column("GPUs", "integer", ".spec.gpuCount"),
+    Column("State", "string", ".status.state", "Off, PoweringOn, Ready, Draining, PoweringOff or Failed."),
+    Column("Since", "date", ".status.since"),
+    Column("Webhook", "string", ".status.webhook", "The last power webhook call: its HTTP code, unsent or no answer."),
+    Column("Priority", "integer", ".spec.priority", priority=1),
+    short_names=("gng",),
 )
 
 
@@ -292,7 +278,7 @@ def secret_refs(spec: GroupSpec) -> list[tuple[str, str]]:
             if hook.secret_ref is not None]
 
 
-# ---------------------------------------------------------------------------------------------- the seed's env
+# ----------------------------------------------------------------------------- k8s-gpu-autoprovision's env
 
 
 _ENV_NAME = re.compile(r"(?P<prefix>.+)_NAME")
@@ -300,7 +286,7 @@ _ENV_NAME = re.compile(r"(?P<prefix>.+)_NAME")
 
 @dataclass(frozen=True, slots=True)
 class EnvGroup:
-    """A group defined by the seed's environment variables, keyed by its prefix (e.g. GPU_NODE_1)."""
+    """A group defined by k8s-gpu-autoprovision's environment variables, keyed by its prefix (e.g. GPU_NODE_1)."""
 
     prefix: str
     spec: GroupSpec
@@ -308,7 +294,7 @@ class EnvGroup:
 
 def groups_from_env(env: Mapping[str, str]) -> list[EnvGroup]:
     """Every `<P>_NAME` with `<P>_GPU_COUNT`, `<P>_SCALE_UP_ENDPOINT` and `<P>_SCALE_DOWN_ENDPOINT` set defines a
-    group, as in the seed. A prefix with some but not all four is an error naming the missing variables."""
+    group, as in k8s-gpu-autoprovision. A prefix with some but not all four is an error naming the missing variables."""
     out: list[EnvGroup] = []
     for key in sorted(env):
         m = _ENV_NAME.fullmatch(key)

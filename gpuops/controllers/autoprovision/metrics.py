@@ -10,9 +10,8 @@ from collections.abc import Callable, Iterable
 from prometheus_client import REGISTRY, Histogram
 from prometheus_client import Counter as PromCounter
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 
-from gpuops.kube.sources import Sources
+from gpuops.kube.collector import SourcedCollector
 
 from .api import STATES, GPUNodeGroup
 
@@ -41,44 +40,33 @@ BOOT_TIMEOUTS = PromCounter(
 failed is in the BootTimeout Event and in gpuops_autoprovision_node_groups{state="Failed"}."""
 
 
-class StateCollector(Collector):
+class StateCollector(SourcedCollector[Callable[[], Iterable[GPUNodeGroup]]]):
     """gpuops_autoprovision_node_groups{state}: every state reported, 0 included, so alerts can use absent();
     gpuops_autoprovision_group_refused{group,reason}: 1 for each group the controller does not manage (its Ready
     reason says why: NodeClaimed, InvalidSpec)."""
 
-    def __init__(self) -> None:
-        self.sources: Sources[Callable[[], Iterable[GPUNodeGroup]]] = Sources()
-        self.register = self.sources.register
-
-    def describe(self) -> Iterable[GaugeMetricFamily]:
-        return [self._family(), self._refused()]
-
-    @staticmethod
-    def _refused() -> GaugeMetricFamily:
-        return GaugeMetricFamily("gpuops_autoprovision_group_refused", "1 for each GPUNodeGroup the controller does "
-                                 "not manage, labelled with why (its Ready reason: NodeClaimed, InvalidSpec, "
-                                 "SecretNotAllowed, InsecureTransport).",
-                                 labels=["group", "reason"])
-
-    @staticmethod
-    def _family() -> GaugeMetricFamily:
-        return GaugeMetricFamily("gpuops_autoprovision_node_groups", "GPUNodeGroups by power state.",
-                                 labels=["state"])
+    def families(self) -> dict[str, GaugeMetricFamily]:
+        return {
+            "groups": GaugeMetricFamily("gpuops_autoprovision_node_groups", "GPUNodeGroups by power state.",
+                                        labels=["state"]),
+            "refused": GaugeMetricFamily("gpuops_autoprovision_group_refused", "1 for each GPUNodeGroup the "
+                                         "controller does not manage, labelled with why (its Ready reason: "
+                                         "NodeClaimed, InvalidSpec, SecretNotAllowed, InsecureTransport).",
+                                         labels=["group", "reason"]),
+        }
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        sources = self.sources.current()
+        fams = self.families()
         counts: Counter[str] = Counter()
-        refused = self._refused()
-        for source in sources:
+        for source in self.sources.current():
             for g in source():
                 counts[g.status.state or "Off"] += 1
                 ready = next((c for c in g.status.conditions or () if c.type == "Ready"), None)
                 if ready is not None and ready.status == "False" and ready.reason in REFUSALS:
-                    refused.add_metric([g.metadata.name, ready.reason], 1)
-        family = self._family()
+                    fams["refused"].add_metric([g.metadata.name, ready.reason], 1)
         for state in STATES:
-            family.add_metric([state], counts.get(state, 0))
-        return [family, refused]
+            fams["groups"].add_metric([state], counts.get(state, 0))
+        return list(fams.values())
 
 
 REFUSALS = ("InvalidSpec", "NodeClaimed", "SecretNotAllowed", "InsecureTransport")

@@ -1,9 +1,9 @@
 """Power transitions over HTTP webhooks: one POST per transition, retried safely, signed, observable.
 
-The seed posted `{}` fire-and-forget and treated a 503 as success. Here a transition is a POST that only
-counts as done on a 2xx, and every retry of it (within one `send`, across reconciles, across an operator
-restart) carries the same `Idempotency-Key`, so a receiver that deduplicates on it powers a node on once
-however often we ask. The controller derives the key (`idempotency_key`) from the transition it persisted in
+k8s-gpu-autoprovision (which gpuops replaces) posts `{}` fire-and-forget and treats a 503 as success. Here a
+transition is a POST that only counts as done on a 2xx, and every retry of it (within one `send`, across reconciles,
+across an operator restart) carries the same `Idempotency-Key`, so a receiver that deduplicates on it powers a node
+on once however often we ask. The controller derives the key (`idempotency_key`) from the transition it persisted in
 status *before* calling, which is what makes a restart reuse it.
 
 Request (the same bytes on every attempt of one transition)::

@@ -40,7 +40,8 @@ from gpuops.accounting.capacity import (
     plan_scale_up,
 )
 from gpuops.accounting.quantity import parse_quantity
-from gpuops.controllers.coexistence import CONDITION, DO_NOT_DISRUPT, conflict_condition, power_off_hold
+from gpuops.controllers.apigroup import API_VERSION
+from gpuops.controllers.coexistence import CONDITION, DO_NOT_DISRUPT, conflict_to_write, power_off_hold
 from gpuops.controllers.scheduling import INDEX_UNSCHEDULABLE, unschedulable
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
@@ -56,7 +57,6 @@ from gpuops.kube.times import format_time, wall_clock
 from gpuops.kube.times import parse_time_or_none as _t
 
 from .api import (
-    API_VERSION,
     GROUPS,
     KIND,
     GPUNodeGroup,
@@ -266,17 +266,13 @@ class Autoprovisioner:
         """ConflictDetected from the marks other autoscalers (or users) put on the node (`power_off_hold`), with a
         Warning Event when it starts or changes. True when the status was written."""
         hold = power_off_hold(self.nodes.store.get(group.spec.node_name))
-        current = cond.get_condition(group.status.conditions, CONDITION)
-        want = conflict_condition(None if current is None else (current.status, current.reason, current.message),
-                                  hold, "nothing keeps the node from being powered off when idle")
-        if want is None:
+        want = conflict_to_write(group.status.conditions, hold,
+                                 "nothing keeps the node from being powered off when idle")
+        if want is None or not await self._write(group, self._with_condition(group, CONDITION, *want)):
             return False
-        value, reason, message = want
-        if not await self._write(group, self._with_condition(group, CONDITION, value, reason, message)):
-            return False
-        if value == "True":
-            self.recorder.record(group, "Warning", reason, message, kind=KIND, api_version=API_VERSION)
-            log.warning("node kept powered on for another controller", group=group.metadata.name, reason=reason)
+        if want.status == "True":
+            self.recorder.record(group, "Warning", want.reason, want.message, kind=KIND, api_version=API_VERSION)
+            log.warning("node kept powered on for another controller", group=group.metadata.name, reason=want.reason)
         return True
 
     def _refusal(self, group: GPUNodeGroup) -> tuple[str, str] | None:

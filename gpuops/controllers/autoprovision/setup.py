@@ -1,5 +1,5 @@
 """Wiring: informers (pods and nodes shared with other controllers, groups), the webhook client, the
-Controller, Events and metrics, all added to a `Manager`; the seed's GPU_NODE_<n>_* environment variables
+Controller, Events and metrics, all added to a `Manager`; k8s-gpu-autoprovision's GPU_NODE_<n>_* environment variables
 become GPUNodeGroup objects at start. `gpuops run` calls `setup` through its ControllerRegistry."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from gpuops.controllers.apigroup import API_VERSION
 from gpuops.controllers.secretscope import SecretScope
 from gpuops.controllers.wiring import Installed, add_side_tasks
 from gpuops.kube.controller import Controller, Predicate, resource_version_changed
@@ -20,7 +21,7 @@ from gpuops.kube.informer import INDEX_NAMESPACE, INDEX_NODE, by_namespace, pods
 from gpuops.kube.manager import Manager
 from gpuops.kube.resources import NODES, PDBS, PODS
 
-from .api import API_VERSION, GROUPS, KIND, EnvGroup, GPUNodeGroup, groups_from_env
+from .api import GROUPS, KIND, EnvGroup, GPUNodeGroup, groups_from_env
 from .metrics import STATE_COLLECTOR
 from .power import PowerClient
 from .reconciler import Autoprovisioner, wall_clock
@@ -77,11 +78,11 @@ def install(
     seed = groups_from_env(os.environ if env is None else env)
     add_side_tasks(manager, CONTROLLER_NAME, recorder, lambda: STATE_COLLECTOR.register(groups.store.list),
                    first=lambda: _create_seed_groups(manager, seed), close=[client.close])
-    return AutoprovisionController(reconciler, controller, recorder)
+    return Installed(reconciler, controller, recorder)
 
 
 async def _create_seed_groups(manager: Manager, seed: list[EnvGroup]) -> None:
-    """The seed's environment variables (GPU_NODE_<n>_*), as objects users can see and edit."""
+    """k8s-gpu-autoprovision's environment variables (GPU_NODE_<n>_*), as objects users can see and edit."""
     for g in seed:
         body = {"apiVersion": API_VERSION, "kind": KIND,
                 "metadata": {"name": g.spec.node_name, "labels": {"gpuops.io/from-env": g.prefix.lower()}},

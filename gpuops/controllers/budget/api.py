@@ -21,27 +21,24 @@ import msgspec
 from gpuops.accounting.errors import AccountingError
 from gpuops.accounting.gpuhours import MICROS_PER_HOUR
 from gpuops.accounting.quantity import parse_quantity
+from gpuops.controllers.apigroup import DEFAULT_RESOURCE, ApiStruct, CustomObject, custom_resource, resource_type
 from gpuops.controllers.errors import SpecError
-from gpuops.kube.crd import USE_DEFAULT, Column, CustomResource, Rule, crd
+from gpuops.kube.crd import USE_DEFAULT, Column, Rule, crd
 from gpuops.kube.crd.patterns import QUANTITY, resource_name
-from gpuops.kube.objects import Condition, LabelSelector, ObjectMeta
-from gpuops.kube.resources import ResourceType
+from gpuops.kube.objects import Condition, LabelSelector
 from gpuops.kube.selectors import Selector, SelectorError
 from gpuops.kube.selectors import compile_selector as _compile
 from gpuops.kube.times import format_time, parse_time
 
 __all__ = [
     "ACTIONS",
-    "API_VERSION",
     "BUDGETS",
     "DEFAULT_RESOURCE",
     "FINALIZER",
-    "GROUP",
     "KIND",
     "PAUSED_AT",
     "PAUSED_BY",
     "PLURAL",
-    "VERSION",
     "Accounting",
     "Action",
     "BudgetSpec",
@@ -62,12 +59,8 @@ __all__ = [
     "parse_time",
 ]
 
-GROUP: Final = "gpuops.io"
-VERSION: Final = "v1alpha1"
 PLURAL: Final = "gpuworkloadbudgets"
 KIND: Final = "GPUWorkloadBudget"
-API_VERSION: Final = f"{GROUP}/{VERSION}"
-DEFAULT_RESOURCE: Final = "nvidia.com/gpu"
 
 FINALIZER: Final = "gpuops.io/budget-accounting"
 """On matched pods of budgets with accounting.retainFinishedPods, until their final usage is in the ledger."""
@@ -79,14 +72,10 @@ Action = Literal["AlertOnly", "Pause", "Evict"]
 ACTIONS: Final[tuple[Action, ...]] = ("AlertOnly", "Pause", "Evict")
 
 
-class _Api(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
-    """Base of the CRD types: camelCase JSON, defaults left out, every field optional when decoding."""
-
-
 # ---------------------------------------------------------------------------------------------- spec
 
 
-class Quota(_Api):
+class Quota(ApiStruct):
     gpu_hours: Annotated[str | int | None, crd(required=True, pattern=QUANTITY, rules=(
         Rule("isQuantity(string(self)) && quantity(string(self)).isGreaterThan(quantity('0')) && "
              "quantity(string(self)).isLessThan(quantity('1G'))",
@@ -99,7 +88,7 @@ class Quota(_Api):
     """Length of the rolling window in hours; usage older than this stops counting."""
 
 
-class Enforcement(_Api):
+class Enforcement(ApiStruct):
     action: Annotated[str, crd(default=USE_DEFAULT, enum=("AlertOnly", "Pause", "Evict"))] = "AlertOnly"
     """AlertOnly emits a Warning Event QuotaExceeded (then at most one reminder per 10 minutes) and touches
     nothing. Pause suspends the batch/v1 Jobs owning matched pods (and annotates other matched pods with
@@ -113,14 +102,14 @@ class Enforcement(_Api):
     terminationGracePeriodSeconds."""
 
 
-class Accounting(_Api):
+class Accounting(ApiStruct):
     retain_finished_pods: Annotated[bool, crd(default=USE_DEFAULT)] = False
     """Put the finalizer gpuops.io/budget-accounting on matched pods and remove it only once their final usage is
     in status.ledger, so pods deleted while the operator is down are not lost. Without it such pods are lost
     (bounded by their GPUs times their runtime)."""
 
 
-class BudgetSpec(_Api):
+class BudgetSpec(ApiStruct):
     selector: Annotated[LabelSelector | None, crd(required=True, map_type="atomic", rules=(
         Rule("(has(self.matchLabels) && size(self.matchLabels) > 0) || "
              "(has(self.matchExpressions) && size(self.matchExpressions) > 0)",
@@ -144,7 +133,7 @@ class BudgetSpec(_Api):
 # ---------------------------------------------------------------------------------------------- status
 
 
-class LedgerEntryStatus(_Api):
+class LedgerEntryStatus(ApiStruct):
     """A finished or deleted pod whose usage keeps counting while it overlaps the window."""
 
     uid: str = ""
@@ -163,7 +152,7 @@ class LedgerEntryStatus(_Api):
     counted and included in errorBoundGpuHours."""
 
 
-class LedgerBucketStatus(_Api):
+class LedgerBucketStatus(ApiStruct):
     """Compacted entries: `gpuSeconds` used inside [start, end), at most `peakGpus` at once."""
 
     start: Annotated[str, crd(format="date-time")] = ""
@@ -178,7 +167,7 @@ class LedgerBucketStatus(_Api):
     """Of gpuSeconds, what was counted past the merged pods' recorded finishes (see the entries' recordedEnd)."""
 
 
-class LedgerStatus(_Api):
+class LedgerStatus(ApiStruct):
     resource_name: str = ""
     """The resource the amounts are of (a changed gpuResourceName starts a new ledger)."""
     max_entries: int = 0
@@ -198,7 +187,7 @@ class LedgerStatus(_Api):
     """Merged entries, one per grid cell of bucketSeconds."""
 
 
-class LastEnforcement(_Api):
+class LastEnforcement(ApiStruct):
     action: str = ""
     """AlertOnly, Pause or Evict."""
     pod: str = ""
@@ -213,7 +202,7 @@ class LastEnforcement(_Api):
     """What happened, for humans."""
 
 
-class BudgetStatus(_Api):
+class BudgetStatus(ApiStruct):
     observed_generation: Annotated[int, crd(format="int64")] = 0
     """The spec generation this status describes."""
     consumed_gpu_hours: str = ""
@@ -248,7 +237,7 @@ class BudgetStatus(_Api):
     metav1.Condition."""
 
 
-class GPUWorkloadBudget(_Api):
+class GPUWorkloadBudget(CustomObject):
     """GPUWorkloadBudget limits the GPU-hours that the pods chosen by a label selector may use within a rolling
     window, and enforces the limit (alert, pause Jobs, or evict pods). Usage of finished and deleted pods keeps
     counting while it is inside the window.
@@ -266,30 +255,27 @@ class GPUWorkloadBudget(_Api):
     counts zero. A pod that vanishes while still running has no recorded finish: it counts until the operator
     stopped it (an eviction without grace period) or saw it go."""
 
-    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     spec: Annotated[BudgetSpec, crd(required=True)] = msgspec.field(default_factory=BudgetSpec)
     """What to account and how to enforce it."""
     status: BudgetStatus = msgspec.field(default_factory=BudgetStatus)
     """Written by the budget controller."""
 
 
-BUDGETS: Final = ResourceType(GROUP, VERSION, PLURAL, KIND, True, GPUWorkloadBudget)
-CRD: Final = CustomResource(
-    BUDGETS, short_names=("gwb",), categories=("gpuops",), labels={"app.kubernetes.io/part-of": "gpuops"},
-    columns=(
-        Column("Consumed", "string", ".status.consumedGpuHours",
-               "GPU-hours used in the window when the status was last computed."),
-        Column("Quota", "string", ".spec.quota.gpuHours", "GPU-hours allowed per window."),
-        Column("Remaining", "string", ".status.remainingGpuHours", "Quota minus consumption, floored at 0."),
-        Column("Pods", "integer", ".status.trackedPods",
-               "Pods whose GPU usage overlaps the window (live or in the ledger)."),
-        Column("Action", "string", ".spec.enforcement.action",
-               "What happens once the budget has been over quota for enforcement.delaySeconds."),
-        Column("Exceeded", "string", '.status.conditions[?(@.type=="QuotaExceeded")].status',
-               "The QuotaExceeded condition.", priority=1),
-        Column("Window", "integer", ".spec.quota.windowHours", "Window length in hours.", priority=1),
-        Column("Age", "date", ".metadata.creationTimestamp"),
-    ),
+BUDGETS: Final = resource_type(PLURAL, KIND, True, GPUWorkloadBudget)
+CRD: Final = custom_resource(
+    BUDGETS,
+    Column("Consumed", "string", ".status.consumedGpuHours",
+           "GPU-hours used in the window when the status was last computed."),
+    Column("Quota", "string", ".spec.quota.gpuHours", "GPU-hours allowed per window."),
+    Column("Remaining", "string", ".status.remainingGpuHours", "Quota minus consumption, floored at 0."),
+    Column("Pods", "integer", ".status.trackedPods",
+           "Pods whose GPU usage overlaps the window (live or in the ledger)."),
+    Column("Action", "string", ".spec.enforcement.action",
+           "What happens once the budget has been over quota for enforcement.delaySeconds."),
+    Column("Exceeded", "string", '.status.conditions[?(@.type=="QuotaExceeded")].status',
+           "The QuotaExceeded condition.", priority=1),
+    Column("Window", "integer", ".spec.quota.windowHours", "Window length in hours.", priority=1),
+    short_names=("gwb",),
 )
 
 

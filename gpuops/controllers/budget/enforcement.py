@@ -29,6 +29,7 @@ from typing import Any
 import structlog
 
 from gpuops.accounting.gpuhours import format_gpu_hours
+from gpuops.controllers.apigroup import API_VERSION
 from gpuops.controllers.coexistence import kueue_owner
 from gpuops.kube.client import Client
 from gpuops.kube.errors import ApiError, Conflict, NotFound, TooManyRequests
@@ -38,7 +39,6 @@ from gpuops.kube.objects import Job, Pod
 from gpuops.kube.resources import JOBS, PODS
 
 from .api import (
-    API_VERSION,
     KIND,
     PAUSED_AT,
     PAUSED_BY,

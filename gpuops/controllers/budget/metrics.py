@@ -22,11 +22,10 @@ from typing import Protocol
 
 from prometheus_client import REGISTRY, Counter
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from gpuops.accounting.gpuhours import Interval, Ledger
 from gpuops.accounting.reporting import counting_instant, reported_usage
-from gpuops.kube.sources import Sources
+from gpuops.kube.collector import SourcedCollector
 
 __all__ = [
     "COLLECTOR", "ENFORCEMENT_ACTIONS", "BudgetCollector", "Published", "Snapshot", "SnapshotSource",
@@ -92,16 +91,9 @@ _GAUGES = (
 _HOUR = 3600
 
 
-class BudgetCollector(Collector):
-    def __init__(self) -> None:
-        self.sources: Sources[SnapshotSource] = Sources()
-        self.register = self.sources.register
-
-    def _families(self) -> list[GaugeMetricFamily]:
-        return [GaugeMetricFamily(name, text, labels=["namespace", "name"]) for name, text in _GAUGES]
-
-    def describe(self) -> Iterable[GaugeMetricFamily]:
-        return self._families()
+class BudgetCollector(SourcedCollector[SnapshotSource]):
+    def families(self) -> dict[str, GaugeMetricFamily]:
+        return {name: GaugeMetricFamily(name, text, labels=["namespace", "name"]) for name, text in _GAUGES}
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         sources = self.sources.current()
@@ -120,7 +112,7 @@ class BudgetCollector(Collector):
                     float(snap.quota * _HOUR),
                     float(usage.remaining * _HOUR),
                 )
-        families = self._families()
+        families = list(self.families().values())
         for labels, values in sorted(rows.items()):
             for family, value in zip(families, values, strict=True):
                 family.add_metric(list(labels), value)

@@ -77,7 +77,7 @@ def install(
     reconciler.controller = controller
     manager.add(controller)
     add_side_tasks(manager, CONTROLLER_NAME, recorder, lambda: COLLECTOR.register(reconciler))
-    return BudgetController(reconciler, controller, recorder)
+    return Installed(reconciler, controller, recorder)
 
 
 def setup(manager: Manager, settings: Settings) -> None:

@@ -36,6 +36,7 @@ import structlog
 
 from gpuops.accounting import mig
 from gpuops.accounting.errors import AccountingError
+from gpuops.controllers.apigroup import API_VERSION
 from gpuops.controllers.coexistence import mig_manager_conflict
 from gpuops.controllers.scheduling import gpu_request, node_admits
 from gpuops.kube import conditions as cond
@@ -50,7 +51,6 @@ from gpuops.kube.times import format_time, parse_time_or_none, wall_clock
 
 from .api import (
     ADVERTISE,
-    API_VERSION,
     CLAIMS,
     GATE,
     MIG_NODE_KIND,

@@ -14,14 +14,13 @@ from typing import Annotated, Any, ClassVar, Final, Literal
 
 import msgspec
 
-from gpuops.kube.crd import Column, CustomResource, Rule, crd
+from gpuops.controllers.apigroup import ApiStruct, CustomObject, custom_resource, resource_type
+from gpuops.kube.crd import Column, Rule, crd
 from gpuops.kube.crd.patterns import dns_subdomain, syntax
-from gpuops.kube.objects import Condition, ObjectMeta
-from gpuops.kube.resources import ResourceType
+from gpuops.kube.objects import Condition
 
 __all__ = [
     "ADVERTISE",
-    "API_VERSION",
     "CLAIMS",
     "CLAIM_KIND",
     "GATE",
@@ -46,9 +45,6 @@ __all__ = [
     "resource_of_profile",
 ]
 
-GROUP: Final = "gpuops.io"
-VERSION: Final = "v1alpha1"
-API_VERSION: Final = f"{GROUP}/{VERSION}"
 MIG_NODE_KIND: Final = "MigNode"
 CLAIM_KIND: Final = "AllocationClaim"
 GATE: Final = "gpuops.io/mig-slicer"
@@ -84,14 +80,10 @@ def gpu_uuid(**more: Any) -> msgspec.Meta:
                   "it (GPU-<uuid>, e.g. GPU-5b1c7d2e-0f4a-4e8b-9c3d-2a1b0c9d8e7f)", max_length=40, **more)
 
 
-class _Api(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
-    """Base of the CRD types: camelCase JSON, defaults left out, every field optional when decoding."""
-
-
 # ---------------------------------------------------------------------------------------------- MigNode
 
 
-class MigSlice(_Api, kw_only=True):
+class MigSlice(ApiStruct, kw_only=True):
     """One GPU instance (plus its compute instance) on a GPU."""
 
     __crd_rules__: ClassVar[tuple[Rule, ...]] = (PLACEMENT_RULE,)
@@ -121,7 +113,7 @@ class MigSlice(_Api, kw_only=True):
 
 
 # written whole, defaults included: a GPU with MIG disabled says migMode: Disabled
-class MigGPU(_Api, kw_only=True, omit_defaults=False):
+class MigGPU(ApiStruct, kw_only=True, omit_defaults=False):
     """One physical GPU."""
 
     index: Annotated[int, crd(minimum=0, maximum=63)]
@@ -147,13 +139,13 @@ class MigGPU(_Api, kw_only=True, omit_defaults=False):
     every one as occupied, including those it did not plan."""
 
 
-class MigNodeSpec(_Api):
+class MigNodeSpec(ApiStruct):
     node_name: Annotated[str, dns_subdomain()] = ""
     """The Node this report describes (the agent's --node-name; the MigNode gets the same name). If it is empty,
     the allocator uses metadata.name."""
 
 
-class MigNodeStatus(_Api):
+class MigNodeStatus(ApiStruct):
     backend: Annotated[str, crd(enum=("nvml", "emulated"))] = ""
     """nvml (the real GPUs, through NVML) or emulated (an NVML-shaped fake: the agent runs with --backend
     emulated)."""
@@ -173,35 +165,31 @@ class MigNodeStatus(_Api):
     destroys none; False once that is over."""
 
 
-class MigNode(_Api):
+class MigNode(CustomObject):
     """MigNode is the node agent's report of one node's MIG-capable GPUs and their slices. The MIG allocator reads
     it; nobody else writes it."""
 
-    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     spec: MigNodeSpec = msgspec.field(default_factory=MigNodeSpec)
     """Which node this is, set by the node agent when it creates the MigNode."""
     status: MigNodeStatus = msgspec.field(default_factory=MigNodeStatus)
     """Written by the node agent when what it reports changes, and at least every --heartbeat seconds (default 15)."""
 
 
-MIG_NODES: Final = ResourceType(GROUP, VERSION, "mignodes", MIG_NODE_KIND, False, MigNode)
-MIG_NODE_CRD: Final = CustomResource(
-    MIG_NODES, categories=("gpuops",), labels={"app.kubernetes.io/part-of": "gpuops"},
-    columns=(
-        Column("Node", "string", ".spec.nodeName"),
-        Column("GPUs", "integer", ".status.gpus[*].index", "GPUs the agent found (the last index; see .status.gpus).",
-               priority=1),
-        Column("Backend", "string", ".status.backend"),
-        Column("Heartbeat", "date", ".status.heartbeat"),
-        Column("Age", "date", ".metadata.creationTimestamp"),
-    ),
+MIG_NODES: Final = resource_type("mignodes", MIG_NODE_KIND, False, MigNode)
+MIG_NODE_CRD: Final = custom_resource(
+    MIG_NODES,
+    Column("Node", "string", ".spec.nodeName"),
+    Column("GPUs", "integer", ".status.gpus[*].index", "GPUs the agent found (the last index; see .status.gpus).",
+           priority=1),
+    Column("Backend", "string", ".status.backend"),
+    Column("Heartbeat", "date", ".status.heartbeat"),
 )
 
 
 # ---------------------------------------------------------------------------------------------- AllocationClaim
 
 
-class ClaimSpec(_Api, kw_only=True):
+class ClaimSpec(ApiStruct, kw_only=True):
     """Where one slice of one pod goes; immutable once written (a new decision is a new claim)."""
 
     __crd_rules__: ClassVar[tuple[Rule, ...]] = (
@@ -231,7 +219,7 @@ class ClaimSpec(_Api, kw_only=True):
     """Memory slices the GPU instance covers (its NVML placement size), starting at start."""
 
 
-class ClaimStatus(_Api):
+class ClaimStatus(ApiStruct):
     phase: Phase = "Pending"
     """Pending (the slice is not made yet; written by the allocator as it creates the claim; after 60 s the
     allocator deletes the claim and places the pod again), Created (the slice exists), Bound (the kubelet gave it
@@ -258,11 +246,10 @@ class ClaimStatus(_Api):
     ever has one generation."""
 
 
-class AllocationClaim(_Api):
+class AllocationClaim(CustomObject):
     """AllocationClaim is one MIG slice for one pod at a fixed place (node, GPU, start). Its spec never changes: a
     new decision is a new claim."""
 
-    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     spec: Annotated[ClaimSpec, crd(required=True)] = msgspec.field(default_factory=lambda: ClaimSpec(start=0))
     """Where the slice goes, written by the MIG allocator when it plans the pod. Never changed: to place the pod
     again the allocator deletes its claims and writes new ones."""
@@ -271,20 +258,18 @@ class AllocationClaim(_Api):
     (Released)."""
 
 
-CLAIMS: Final = ResourceType(GROUP, VERSION, "allocationclaims", CLAIM_KIND, True, AllocationClaim)
-CLAIM_CRD: Final = CustomResource(
-    CLAIMS, short_names=("ac",), categories=("gpuops",), labels={"app.kubernetes.io/part-of": "gpuops"},
-    columns=(
-        Column("Pod", "string", ".spec.podName"),
-        Column("Node", "string", ".spec.nodeName"),
-        Column("Profile", "string", ".spec.profile"),
-        Column("Start", "integer", ".spec.start"),
-        Column("Phase", "string", ".status.phase", "Pending, Created, Bound, Released or Failed."),
-        Column("GPU", "string", ".spec.gpuUUID", priority=1),
-        Column("Message", "string", ".status.message", "Why the claim is in its phase; the device UUID once the "
-               "slice is made (.status.deviceUUID).", priority=1),
-        Column("Age", "date", ".metadata.creationTimestamp"),
-    ),
+CLAIMS: Final = resource_type("allocationclaims", CLAIM_KIND, True, AllocationClaim)
+CLAIM_CRD: Final = custom_resource(
+    CLAIMS,
+    Column("Pod", "string", ".spec.podName"),
+    Column("Node", "string", ".spec.nodeName"),
+    Column("Profile", "string", ".spec.profile"),
+    Column("Start", "integer", ".spec.start"),
+    Column("Phase", "string", ".status.phase", "Pending, Created, Bound, Released or Failed."),
+    Column("GPU", "string", ".spec.gpuUUID", priority=1),
+    Column("Message", "string", ".status.message", "Why the claim is in its phase; the device UUID once the "
+           "slice is made (.status.deviceUUID).", priority=1),
+    short_names=("ac",),
 )
 
 

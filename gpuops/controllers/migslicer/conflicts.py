@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import structlog
 
-from gpuops.controllers.coexistence import CONDITION, conflict_condition, mig_manager_conflict
+from gpuops.controllers.coexistence import CONDITION, ConflictCondition, conflict_to_write, mig_manager_conflict
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
 from gpuops.kube.controller import Request, Result
@@ -56,24 +56,19 @@ class MigConflicts:
             return None
         node = self.nodes.store.get(mn.spec.node_name or mn.metadata.name)
         found = mig_manager_conflict(node.metadata.labels) if node is not None else None
-        current = cond.get_condition(mn.status.conditions, CONDITION)
-        want = conflict_condition(None if current is None else (current.status, current.reason, current.message),
-                                  found, "no other MIG manager or MIG device plugin on the node")
-        if want is None:
+        want = conflict_to_write(mn.status.conditions, found, "no other MIG manager or MIG device plugin on the node")
+        if want is None or not await self._write(mn, want):
             return None
-        value, reason, message = want
-        if not await self._write(mn, value, reason, message):
-            return None
-        if node is not None and value == "True":
-            self.recorder.record(node, "Warning", reason, message)
-            log.warning("MIG node held: another MIG manager", node=node.metadata.name, reason=reason)
+        if node is not None and want.status == "True":
+            self.recorder.record(node, "Warning", want.reason, want.message)
+            log.warning("MIG node held: another MIG manager", node=node.metadata.name, reason=want.reason)
         else:
             log.info("MIG node no longer held", mig_node=mn.metadata.name)
         return None
 
-    async def _write(self, mn: MigNode, value: str, reason: str, message: str) -> bool:
+    async def _write(self, mn: MigNode, want: ConflictCondition) -> bool:
         """Merge-patch the conditions (only the operator writes them; the agent's patches leave them alone)."""
-        items = cond.set_condition(mn.status.conditions, CONDITION, value, reason, message,
+        items = cond.set_condition(mn.status.conditions, CONDITION, *want,
                                    now=format_time(wall_clock() // _SECOND * _SECOND))
         try:
             await self.client.patch(MIG_NODES, mn.metadata.name, {"status": {"conditions": items}},

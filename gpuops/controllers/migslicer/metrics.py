@@ -10,11 +10,10 @@ from collections.abc import Callable, Iterable
 from prometheus_client import REGISTRY, Histogram
 from prometheus_client import Counter as PromCounter
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from gpuops.accounting import mig
 from gpuops.accounting.errors import AccountingError
-from gpuops.kube.sources import Sources
+from gpuops.kube.collector import SourcedCollector
 from gpuops.kube.times import parse_time, wall_clock
 
 from .api import GATE, AllocationClaim, MigNode, MigSlice
@@ -37,21 +36,16 @@ PLAN_FAILURES = PromCounter(
 )
 
 
-class SliceCollector(Collector):
+SliceSource = tuple[Callable[[], Iterable[MigNode]], Callable[[], Iterable[AllocationClaim]], Callable[[], int]]
+"""A running allocator's MigNodes, its claims, and how many pods are gated."""
+
+
+class SliceCollector(SourcedCollector[SliceSource]):
     """gpuops_migslicer_slices{node,profile,state}, gpuops_migslicer_claims{phase},
     gpuops_migslicer_pods_waiting and gpuops_migslicer_gpu_fragmentation{node,gpu} (the share of a GPU's free
     memory slices that no whole-GPU-sized profile can use: 0 for an empty or a full GPU)."""
 
-    def __init__(self) -> None:
-        self.sources: Sources[tuple[Callable[[], Iterable[MigNode]], Callable[[], Iterable[AllocationClaim]],
-                                    Callable[[], int]]] = Sources()
-        self.register = self.sources.register
-
-    def describe(self) -> Iterable[GaugeMetricFamily]:
-        return list(self._families().values())
-
-    @staticmethod
-    def _families() -> dict[str, GaugeMetricFamily]:
+    def families(self) -> dict[str, GaugeMetricFamily]:
         return {
             "slices": GaugeMetricFamily("gpuops_migslicer_slices", "MIG slices on the nodes, by profile and state "
                                         "(claimed: made for a claim; orphaned: no claim owns it).",
@@ -75,7 +69,7 @@ class SliceCollector(Collector):
         }
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        fams = self._families()
+        fams = self.families()
         phases: Counter[str] = Counter()
         waiting = 0
         for nodes, claims, gated in self.sources.current():

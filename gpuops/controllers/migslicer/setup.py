@@ -92,7 +92,7 @@ def install(
 
     add_side_tasks(manager, CONTROLLER_NAME, recorder,
                    lambda: STATE_COLLECTOR.register((mig_nodes.store.list, claims.store.list, _gated)))
-    return MigAllocatorController(allocator, controller, recorder)
+    return Installed(allocator, controller, recorder)
 
 
 def _install_conflicts(manager: Manager, nodes: Informer[Node], mig_nodes: Informer[MigNode],

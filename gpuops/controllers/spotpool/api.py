@@ -14,15 +14,14 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from gpuops.controllers.apigroup import DEFAULT_RESOURCE, ApiStruct, CustomObject, custom_resource, resource_type
 from gpuops.controllers.errors import SpecError
-from gpuops.kube.crd import USE_DEFAULT, Column, CustomResource, Rule, crd
+from gpuops.kube.crd import USE_DEFAULT, Column, Rule, crd
 from gpuops.kube.crd.markers import marker
 from gpuops.kube.crd.patterns import dns_label, dns_subdomain, label_map, resource_name, syntax
-from gpuops.kube.objects import Condition, ObjectMeta, Taint
-from gpuops.kube.resources import ResourceType
+from gpuops.kube.objects import Condition, Taint
 
 __all__ = [
-    "API_VERSION",
     "FINALIZER",
     "KIND",
     "POOLS",
@@ -41,11 +40,8 @@ __all__ = [
     "plain_http",
 ]
 
-GROUP: Final = "gpuops.io"
-VERSION: Final = "v1alpha1"
 PLURAL: Final = "spotpools"
 KIND: Final = "SpotPool"
-API_VERSION: Final = f"{GROUP}/{VERSION}"
 FINALIZER: Final = "gpuops.io/spotpool-instances"
 """Held while the pool may own instances: deletion terminates (or retains) them before the object goes."""
 PROVIDERS: Final = ("tencent", "aws", "webhook", "sim")
@@ -63,18 +59,14 @@ def cloud_id(example: str) -> msgspec.Meta:
     return syntax(CLOUD_ID, f"must be {example}: letters, digits, '.', '_' and '-'", max_length=128)
 
 
-class _Api(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
-    """Base of the CRD types: camelCase JSON, defaults left out, every field optional when decoding."""
-
-
-class CredentialsRef(_Api):
+class CredentialsRef(ApiStruct):
     name: Annotated[str, dns_subdomain(required=True)] = ""
     """Name of the Secret."""
     namespace: Annotated[str, dns_label(required=True)] = ""
     """Namespace of the Secret (required, as the pool is cluster-scoped)."""
 
 
-class OnDemandFallback(_Api):
+class OnDemandFallback(ApiStruct):
     """Launch on-demand instances of the same template after this many capacity errors in a row (every spot
     (zone, type) pair backed off); back to spot once a spot launch succeeds."""
 
@@ -83,7 +75,7 @@ class OnDemandFallback(_Api):
     launches. On-demand is used only while every spot zone and type is backed off."""
 
 
-class PoolTemplate(_Api):
+class PoolTemplate(ApiStruct):
     region: Annotated[str, syntax(CLOUD_NAME, "must be a region name: lowercase letters, digits and '-' (e.g. "
                                   "ap-guangzhou, us-east-1)", max_length=64)] = ""
     """Cloud region, e.g. ap-guangzhou or us-east-1. Required for tencent and aws; the webhook and sim providers
@@ -135,12 +127,12 @@ class PoolTemplate(_Api):
     gpus_per_instance: Annotated[int, crd(default=USE_DEFAULT, minimum=1, maximum=64)] = 1
     """GPUs one instance brings. With scaleOnDemand it sets how many instances the pending pods need; a pod that
     asks for more GPUs than this never counts as demand."""
-    gpu_resource_name: Annotated[str, resource_name(default=USE_DEFAULT)] = "nvidia.com/gpu"
+    gpu_resource_name: Annotated[str, resource_name(default=USE_DEFAULT)] = DEFAULT_RESOURCE
     """The extended resource the instances' GPUs are advertised as. A node counts as ready once some of it is
     allocatable, and pods that request it make a node busy or, with scaleOnDemand, are demand."""
 
 
-class PoolSpec(_Api):
+class PoolSpec(ApiStruct):
     __crd_rules__: ClassVar[tuple[Rule, ...]] = (
         Rule("self.minimum <= self.maximum", "spec.minimum must be <= spec.maximum: raise maximum or lower minimum"),
         Rule("!(self.provider in ['webhook', 'sim']) || has(self.endpoint)",
@@ -189,7 +181,7 @@ class PoolSpec(_Api):
     same name adopts them)."""
 
 
-class InstanceStatus(_Api):
+class InstanceStatus(ApiStruct):
     """One instance as the cloud describes it, and its Node."""
 
     id: str = ""
@@ -221,7 +213,7 @@ class InstanceStatus(_Api):
     no workload pods, or after drainTimeoutSeconds."""
 
 
-class PendingLaunch(_Api):
+class PendingLaunch(ApiStruct):
     """A launch decided and persisted before the cloud is called: every retry, from this operator or its
     successor, sends the same client token with the same parameters, so the cloud sells the instances once."""
 
@@ -244,7 +236,7 @@ class PendingLaunch(_Api):
     """The instance IDs the cloud returned. The launch is settled once the instance listing shows all of them."""
 
 
-class CapacityBackoff(_Api):
+class CapacityBackoff(ApiStruct):
     """One backed-off combination."""
 
     zone: str = ""
@@ -261,7 +253,7 @@ class CapacityBackoff(_Api):
 
 
 # written whole, zeros included: a pool at size 0 shows SIZE 0, not an empty column
-class PoolStatus(_Api, omit_defaults=False):
+class PoolStatus(ApiStruct, omit_defaults=False):
     observed_generation: int = 0
     """The spec generation this status was written for (set on every status write)."""
     desired: int = 0
@@ -299,31 +291,28 @@ class PoolStatus(_Api, omit_defaults=False):
     does). metav1.Condition."""
 
 
-class SpotPool(_Api):
+class SpotPool(CustomObject):
     """SpotPool keeps between minimum and maximum spot instances of a template on a cloud API. Instances are owned
     through tags (gpuops.io/pool, gpuops.io/managed-by, gpuops.io/launch-id); a launch's client token is written
     to status before the call, so no retry, crash or failover ever buys twice."""
 
-    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     spec: Annotated[PoolSpec, crd(required=True)] = msgspec.field(default_factory=PoolSpec)
     """The pool's bounds, its cloud, and what its instances are launched with."""
     status: PoolStatus = msgspec.field(default_factory=PoolStatus)
     """Written by the spot pool controller."""
 
 
-POOLS: Final = ResourceType(GROUP, VERSION, PLURAL, KIND, False, SpotPool)
-CRD: Final = CustomResource(
-    POOLS, short_names=("sp",), categories=("gpuops",), labels={"app.kubernetes.io/part-of": "gpuops"},
-    columns=(
-        Column("Min", "integer", ".spec.minimum"),
-        Column("Max", "integer", ".spec.maximum"),
-        Column("Size", "integer", ".status.size",
-               "Live instances (pending, starting, running or rebooting; not counting those under a reclaim notice)."),
-        Column("Ready", "integer", ".status.ready", "Instances whose Node is Ready."),
-        Column("Provider", "string", ".spec.provider"),
-        Column("Desired", "integer", ".status.desired", priority=1),
-        Column("Age", "date", ".metadata.creationTimestamp"),
-    ),
+POOLS: Final = resource_type(PLURAL, KIND, False, SpotPool)
+CRD: Final = custom_resource(
+    POOLS,
+    Column("Min", "integer", ".spec.minimum"),
+    Column("Max", "integer", ".spec.maximum"),
+    Column("Size", "integer", ".status.size",
+           "Live instances (pending, starting, running or rebooting; not counting those under a reclaim notice)."),
+    Column("Ready", "integer", ".status.ready", "Instances whose Node is Ready."),
+    Column("Provider", "string", ".spec.provider"),
+    Column("Desired", "integer", ".status.desired", priority=1),
+    short_names=("sp",),
 )
 
 _PRICE = re.compile(r"\d+(\.\d+)?")

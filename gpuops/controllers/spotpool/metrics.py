@@ -7,10 +7,9 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from gpuops.kube import conditions as cond
-from gpuops.kube.sources import Sources
+from gpuops.kube.collector import SourcedCollector
 
 from .api import SpotPool
 
@@ -45,22 +44,14 @@ REPLACEMENT_SECONDS = Histogram(
 )
 
 
-class PoolCollector(Collector):
+class PoolCollector(SourcedCollector[Callable[[], Iterable[SpotPool]]]):
     """At scrape time from the pools' status: gpuops_spotpool_instances{pool,state} (every pool reports every
     state, 0 included, so alerts can use absent()), and the pool's desired, size, ready, minimum, maximum."""
 
     STATES = ("PENDING", "RUNNING", "STARTING", "REBOOTING", "STOPPING", "STOPPED", "SHUTDOWN", "TERMINATING",
               "LAUNCH_FAILED", "RECLAIMING")
 
-    def __init__(self) -> None:
-        self.sources: Sources[Callable[[], Iterable[SpotPool]]] = Sources()
-        self.register = self.sources.register
-
-    def describe(self) -> Iterable[GaugeMetricFamily]:
-        return list(self._families().values())
-
-    @staticmethod
-    def _families() -> dict[str, GaugeMetricFamily]:
+    def families(self) -> dict[str, GaugeMetricFamily]:
         return {
             "instances": GaugeMetricFamily("gpuops_spotpool_instances", "Instances a SpotPool owns, by state "
                                            "(RECLAIMING: under a spot termination notice).", labels=["pool", "state"]),
@@ -80,7 +71,7 @@ class PoolCollector(Collector):
         }
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        fams = self._families()
+        fams = self.families()
         for source in self.sources.current():
             for pool in source():
                 name = pool.metadata.name

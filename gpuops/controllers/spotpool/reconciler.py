@@ -29,6 +29,7 @@ import structlog
 
 from gpuops.accounting.pool import InstanceState, PoolInstance, PoolPlan, plan_pool
 from gpuops.accounting.pool import PoolSpec as PlanSpec
+from gpuops.controllers.apigroup import API_VERSION
 from gpuops.controllers.coexistence import CONDITION, KARPENTER_NODEPOOL, NO_CONFLICT, karpenter_nodepool
 from gpuops.controllers.errors import SpecError
 from gpuops.controllers.scheduling import (
@@ -53,7 +54,6 @@ from gpuops.kube.times import parse_time_or_none as _t
 
 from . import nodes as nd
 from .api import (
-    API_VERSION,
     FINALIZER,
     KIND,
     POOLS,

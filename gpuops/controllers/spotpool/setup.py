@@ -81,7 +81,7 @@ def install(
 
     add_side_tasks(manager, CONTROLLER_NAME, recorder, lambda: STATE_COLLECTOR.register(pools.store.list),
                    close=[reconciler.close])
-    return SpotPoolController(reconciler, controller, recorder)
+    return Installed(reconciler, controller, recorder)
 
 
 def setup(manager: Manager, settings: Settings) -> None:

@@ -1,6 +1,6 @@
 """Dynamic admission control: calling mutating and validating webhooks as kube-apiserver does.
 
-The seed's webhook (and any controller-runtime webhook) must see the same AdmissionReview, and clients the
+Our MIG slicer's webhook (and any controller-runtime webhook) must see the same AdmissionReview, and clients the
 same denials and `failed calling webhook` errors, as against a real cluster. `matchConditions` (CEL over
 `object`, `oldObject` and `request`) decide whether a matching webhook is called; one that fails to evaluate
 fails the request under failurePolicy Fail and skips the webhook under Ignore, as upstream. Not emulated:
