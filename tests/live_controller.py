@@ -30,11 +30,11 @@ from gpuops_sim.scenario import parse
 
 T = TypeVar("T")
 
-ANY_ADMITTED = settings(max_examples=20, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],
+ANY_ADMITTED = settings(max_examples=10, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],
                         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                                HealthCheck.filter_too_much])
-"""Hypothesis settings of the any-admitted-object tests: 20 admitted examples; no shrinking (each example runs
-the controller for a second or more; a failure prints its draw whole)."""
+"""Hypothesis settings of the any-admitted-object tests: 10 admitted examples per run (each run draws anew); no
+shrinking (each example runs the controller for a second or more; a failure prints its draw whole)."""
 
 
 class Handle(Protocol):

@@ -831,7 +831,7 @@ def client(apiserver: Any) -> Iterator[Client]:
     c.conn.close()
 
 
-SETTINGS = settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @SETTINGS

@@ -21,7 +21,7 @@ def quantities(draw: st.DrawFn) -> str:
     return f"{sign}{whole}{fraction}{draw(st.sampled_from(SUFFIXES))}"
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=1000, deadline=None)
 @given(text=quantities())
 def test_the_emulator_and_the_operator_agree_on_the_canonical_form(text: str) -> None:
     assert quantity.canonical(text) == canonicalize_quantity(text)
