@@ -64,7 +64,7 @@ SLEEPS_UNDER_TEST: dict[tuple[str, str, str], str] = {
     ("tests/sim/cluster/test_nodelifecycle.py", "test_when_every_node_is_down_nothing_is_evicted",
      "asyncio.sleep(1.5)"):
         "the pods' 1 s unreachable toleration must run out",
-    ("tests/sim/test_api_semantics.py", "test_item15_too_large_rv_waits_then_504", "asyncio.sleep(0.1)"):
+    ("tests/sim/test_api_semantics.py", "test_too_large_rv_waits_then_504", "asyncio.sleep(0.1)"):
         "the write arrives while the read waits for its resourceVersion: the delay is under test",
 }
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
-import importlib.util
 import inspect
 import json
 import socket
@@ -510,10 +509,6 @@ async def test_patch_that_does_not_apply_is_an_internal_error_even_with_ignore(
     assert "replace operation does not apply" in e.value.message
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("gpuops_sim.apiserver.patch") is None,
-    reason="gpuops_sim.apiserver.patch not written yet",
-)
 async def test_default_json_patch_module(server: HookServer, ca_bundle: str) -> None:
     server.behaviours["/m"] = add_label("x", "y")
     c = WebhookCaller(lambda ns, name, port: f"127.0.0.1:{server.port}")

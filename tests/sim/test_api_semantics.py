@@ -303,14 +303,14 @@ async def ready_pod(api: Api, name: str, labels: dict[str, str], node: str = "n1
 # =============================================================================================== 3.A discovery
 
 
-async def test_item1_version(api: Api) -> None:
+async def test_version(api: Api) -> None:
     r = await api.get("/version")
     assert r.status == 200
     for k in ("major", "minor", "gitVersion", "platform"):
         assert k in r.body
 
 
-async def test_item2_legacy_discovery(api: Api) -> None:
+async def test_legacy_discovery(api: Api) -> None:
     r = await api.get("/api")
     assert r.status == 200 and r.body["kind"] == "APIVersions"
     assert r.body["versions"] == ["v1"] and "serverAddressByClientCIDRs" in r.body
@@ -334,7 +334,7 @@ async def test_item2_legacy_discovery(api: Api) -> None:
         (f"{AGG_V2BETA1},application/json", AGG_V2BETA1),
     ],
 )
-async def test_item3_aggregated_discovery_exact_content_type(api: Api, accept: str, ctype: str) -> None:
+async def test_aggregated_discovery_exact_content_type(api: Api, accept: str, ctype: str) -> None:
     r = await api.get("/api", headers={"Accept": accept})
     assert r.status == 200
     assert r.headers["Content-Type"] == ctype
@@ -359,7 +359,7 @@ async def test_item3_aggregated_discovery_exact_content_type(api: Api, accept: s
     assert node["scope"] == "Cluster"
 
 
-async def test_item3_plain_json_fallback(api: Api) -> None:
+async def test_plain_json_fallback(api: Api) -> None:
     r = await api.get("/apis", headers={"Accept": "application/json"})
     assert r.body["kind"] == "APIGroupList"
     assert r.headers["Content-Type"].startswith("application/json")
@@ -368,7 +368,7 @@ async def test_item3_plain_json_fallback(api: Api) -> None:
 # =============================================================================================== tables
 
 
-async def test_item9_table_list_get_and_watch(api: Api) -> None:
+async def test_table_list_get_and_watch(api: Api) -> None:
     await install_crds(api)
     await api.ok("POST", CMS, cm("a"))
     r = await api.get(CMS, headers={"Accept": TABLE_ACCEPT}, params={"limit": "500"})
@@ -400,7 +400,7 @@ async def test_item9_table_list_get_and_watch(api: Api) -> None:
         assert ev["object"]["rows"][0]["cells"][0] == "b"
 
 
-async def test_item9_table_v1beta1_only(api: Api) -> None:
+async def test_table_v1beta1_only(api: Api) -> None:
     r = await api.get(CMS, headers={"Accept": "application/json;as=Table;v=v1beta1;g=meta.k8s.io"})
     assert r.status == 200
     assert r.headers["Content-Type"] == "application/json;as=Table;v=v1beta1;g=meta.k8s.io"
@@ -416,7 +416,7 @@ async def test_item9_table_v1beta1_only(api: Api) -> None:
         ("/apis", "application/xml"),
     ],
 )
-async def test_item10_not_acceptable(api: Api, path: str, accept: str) -> None:
+async def test_not_acceptable(api: Api, path: str, accept: str) -> None:
     r = await api.get(path, headers={"Accept": accept})
     assert_status(r, 406, "NotAcceptable")
 
@@ -424,7 +424,7 @@ async def test_item10_not_acceptable(api: Api, path: str, accept: str) -> None:
 # =============================================================================================== 3.B reads
 
 
-async def test_item11_get_resource_version_semantics(api: Api) -> None:
+async def test_get_resource_version_semantics(api: Api) -> None:
     created = await api.ok("POST", CMS, cm("a"))
     rv = created["metadata"]["resourceVersion"]
     for value in (None, "0", rv, "1"):
@@ -433,7 +433,7 @@ async def test_item11_get_resource_version_semantics(api: Api) -> None:
         assert r.status == 200 and r.body["metadata"]["resourceVersion"] == rv
 
 
-async def test_item12_get_missing(api: Api) -> None:
+async def test_get_missing(api: Api) -> None:
     r = await api.get(f"{CMS}/nope")
     b = assert_status(r, 404, "NotFound", 'configmaps "nope" not found')
     assert b["details"] == {"name": "nope", "kind": "configmaps"}
@@ -443,7 +443,7 @@ async def test_item12_get_missing(api: Api) -> None:
     assert b["details"] == {"name": "nope", "group": GROUP, "kind": "widgets"}
 
 
-async def test_item13_list_shape(api: Api) -> None:
+async def test_list_shape(api: Api) -> None:
     await install_crds(api)
     await api.ok("POST", CMS, cm("a"))
     await api.ok("POST", WIDGETS, widget("w"))
@@ -460,7 +460,7 @@ async def test_item13_list_shape(api: Api) -> None:
     assert r.status == 200 and [i["metadata"]["name"] for i in r.body["items"]] == ["a"]
 
 
-async def test_item14_list_rv_matrix(api: Api) -> None:
+async def test_list_rv_matrix(api: Api) -> None:
     await api.ok("POST", CMS, cm("a", data={"v": "1"}))
     old_rv = api.s.store.rv
     await api.ok("PUT", f"{CMS}/a", cm("a", data={"v": "2"}))
@@ -507,7 +507,7 @@ async def test_item14_list_rv_matrix(api: Api) -> None:
         ),
     ],
 )
-async def test_item14_list_options_invalid(
+async def test_list_options_invalid(
     api: Api, params: dict[str, str], cause_type: str, message: str
 ) -> None:
     r = await api.get(CMS, params=params)
@@ -517,7 +517,7 @@ async def test_item14_list_options_invalid(
     assert cause["reason"] == cause_type and cause["field"] == "resourceVersionMatch"
 
 
-async def test_item14_continue_with_resource_version_is_400(api: Api) -> None:
+async def test_continue_with_resource_version_is_400(api: Api) -> None:
     for n in "abc":
         await api.ok("POST", CMS, cm(n))
     first = await api.ok("GET", CMS, params={"limit": "1"})
@@ -528,7 +528,7 @@ async def test_item14_continue_with_resource_version_is_400(api: Api) -> None:
     assert r.status == 200
 
 
-async def test_item15_exact_compacted_rv_expired(api: Api) -> None:
+async def test_exact_compacted_rv_expired(api: Api) -> None:
     await api.ok("POST", CMS, cm("a"))
     old = api.s.store.rv
     await api.ok("POST", CMS, cm("b"))
@@ -542,7 +542,7 @@ async def test_item15_exact_compacted_rv_expired(api: Api) -> None:
         assert_status(r, 410, "Expired")
 
 
-async def test_item15_too_large_rv_waits_then_504(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_too_large_rv_waits_then_504(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(lists, "TOO_LARGE_WAIT", 0.3)
     monkeypatch.setattr(watch, "TOO_LARGE_WAIT", 0.3)
     await api.ok("POST", CMS, cm("a"))
@@ -573,7 +573,7 @@ async def test_item15_too_large_rv_waits_then_504(api: Api, monkeypatch: pytest.
     assert r.status == 200 and [i["metadata"]["name"] for i in r.body["items"]] == ["a", "late"]
 
 
-async def test_item16_pagination_snapshot(api: Api) -> None:
+async def test_pagination_snapshot(api: Api) -> None:
     for i in range(5):
         await api.ok("POST", CMS, cm(f"c{i}", data={"v": "orig"}))
     p1 = await api.get(CMS, params={"limit": "2"})
@@ -595,7 +595,7 @@ async def test_item16_pagination_snapshot(api: Api) -> None:
     assert p3.meta["resourceVersion"] == m1["resourceVersion"]
 
 
-async def test_item16_remaining_item_count_only_without_selectors(api: Api) -> None:
+async def test_remaining_item_count_only_without_selectors(api: Api) -> None:
     for i in range(4):
         await api.ok("POST", CMS, cm(f"c{i}", labels={"app": "x"}))
     r = await api.get(CMS, params={"limit": "1", "labelSelector": "app=x"})
@@ -606,7 +606,7 @@ async def test_item16_remaining_item_count_only_without_selectors(api: Api) -> N
     assert r.meta["remainingItemCount"] == 3
 
 
-async def test_item16_snapshot_rebuilt_from_history_then_expired() -> None:
+async def test_snapshot_rebuilt_from_history_then_expired() -> None:
     """With the paging snapshot gone (continue_ttl=0) the next page is rebuilt from history; once history is
     compacted the token is Expired (410) and the Status carries a fresh continue token."""
     async with serve(continue_ttl=0.0) as api:
@@ -628,7 +628,7 @@ async def test_item16_snapshot_rebuilt_from_history_then_expired() -> None:
         assert r.status == 200 and [i["metadata"]["name"] for i in r.body["items"]] == ["c1", "c3", "later"]
 
 
-async def test_item16_bad_continue_token(api: Api) -> None:
+async def test_bad_continue_token(api: Api) -> None:
     r = await api.get(CMS, params={"limit": "1", "continue": "not-a-token"})
     assert_status(r, 400, "BadRequest")
 
@@ -636,7 +636,7 @@ async def test_item16_bad_continue_token(api: Api) -> None:
 # =============================================================================================== selectors
 
 
-async def test_item17_label_selectors(api: Api) -> None:
+async def test_label_selectors(api: Api) -> None:
     await api.ok("POST", CMS, cm("ax", labels={"team": "a", "tier": "x"}))
     await api.ok("POST", CMS, cm("ay", labels={"team": "a", "tier": "y", "gone": "1"}))
     await api.ok("POST", CMS, cm("bz", labels={"team": "b", "tier": "z"}))
@@ -663,7 +663,7 @@ async def test_item17_label_selectors(api: Api) -> None:
 
 
 @pytest.mark.parametrize("selector", ["team in (a", "=a", "team=a=b", "a b", "team notin a", "!!x"])
-async def test_item17_bad_label_selector_400(api: Api, selector: str) -> None:
+async def test_bad_label_selector_400(api: Api, selector: str) -> None:
     r = await api.get(CMS, params={"labelSelector": selector})
     assert_status(r, 400, "BadRequest")
     async with api.session.get(
@@ -672,7 +672,7 @@ async def test_item17_bad_label_selector_400(api: Api, selector: str) -> None:
         assert resp.status == 400
 
 
-async def test_item18_field_selectors(api: Api) -> None:
+async def test_field_selectors(api: Api) -> None:
     await api.ok("POST", CMS, cm("a"))
     await api.ok("POST", CMS, cm("b"))
     await api.ok("POST", PODS, pod("p1", nodeName="n1"))
@@ -698,14 +698,14 @@ async def test_item18_field_selectors(api: Api) -> None:
     assert_status(r, 400, "BadRequest", 'field label not supported: spec.foo')
 
 
-async def test_item18_custom_resource_field_selectors(api: Api) -> None:
+async def test_custom_resource_field_selectors(api: Api) -> None:
     await install_crds(api)
     await api.ok("POST", WIDGETS, widget("r", color="red"))
     await api.ok("POST", WIDGETS, widget("b", color="blue"))
     r = await api.get(WIDGETS, params={"fieldSelector": "spec.color=blue"})
     assert [i["metadata"]["name"] for i in r.body["items"]] == ["b"]
     # Upstream's crConverter answers like the core kinds' conversions, not with the default conversion's
-    # message, which built-ins such as ConfigMap give; see test_item18_field_selectors.
+    # message, which built-ins such as ConfigMap give; see test_field_selectors.
     for path in (WIDGETS, GADGETS):
         r = await api.get(path, params={"fieldSelector": "foo.bar=x"})
         assert_status(r, 400, "BadRequest", "field label not supported: foo.bar")
@@ -714,7 +714,7 @@ async def test_item18_custom_resource_field_selectors(api: Api) -> None:
 # =============================================================================================== 3.C watch
 
 
-async def test_item19_watch_is_chunked_json_lines(api: Api) -> None:
+async def test_watch_is_chunked_json_lines(api: Api) -> None:
     await api.ok("POST", CMS, cm("a"))
     async with api.session.get(api.s.url + CMS, params={"watch": "1", "timeoutSeconds": "1"}) as resp:
         assert resp.status == 200
@@ -727,7 +727,7 @@ async def test_item19_watch_is_chunked_json_lines(api: Api) -> None:
     assert obj["kind"] == "ConfigMap" and obj["apiVersion"] == "v1" and obj["metadata"]["name"] == "a"
 
 
-async def test_item20_watch_rv_unset_and_zero_send_synthetic_added(api: Api) -> None:
+async def test_watch_rv_unset_and_zero_send_synthetic_added(api: Api) -> None:
     await api.ok("POST", CMS, cm("a"))
     await api.ok("POST", CMS, cm("b"))
     for params in ({}, {"resourceVersion": "0"}):
@@ -741,7 +741,7 @@ async def test_item20_watch_rv_unset_and_zero_send_synthetic_added(api: Api) -> 
             assert (ev["type"], ev["object"]["metadata"]["name"]) == ("ADDED", name)
 
 
-async def test_item20_21_watch_from_rv_only_later_changes_in_order(api: Api) -> None:
+async def test_21_watch_from_rv_only_later_changes_in_order(api: Api) -> None:
     await api.ok("POST", CMS, cm("a"))
     rv = api.s.store.rv
     await api.ok("POST", CMS, cm("b"))
@@ -761,7 +761,7 @@ async def test_item20_21_watch_from_rv_only_later_changes_in_order(api: Api) -> 
     assert rvs == sorted(rvs) and len(set(rvs)) == 4 and rvs[0] > rv
 
 
-async def test_item21_noop_write_no_rv_no_event(api: Api) -> None:
+async def test_noop_write_no_rv_no_event(api: Api) -> None:
     created = await api.ok("POST", CMS, cm("a"))
     rv = api.s.store.rv
     async with api.watch(CMS, {"resourceVersion": str(rv)}) as w:
@@ -775,7 +775,7 @@ async def test_item21_noop_write_no_rv_no_event(api: Api) -> None:
         assert ev["object"]["metadata"]["name"] == "marker"
 
 
-async def test_item22_selector_transitions(api: Api) -> None:
+async def test_selector_transitions(api: Api) -> None:
     await api.ok("POST", CMS, cm("a", labels={"app": "no"}))
     async with api.watch(CMS, {"labelSelector": "app=yes", "resourceVersion": str(api.s.store.rv)}) as w:
         await api.ok("PATCH", f"{CMS}/a", {"metadata": {"labels": {"app": "yes"}}})
@@ -796,7 +796,7 @@ async def test_item22_selector_transitions(api: Api) -> None:
     assert int(deleted["metadata"]["resourceVersion"]) == api.s.store.rv
 
 
-async def test_item23_bookmarks(api: Api) -> None:
+async def test_bookmarks(api: Api) -> None:
     await api.ok("POST", CMS, cm("a"))
     async with api.watch(CMS, {"allowWatchBookmarks": "true", "resourceVersion": str(api.s.store.rv)}) as w:
         ev = await w.next(wait=3.0)
@@ -811,7 +811,7 @@ async def test_item23_bookmarks(api: Api) -> None:
         assert await w.rest() == []
 
 
-async def test_item24_streaming_list(api: Api) -> None:
+async def test_streaming_list(api: Api) -> None:
     await api.ok("POST", CMS, cm("a"))
     await api.ok("POST", CMS, cm("b"))
     params = {"sendInitialEvents": "true", "resourceVersionMatch": "NotOlderThan", "allowWatchBookmarks": "true"}
@@ -846,7 +846,7 @@ async def test_item24_streaming_list(api: Api) -> None:
         ),
     ],
 )
-async def test_item24_streaming_list_422(api: Api, params: dict[str, str], message: str) -> None:
+async def test_streaming_list_422(api: Api, params: dict[str, str], message: str) -> None:
     r = await api.get(CMS, params={"watch": "true", **params})
     b = assert_status(r, 422, "Invalid", f'ListOptions.meta.k8s.io "" is invalid: {message}')
     (cause,) = causes(r)
@@ -854,7 +854,7 @@ async def test_item24_streaming_list_422(api: Api, params: dict[str, str], messa
     assert b["details"]["kind"] == "ListOptions"
 
 
-async def test_item25_too_old_rv_is_200_then_error_410(api: Api) -> None:
+async def test_too_old_rv_is_200_then_error_410(api: Api) -> None:
     await api.ok("POST", CMS, cm("a"))
     old = api.s.store.rv
     await api.ok("POST", CMS, cm("b"))
@@ -869,7 +869,7 @@ async def test_item25_too_old_rv_is_200_then_error_410(api: Api) -> None:
     assert st["status"] == "Failure" and st["apiVersion"] == "v1" and st["metadata"] == {}
 
 
-async def test_item25_history_window_by_size() -> None:
+async def test_history_window_by_size() -> None:
     async with serve(history_size=3) as api:
         await api.ok("POST", CMS, cm("a"))
         old = api.s.store.rv
@@ -884,7 +884,7 @@ async def test_item25_history_window_by_size() -> None:
         assert [e["object"]["metadata"]["name"] for e in evs] == ["x3", "x4"]
 
 
-async def test_item27_timeout_seconds_ends_cleanly(api: Api) -> None:
+async def test_timeout_seconds_ends_cleanly(api: Api) -> None:
     await api.ok("POST", CMS, cm("a"))
     t0 = time.monotonic()
     async with api.watch(CMS, {"timeoutSeconds": "1", "allowWatchBookmarks": "true"}) as w:
@@ -894,7 +894,7 @@ async def test_item27_timeout_seconds_ends_cleanly(api: Api) -> None:
     assert evs[0]["type"] == "ADDED" and all(e["type"] in ("ADDED", "BOOKMARK") for e in evs)
 
 
-async def test_item28_single_object_watch(api: Api) -> None:
+async def test_single_object_watch(api: Api) -> None:
     await api.ok("POST", CMS, cm("a"))
     await api.ok("POST", CMS, cm("b"))
     async with api.watch(CMS, {"fieldSelector": "metadata.name=b", "timeoutSeconds": "1"}) as w:
@@ -913,7 +913,7 @@ async def test_item28_single_object_watch(api: Api) -> None:
 # =============================================================================================== 3.D writes
 
 
-async def test_item29_create(api: Api) -> None:
+async def test_create(api: Api) -> None:
     await install_crds(api)
     body = cm("a", meta={"uid": "client-uid", "creationTimestamp": "2000-01-01T00:00:00Z"})
     r = await api.post(CMS, body, params={"fieldManager": "tester"})
@@ -944,7 +944,7 @@ async def test_item29_create(api: Api) -> None:
     assert_status(r, 422, "Invalid")
 
 
-async def test_item30_already_exists_missing_and_terminating_namespace(api: Api) -> None:
+async def test_already_exists_missing_and_terminating_namespace(api: Api) -> None:
     await api.ok("POST", CMS, cm("a"))
     r = await api.post(CMS, cm("a"))
     b = assert_status(r, 409, "AlreadyExists", 'configmaps "a" already exists')
@@ -962,7 +962,7 @@ async def test_item30_already_exists_missing_and_terminating_namespace(api: Api)
     assert causes(r)[0]["reason"] == "NamespaceTerminating"
 
 
-async def test_item31_custom_resource_validation(api: Api) -> None:
+async def test_custom_resource_validation(api: Api) -> None:
     await install_crds(api)
     r = await api.post(WIDGETS, {**widget("bad", size=0, color="green", label="UPPER")})
     b = assert_status(r, 422, "Invalid")
@@ -979,7 +979,7 @@ async def test_item31_custom_resource_validation(api: Api) -> None:
     assert r.status == 201 and r.body["spec"]["color"] == "red" and "extra" not in r.body
 
 
-async def test_item32_put_conflicts_and_rv_rules(api: Api) -> None:
+async def test_put_conflicts_and_rv_rules(api: Api) -> None:
     await install_crds(api)
     a = await api.ok("POST", CMS, cm("a"))
     stale = a["metadata"]["resourceVersion"]
@@ -1026,7 +1026,7 @@ async def test_item32_put_conflicts_and_rv_rules(api: Api) -> None:
     assert_status(r, 404, "NotFound")
 
 
-async def test_item33_resource_version_in_patch_body_is_a_precondition(api: Api) -> None:
+async def test_resource_version_in_patch_body_is_a_precondition(api: Api) -> None:
     a = await api.ok("POST", CMS, cm("a"))
     rv = a["metadata"]["resourceVersion"]
     r = await api.patch(f"{CMS}/a", {"metadata": {"resourceVersion": "1"}, "data": {"k": "x"}})
@@ -1044,7 +1044,7 @@ async def test_item33_resource_version_in_patch_body_is_a_precondition(api: Api)
     assert_status(r, 409, "Conflict")
 
 
-async def test_item34_generation_rules(api: Api) -> None:
+async def test_generation_rules(api: Api) -> None:
     await install_crds(api)
     w = await api.ok("POST", WIDGETS, widget("w"))
     assert w["metadata"]["generation"] == 1
@@ -1066,7 +1066,7 @@ async def test_item34_generation_rules(api: Api) -> None:
     assert d["metadata"]["generation"] == 3
 
 
-async def test_item35_status_subresource_split(api: Api) -> None:
+async def test_status_subresource_split(api: Api) -> None:
     await install_crds(api)
     # Create ignores status when the subresource exists.
     w = await api.ok("POST", WIDGETS, {**widget("w"), "status": {"ready": True}})
@@ -1100,7 +1100,7 @@ async def test_item35_status_subresource_split(api: Api) -> None:
     assert p["status"]["phase"] == "Running"
 
 
-async def test_item36_pod_spec_immutability_and_scheduling_gates(api: Api) -> None:
+async def test_pod_spec_immutability_and_scheduling_gates(api: Api) -> None:
     await api.ok("POST", PODS, pod("p", schedulingGates=[{"name": "a"}, {"name": "b"}]))
     r = await api.patch(f"{PODS}/p", {"spec": {"restartPolicy": "Never"}})
     b = assert_status(r, 422, "Invalid")
@@ -1127,7 +1127,7 @@ async def test_item36_pod_spec_immutability_and_scheduling_gates(api: Api) -> No
     assert r.status == 200 and not r.body["spec"].get("schedulingGates")
 
 
-async def test_item36_gated_pod_scheduling_directives_may_only_tighten(api: Api) -> None:
+async def test_gated_pod_scheduling_directives_may_only_tighten(api: Api) -> None:
     """KEP-3838 (GA 1.30): while gated, nodeSelector and required node affinity take additions only; once the
     last gate is gone they are frozen like the rest of the spec."""
     await api.ok("POST", PODS, pod("g", schedulingGates=[{"name": "a"}], nodeSelector={"zone": "z1"}))
@@ -1154,7 +1154,7 @@ async def test_item36_gated_pod_scheduling_directives_may_only_tighten(api: Api)
     assert "pod updates may not change fields other than" in b["message"]
 
 
-async def test_item37_dry_run_changes_nothing(api: Api) -> None:
+async def test_dry_run_changes_nothing(api: Api) -> None:
     await install_crds(api)
     await api.ok("POST", CMS, cm("a", meta={"finalizers": ["example.com/x"]}))
     await api.ok("POST", PODS, pod("p", nodeName="n1"))
@@ -1189,7 +1189,7 @@ async def test_item37_dry_run_changes_nothing(api: Api) -> None:
 # =============================================================================================== 3.E patches
 
 
-async def test_item39_json_patch_errors(api: Api) -> None:
+async def test_json_patch_errors(api: Api) -> None:
     await api.ok("POST", CMS, cm("a"))
     jp = "application/json-patch+json"
     r = await api.patch(f"{CMS}/a", [{"op": "add", "path": "/data/n", "value": "1"}], ctype=jp)
@@ -1208,7 +1208,7 @@ async def test_item39_json_patch_errors(api: Api) -> None:
     assert api.s.store.rv == rv
 
 
-async def test_item40_merge_patch(api: Api) -> None:
+async def test_merge_patch(api: Api) -> None:
     await install_crds(api)
     await api.ok("POST", CMS, cm("a", data={"x": "1", "y": "2"}))
     r = await api.patch(f"{CMS}/a", {"data": {"x": None, "z": "3"}})
@@ -1218,7 +1218,7 @@ async def test_item40_merge_patch(api: Api) -> None:
     assert r.body["spec"]["items"] == ["c"]
 
 
-async def test_item41_strategic_merge_patch(api: Api) -> None:
+async def test_strategic_merge_patch(api: Api) -> None:
     await install_crds(api)
     smp = "application/strategic-merge-patch+json"
     containers = [
@@ -1271,7 +1271,7 @@ async def test_item41_strategic_merge_patch(api: Api) -> None:
     )
 
 
-async def test_item42_server_side_apply(api: Api) -> None:
+async def test_server_side_apply(api: Api) -> None:
     apply_ct = "application/apply-patch+yaml"
     cfg = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "s"}, "data": {"x": "1"}}
     r = await api.patch(f"{CMS}/s", cfg, ctype=apply_ct, params={"fieldManager": "alice"})
@@ -1309,7 +1309,7 @@ async def test_item42_server_side_apply(api: Api) -> None:
 # =============================================================================================== 3.F deletion
 
 
-async def test_item44_delete_preconditions_and_response(api: Api) -> None:
+async def test_delete_preconditions_and_response(api: Api) -> None:
     a = await api.ok("POST", CMS, cm("a"))
     r = await api.delete(f"{CMS}/a", {"preconditions": {"uid": "wrong"}})
     b = assert_status(r, 409, "Conflict")
@@ -1328,7 +1328,7 @@ async def test_item44_delete_preconditions_and_response(api: Api) -> None:
     assert r.status in (404, 422)
 
 
-async def test_item45_finalizers(api: Api) -> None:
+async def test_finalizers(api: Api) -> None:
     await api.ok("POST", CMS, cm("a", meta={"finalizers": ["example.com/x"]}))
     async with api.watch(CMS, {"resourceVersion": str(api.s.store.rv)}) as w:
         r = await api.delete(f"{CMS}/a", {"propagationPolicy": "Background"})
@@ -1355,7 +1355,7 @@ async def test_item45_finalizers(api: Api) -> None:
     assert await gone(api, f"{CMS}/a")
 
 
-async def test_item46_pod_graceful_deletion(api: Api) -> None:
+async def test_pod_graceful_deletion(api: Api) -> None:
     # Unscheduled: immediate.
     await api.ok("POST", PODS, pod("unscheduled"))
     assert (await api.delete(f"{PODS}/unscheduled")).status == 200
@@ -1394,7 +1394,7 @@ def owner_ref(owner: dict[str, Any], block: bool = False) -> dict[str, Any]:
     return ref
 
 
-async def test_item47_gc_background(api: Api) -> None:
+async def test_gc_background(api: Api) -> None:
     owner = await api.ok("POST", CMS, cm("owner"))
     other = await api.ok("POST", CMS, cm("other"))
     await api.ok("POST", CMS, cm("dep", meta={"ownerReferences": [owner_ref(owner)]}))
@@ -1410,7 +1410,7 @@ async def test_item47_gc_background(api: Api) -> None:
     await until("the shared dependent updated", shared_updated, 5.0)
 
 
-async def test_item47_gc_foreground(api: Api) -> None:
+async def test_gc_foreground(api: Api) -> None:
     owner = await api.ok("POST", CMS, cm("owner"))
     await api.ok(
         "POST",
@@ -1434,7 +1434,7 @@ async def test_item47_gc_foreground(api: Api) -> None:
     await until("owner gone", lambda: gone(api, f"{CMS}/owner"), 5.0)
 
 
-async def test_item47_gc_orphan(api: Api) -> None:
+async def test_gc_orphan(api: Api) -> None:
     owner = await api.ok("POST", CMS, cm("owner"))
     await api.ok("POST", CMS, cm("dep", meta={"ownerReferences": [owner_ref(owner)]}))
     r = await api.delete(f"{CMS}/owner", params={"propagationPolicy": "Orphan"})
@@ -1445,7 +1445,7 @@ async def test_item47_gc_orphan(api: Api) -> None:
     assert not d["metadata"].get("ownerReferences")
 
 
-async def test_item48_namespace_deletion(api: Api) -> None:
+async def test_namespace_deletion(api: Api) -> None:
     await api.ok("POST", "/api/v1/namespaces", {"metadata": {"name": "tmp"}})
     await api.ok("POST", "/api/v1/namespaces/tmp/configmaps", cm("a"))
     await api.ok("POST", "/api/v1/namespaces/tmp/pods", pod("p", nodeName="n1"))
@@ -1476,7 +1476,7 @@ def eviction(name: str, **opts: Any) -> dict[str, Any]:
     return body
 
 
-async def test_item50_eviction(api: Api) -> None:
+async def test_eviction(api: Api) -> None:
     for i in range(3):
         await ready_pod(api, f"p{i}", {"app": "x"})
     await ready_pod(api, "unready", {"app": "x"}, ready=False)
@@ -1538,7 +1538,7 @@ async def test_item50_eviction(api: Api) -> None:
     assert_status(r, 500, "InternalError")
 
 
-async def test_item50_pdb_not_yet_observed_is_429() -> None:
+async def test_pdb_not_yet_observed_is_429() -> None:
     async with serve() as api:
         await api.s.controllers.stop()  # nobody computes PDB status
         await ready_pod(api, "p", {"app": "x"})
@@ -1552,7 +1552,7 @@ async def test_item50_pdb_not_yet_observed_is_429() -> None:
 
 
 @pytest.mark.parametrize("policy", ["IfHealthyBudget", "AlwaysAllow"])
-async def test_item50_unhealthy_pod_eviction_policy(api: Api, policy: str) -> None:
+async def test_unhealthy_pod_eviction_policy(api: Api, policy: str) -> None:
     """Unready pods may go under AlwaysAllow even with no disruptions left; under IfHealthyBudget only while the
     budget is healthy (currentHealthy >= desiredHealthy)."""
     await ready_pod(api, "ok", {"app": "x"})
@@ -1577,7 +1577,7 @@ async def test_item50_unhealthy_pod_eviction_policy(api: Api, policy: str) -> No
     assert_status(await api.post(f"{PODS}/ok/eviction", eviction("ok")), 429, "TooManyRequests")
 
 
-async def test_item51_binding(api: Api) -> None:
+async def test_binding(api: Api) -> None:
     await api.ok("POST", PODS, pod("p"))
     binding = {
         "apiVersion": "v1",
@@ -1595,7 +1595,7 @@ async def test_item51_binding(api: Api) -> None:
     assert b["message"].endswith('pod p is already assigned to node "n1"')
 
 
-async def test_item53_lease_micro_time(api: Api) -> None:
+async def test_lease_micro_time(api: Api) -> None:
     lease = {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
@@ -1617,7 +1617,7 @@ async def test_item53_lease_micro_time(api: Api) -> None:
     assert got["spec"]["renewTime"] == "2024-05-01T10:00:07.000001Z"
 
 
-async def test_item54_crd_lifecycle(api: Api) -> None:
+async def test_crd_lifecycle(api: Api) -> None:
     r = await api.post(CRDS, crd("Widget", "widgets", status_subresource=True))
     assert r.status == 201
     conds = {c["type"]: c["status"] for c in r.body["status"]["conditions"]}

@@ -67,7 +67,7 @@ def fields(obj: dict[str, Any], manager: str, operation: str = "Apply") -> dict[
 # --------------------------------------------------------------------------------------------- create
 
 
-def test_item42_create_tracks_the_applied_fields() -> None:
+def test_create_tracks_the_applied_fields() -> None:
     config = deployment(env=[{"name": "A", "value": "1"}])
     config["spec"]["template"]["spec"]["containers"][0]["ports"] = [{"containerPort": 80}]
     obj = apply(None, config)
@@ -110,13 +110,13 @@ def test_item42_create_tracks_the_applied_fields() -> None:
     assert config["metadata"] == deployment(env=[])["metadata"]  # input not mutated
 
 
-def test_item42_reapplying_the_same_config_is_a_no_op() -> None:
+def test_reapplying_the_same_config_is_a_no_op() -> None:
     obj = apply(None, deployment())
     again = apply(obj, deployment(), now=T1)
     assert again == obj  # same object, same managedFields, time not bumped
 
 
-def test_item42_apply_changes_bump_the_time_and_keep_unowned_fields() -> None:
+def test_apply_changes_bump_the_time_and_keep_unowned_fields() -> None:
     obj = apply(None, deployment())
     obj["spec"]["paused"] = False  # nobody owns it (e.g. written before tracking)
     out = apply(obj, deployment(replicas=4), now=T1)
@@ -128,7 +128,7 @@ def test_item42_apply_changes_bump_the_time_and_keep_unowned_fields() -> None:
 # ------------------------------------------------------------------------------------------ conflicts
 
 
-def test_item42_conflict_between_two_appliers() -> None:
+def test_conflict_between_two_appliers() -> None:
     obj = apply(None, deployment(replicas=2), "alice")
     with pytest.raises(StatusError) as ei:
         apply(obj, deployment(replicas=3), "bob", now=T1)
@@ -141,7 +141,7 @@ def test_item42_conflict_between_two_appliers() -> None:
     assert err.to_status()["details"] == {"causes": [c.to_dict() for c in err.causes]}
 
 
-def test_item42_conflicts_with_updaters_name_the_api_version_and_list_every_field() -> None:
+def test_conflicts_with_updaters_name_the_api_version_and_list_every_field() -> None:
     obj = apply(None, deployment(image="nginx:1"), "kubectl")
     edited = copy.deepcopy(obj)
     edited["spec"]["replicas"] = 5
@@ -164,14 +164,14 @@ def test_item42_conflicts_with_updaters_name_the_api_version_and_list_every_fiel
     assert {c.message for c in err.causes} == {'conflict with "kube-controller" using apps/v1'}
 
 
-def test_item42_same_value_is_shared_not_a_conflict() -> None:
+def test_same_value_is_shared_not_a_conflict() -> None:
     obj = apply(None, deployment(replicas=2), "alice")
     out = apply(obj, deployment(replicas=2), "bob", now=T1)
     assert "f:replicas" in fields(out, "alice")["f:spec"]
     assert "f:replicas" in fields(out, "bob")["f:spec"]
 
 
-def test_item42_force_takes_ownership() -> None:
+def test_force_takes_ownership() -> None:
     obj = apply(None, deployment(replicas=2), "alice")
     out = apply(obj, deployment(replicas=3), "bob", force=True, now=T1)
     assert out["spec"]["replicas"] == 3
@@ -183,7 +183,7 @@ def test_item42_force_takes_ownership() -> None:
 # ------------------------------------------------------------------------------------ dropped fields
 
 
-def test_item42_fields_dropped_from_the_config_are_removed() -> None:
+def test_fields_dropped_from_the_config_are_removed() -> None:
     obj = apply(
         None, deployment(env=[{"name": "A", "value": "1"}, {"name": "B", "value": "2"}], minReadySeconds=5)
     )
@@ -193,7 +193,7 @@ def test_item42_fields_dropped_from_the_config_are_removed() -> None:
     assert 'k:{"name":"B"}' not in json.dumps(out["metadata"]["managedFields"])
 
 
-def test_item42_dropped_fields_another_manager_owns_stay() -> None:
+def test_dropped_fields_another_manager_owns_stay() -> None:
     obj = apply(None, deployment(minReadySeconds=5), "alice")
     obj = apply(obj, deployment(minReadySeconds=5), "bob", now=T1)
     out = apply(obj, deployment(), "alice", now=T2)
@@ -201,7 +201,7 @@ def test_item42_dropped_fields_another_manager_owns_stay() -> None:
     assert "f:minReadySeconds" not in fields(out, "alice")["f:spec"]
 
 
-def test_item42_dropping_everything_under_a_map_removes_the_map() -> None:
+def test_dropping_everything_under_a_map_removes_the_map() -> None:
     config = deployment()
     config["metadata"]["annotations"] = {"a": "1"}
     obj = apply(None, config)
@@ -212,7 +212,7 @@ def test_item42_dropping_everything_under_a_map_removes_the_map() -> None:
 # --------------------------------------------------------------------------- updates (non-apply writes)
 
 
-def test_item29_create_by_update_owns_new_maps_and_items() -> None:
+def test_create_by_update_owns_new_maps_and_items() -> None:
     obj = update_managed_fields(
         None, deployment(), manager="kubectl-create", operation="Update", api_version="apps/v1", now=T0
     )
@@ -228,7 +228,7 @@ def test_item29_create_by_update_owns_new_maps_and_items() -> None:
     }
 
 
-def test_item42_update_transfers_ownership_and_removal_drops_it() -> None:
+def test_update_transfers_ownership_and_removal_drops_it() -> None:
     obj = apply(None, deployment(minReadySeconds=5), "alice")
     edited = copy.deepcopy(obj)
     edited["spec"]["replicas"] = 9
@@ -256,7 +256,7 @@ def test_item42_update_transfers_ownership_and_removal_drops_it() -> None:
     assert entries(out3)[("scaler", "Update")]["time"] == T2
 
 
-def test_item42_updater_entries_are_per_api_version_and_subresource() -> None:
+def test_updater_entries_are_per_api_version_and_subresource() -> None:
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -280,7 +280,7 @@ def test_item42_updater_entries_are_per_api_version_and_subresource() -> None:
     }
 
 
-def test_item42_request_managed_fields_reset_and_untracked_objects() -> None:
+def test_request_managed_fields_reset_and_untracked_objects() -> None:
     obj = apply(None, deployment())
     reset = copy.deepcopy(obj)
     reset["metadata"]["managedFields"] = [{}]
@@ -302,7 +302,7 @@ def test_item42_request_managed_fields_reset_and_untracked_objects() -> None:
     assert out["metadata"]["managedFields"] == obj["metadata"]["managedFields"]
 
 
-def test_item42_first_apply_to_an_untracked_object_conflicts_with_before_first_apply() -> None:
+def test_first_apply_to_an_untracked_object_conflicts_with_before_first_apply() -> None:
     live = deployment(replicas=1)
     live["metadata"]["uid"] = "u1"
     with pytest.raises(StatusError) as ei:
@@ -312,7 +312,7 @@ def test_item42_first_apply_to_an_untracked_object_conflicts_with_before_first_a
     assert set(entries(out)) == {("kubectl", "Apply"), ("before-first-apply", "Update")}
 
 
-def test_item42_at_most_ten_update_managers() -> None:
+def test_at_most_ten_update_managers() -> None:
     obj = apply(None, deployment())
     for i in range(12):
         edited = copy.deepcopy(obj)
@@ -336,7 +336,7 @@ def test_item42_at_most_ten_update_managers() -> None:
 # ------------------------------------------------------------------------------------- kubectl and CRs
 
 
-def test_item43_kubectl_server_side_apply_takes_over_from_client_side_apply() -> None:
+def test_kubectl_server_side_apply_takes_over_from_client_side_apply() -> None:
     """After `kubectl apply`, `kubectl apply --server-side` may change what the annotation recorded."""
     config = deployment(replicas=2)
     live = copy.deepcopy(config)
@@ -355,7 +355,7 @@ def test_item43_kubectl_server_side_apply_takes_over_from_client_side_apply() ->
         apply(live, new, "someone-else", now=T1)
 
 
-def test_item42_custom_resource_lists_are_atomic_unless_the_schema_says_otherwise() -> None:
+def test_custom_resource_lists_are_atomic_unless_the_schema_says_otherwise() -> None:
     schema = {
         "type": "object",
         "properties": {
@@ -405,7 +405,7 @@ def test_item42_custom_resource_lists_are_atomic_unless_the_schema_says_otherwis
     assert out["spec"]["pools"] == [{"name": "a", "size": 1}, {"name": "b", "size": 2}]
 
 
-def test_item42_custom_resource_list_map_keys_take_schema_defaults() -> None:
+def test_custom_resource_list_map_keys_take_schema_defaults() -> None:
     schema = {
         "type": "object",
         "properties": {
@@ -440,7 +440,7 @@ def test_item42_custom_resource_list_map_keys_take_schema_defaults() -> None:
     }
 
 
-def test_item42_status_subresource_apply_owns_only_status() -> None:
+def test_status_subresource_apply_owns_only_status() -> None:
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -476,7 +476,7 @@ def test_item42_status_subresource_apply_owns_only_status() -> None:
         (lambda c: c["spec"]["template"]["spec"]["containers"].append({"image": "x"}), 500, None),
     ],
 )
-def test_item42_bad_apply_configurations(mutate: Any, code: int, message: str | None) -> None:
+def test_bad_apply_configurations(mutate: Any, code: int, message: str | None) -> None:
     config = deployment()
     mutate(config)
     with pytest.raises(StatusError) as ei:
@@ -490,7 +490,7 @@ def test_item42_bad_apply_configurations(mutate: Any, code: int, message: str | 
         )
 
 
-def test_item42_null_in_the_config_removes_the_field_and_is_owned() -> None:
+def test_null_in_the_config_removes_the_field_and_is_owned() -> None:
     obj = apply(None, deployment(minReadySeconds=5), "alice")
     config = deployment()
     config["spec"]["minReadySeconds"] = None
@@ -499,7 +499,7 @@ def test_item42_null_in_the_config_removes_the_field_and_is_owned() -> None:
     assert "f:minReadySeconds" in fields(out, "alice")["f:spec"]
 
 
-def test_item42_apply_keeps_the_applied_order_of_list_items() -> None:
+def test_apply_keeps_the_applied_order_of_list_items() -> None:
     two = deployment()
     two["spec"]["template"]["spec"]["containers"] = [{"name": "a", "image": "a"}, {"name": "b", "image": "b"}]
     obj = apply(None, two)
@@ -512,7 +512,7 @@ def test_item42_apply_keeps_the_applied_order_of_list_items() -> None:
 # ------------------------------------------------------------------------------------ FieldsV1 codec
 
 
-def test_item42_fields_v1_round_trip_of_a_real_entry() -> None:
+def test_fields_v1_round_trip_of_a_real_entry() -> None:
     fv = {
         "f:metadata": {
             "f:annotations": {".": {}, "f:kubectl.kubernetes.io/last-applied-configuration": {}},
@@ -535,12 +535,12 @@ path_elements = st.one_of(
 
 
 @given(st.sets(st.lists(path_elements, min_size=1, max_size=4).map(tuple), max_size=8))
-def test_item42_property_fields_v1_round_trips(paths: set[Any]) -> None:
+def test_property_fields_v1_round_trips(paths: set[Any]) -> None:
     assert fields_to_set(set_to_fields(paths)) == paths
 
 
 @given(st.integers(1, 5), st.sampled_from(["a:1", "a:2"]), st.booleans())
-def test_item42_property_applying_twice_is_idempotent(replicas: int, image: str, with_env: bool) -> None:
+def test_property_applying_twice_is_idempotent(replicas: int, image: str, with_env: bool) -> None:
     config = deployment(
         replicas=replicas, image=image, env=[{"name": "E", "value": "v"}] if with_env else None
     )

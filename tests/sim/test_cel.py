@@ -143,7 +143,7 @@ NON_EMPTY = obj_schema(
         ),
     ],
 )
-def test_item31_concrete_rules(schema: dict[str, Any], value: Any, ok: bool) -> None:
+def test_concrete_rules(schema: dict[str, Any], value: Any, ok: bool) -> None:
     causes = run(schema, value)
     assert (causes == []) is ok, messages(causes)
     if not ok:
@@ -251,7 +251,7 @@ def test_message_expression() -> None:
 # -- transition rules ------------------------------------------------------------------------------------
 
 
-def test_item31_transition_rule_needs_old_value() -> None:
+def test_transition_rule_needs_old_value() -> None:
     s = {
         "type": "string",
         "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "is immutable"}],

@@ -27,7 +27,6 @@ from aiohttp import web
 from clients import (
     CONFIGMAPS,
     CRDS,
-    KUBECTL,
     MUTATING,
     NAMESPACES,
     PDBS,
@@ -51,7 +50,6 @@ from waiting import wait_until
 if TYPE_CHECKING:
     from running_server import RunningServer
 
-pytestmark = pytest.mark.skipif(not KUBECTL.exists(), reason="kubectl not installed in the venv")
 
 CLIENTS = ["asyncio", "official", "kubectl"]
 FINALIZER = "conformance.gpuops.io/hold"

@@ -159,7 +159,7 @@ SELECTOR = {"matchLabels": {"team": "a"}}
 # -- the realistic CRD -------------------------------------------------------------------------------------
 
 
-def test_item54_gwb_crd_is_valid_and_serves_one_resource() -> None:
+def test_gwb_crd_is_valid_and_serves_one_resource() -> None:
     crd = gwb_crd()
     before = copy.deepcopy(crd)
     crds.validate_crd(crd)
@@ -181,7 +181,7 @@ def test_item54_gwb_crd_is_valid_and_serves_one_resource() -> None:
     assert info.schema == crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
-def test_item54_established_status() -> None:
+def test_established_status() -> None:
     status = crds.crd_established_status(gwb_crd(), "2026-01-02T03:04:05Z")
     assert status["acceptedNames"] == {
         "plural": "gpuworkloadbudgets",
@@ -216,7 +216,7 @@ def write(
     return schema.process_custom_resource(info, body, old=old, field_validation=fv)
 
 
-def test_item31_gwb_write_applies_defaults() -> None:
+def test_gwb_write_applies_defaults() -> None:
     out, warnings = write(gwb(selector=SELECTOR, quota={"gpuHours": "100"}))
     assert warnings == []
     assert out["spec"] == {
@@ -486,7 +486,7 @@ FIELD = "spec.versions[0].schema.openAPIV3Schema"
         ),
     ],
 )
-def test_item54_invalid_crds(mutate: Mutator, field: str, message: str) -> None:
+def test_invalid_crds(mutate: Mutator, field: str, message: str) -> None:
     crd = gwb_crd()
     mutate(crd)
     with pytest.raises(StatusError) as e:

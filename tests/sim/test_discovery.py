@@ -76,7 +76,7 @@ def deserialize(data: Any, klass: str) -> Any:
     return client._ApiClient__deserialize(data, klass)  # type: ignore[attr-defined]
 
 
-def test_item1_version() -> None:
+def test_version() -> None:
     v = version_info()
     assert (v["major"], v["minor"]) == ("1", "37")
     assert v["gitVersion"].startswith("v1.37.0")
@@ -85,7 +85,7 @@ def test_item1_version() -> None:
     assert deserialize(v, "VersionInfo").git_version == v["gitVersion"]
 
 
-def test_item2_api_versions_and_group_list() -> None:
+def test_api_versions_and_group_list() -> None:
     api = api_versions()
     assert api == {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
     assert api_versions("10.0.0.1:6443")["serverAddressByClientCIDRs"] == [
@@ -102,7 +102,7 @@ def test_item2_api_versions_and_group_list() -> None:
     deserialize(groups, "V1APIGroupList")
 
 
-def test_item2_preferred_version_follows_kube_priority() -> None:
+def test_preferred_version_follows_kube_priority() -> None:
     many = [gwb("v1alpha1"), gwb("v1beta2"), gwb("v1"), gwb("v2beta1"), gwb("v1beta1")]
     group = api_group_list(many)["groups"][0]
     assert [v["version"] for v in group["versions"]] == ["v1", "v2beta1", "v1beta2", "v1beta1", "v1alpha1"]
@@ -117,7 +117,7 @@ def test_item2_preferred_version_follows_kube_priority() -> None:
     ]
 
 
-def test_item4_core_resource_list_has_subresources_with_kinds() -> None:
+def test_core_resource_list_has_subresources_with_kinds() -> None:
     doc = api_resource_list(infos(), "v1")
     assert doc is not None
     assert doc["kind"] == "APIResourceList" and doc["groupVersion"] == "v1"
@@ -146,7 +146,7 @@ def test_item4_core_resource_list_has_subresources_with_kinds() -> None:
     deserialize(doc, "V1APIResourceList")
 
 
-def test_item4_group_resource_lists() -> None:
+def test_group_resource_lists() -> None:
     doc = api_resource_list(infos(), "gpuops.io/v1alpha1")
     assert doc is not None
     cr = doc["resources"][0]
@@ -159,7 +159,7 @@ def test_item4_group_resource_lists() -> None:
 
 
 @pytest.mark.parametrize("version", ["v2", "v2beta1"])
-def test_item3_aggregated_core(version: str) -> None:
+def test_aggregated_core(version: str) -> None:
     doc = aggregated_discovery(infos(), core=True, version=version)
     assert doc["kind"] == "APIGroupDiscoveryList"
     assert doc["apiVersion"] == f"apidiscovery.k8s.io/{version}"
@@ -182,7 +182,7 @@ def test_item3_aggregated_core(version: str) -> None:
     deserialize(doc, "V2APIGroupDiscoveryList" if version == "v2" else "V2beta1APIGroupDiscoveryList")
 
 
-def test_item3_aggregated_groups() -> None:
+def test_aggregated_groups() -> None:
     doc = aggregated_discovery(infos(), core=False, version="v2")
     names = [item["metadata"]["name"] for item in doc["items"]]
     assert "" not in names and "gpuops.io" in names and "apps" in names
@@ -195,7 +195,7 @@ def test_item3_aggregated_groups() -> None:
         aggregated_discovery(infos(), core=False, version="v3")
 
 
-def test_item3_negotiate_discovery_content_types() -> None:
+def test_negotiate_discovery_content_types() -> None:
     assert negotiate_discovery(KUBECTL_DISCOVERY_ACCEPT) == ("v2", AGGREGATED_V2)
     assert AGGREGATED_V2 == "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
     assert AGGREGATED_V2BETA1 == "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList"
@@ -219,13 +219,13 @@ def test_item3_negotiate_discovery_content_types() -> None:
 @pytest.mark.parametrize(
     "accept", ["application/vnd.kubernetes.protobuf", "text/html", "application/json;q=0"]
 )
-def test_item10_discovery_not_acceptable(accept: str) -> None:
+def test_discovery_not_acceptable(accept: str) -> None:
     with pytest.raises(StatusError) as err:
         negotiate_discovery(accept)
     assert err.value.code == 406 and err.value.reason == "NotAcceptable"
 
 
-def test_item9_negotiate_object() -> None:
+def test_negotiate_object() -> None:
     assert negotiate_object(KUBECTL_TABLE_ACCEPT) == "table-v1"
     assert (
         negotiate_object("application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json")
@@ -264,7 +264,7 @@ def test_item9_negotiate_object() -> None:
         "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1",
     ],
 )
-def test_item10_object_not_acceptable(accept: str) -> None:
+def test_object_not_acceptable(accept: str) -> None:
     with pytest.raises(StatusError) as err:
         negotiate_object(accept)
     status = err.value.to_status()
@@ -283,7 +283,7 @@ _RANGES = {
 
 
 @given(st.lists(st.tuples(st.sampled_from(sorted(_RANGES)), st.sampled_from([None, 0.0, 0.3, 0.7, 1.0]))))
-def test_item9_negotiation_honours_order_and_q(entries: list[tuple[str, float | None]]) -> None:
+def test_negotiation_honours_order_and_q(entries: list[tuple[str, float | None]]) -> None:
     """The highest-q acceptable entry wins; ties go to the one the client listed first."""
     accept = ",".join(m if q is None else f"{m};q={q}" for m, q in entries)
     ranked = sorted(

@@ -345,7 +345,6 @@ async def test_protobuf_reviews_over_http() -> None:
 # ----------------------------------------------------------------------------------------------------------
 # The real kubectl
 
-needs_kubectl = pytest.mark.skipif(not KUBECTL.exists(), reason="kubectl not installed")
 
 POLICY = [
     {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}},
@@ -393,7 +392,6 @@ def cluster(tls_rbac_apiserver: RunningServer, tmp_path: Path) -> Iterator[tuple
     yield admin, Kubectl(tmp_path / "alice.kubeconfig"), rs
 
 
-@needs_kubectl
 def test_kubectl_auth_can_i_as_a_service_account(cluster: tuple[Kubectl, Kubectl, RunningServer]) -> None:
     admin, _, rs = cluster
     decisions: list[auth.Decision] = []
@@ -421,7 +419,6 @@ def test_kubectl_auth_can_i_as_a_service_account(cluster: tuple[Kubectl, Kubectl
     assert reviews[0].groups == ("system:serviceaccounts", "system:serviceaccounts:team-a", AUTHENTICATED)
 
 
-@needs_kubectl
 def test_kubectl_requests_are_authorized_as_the_impersonated_user(
     cluster: tuple[Kubectl, Kubectl, RunningServer],
 ) -> None:
@@ -436,7 +433,6 @@ def test_kubectl_requests_are_authorized_as_the_impersonated_user(
     assert admin("get", "pods", "-n", "team-a").returncode == 0
 
 
-@needs_kubectl
 def test_kubectl_impersonation_needs_the_impersonate_verb(cluster: tuple[Kubectl, Kubectl, RunningServer]) -> None:
     _, alice, _ = cluster
     denied = alice("auth", "can-i", "get", "pods", "--as", "carol")

@@ -19,7 +19,6 @@ import pytest
 from running_server import RunningServer
 
 KUBECTL = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "kubectl"
-pytestmark = pytest.mark.skipif(not KUBECTL.exists(), reason="kubectl is installed by make test")
 
 VOLATILE_META = ("uid", "resourceVersion", "creationTimestamp", "managedFields", "namespace", "generation")
 

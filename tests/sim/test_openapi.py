@@ -230,7 +230,7 @@ def test_schema_is_cached_and_fast() -> None:
 # ------------------------------------------------------------------------------------------------ OpenAPI v3
 
 
-def test_item5_index_points_at_each_group_version() -> None:
+def test_index_points_at_each_group_version() -> None:
     served = infos()
     index = openapi_v3_index(served)
     assert set(index) == {"paths"}
@@ -245,7 +245,7 @@ def test_item5_index_points_at_each_group_version() -> None:
     assert openapi_v3_group_version(served, "nope.io/v1") is None
 
 
-def test_item5_hash_is_stable_and_tracks_crd_changes() -> None:
+def test_hash_is_stable_and_tracks_crd_changes() -> None:
     first = openapi_v3_index(infos())["paths"]
     again = openapi_v3_index(infos())["paths"]
     assert first == again
@@ -256,7 +256,7 @@ def test_item5_hash_is_stable_and_tracks_crd_changes() -> None:
     assert changed["api/v1"] == first["api/v1"]
 
 
-def test_item5_document_shape() -> None:
+def test_document_shape() -> None:
     doc = openapi_v3_group_version(infos(), "v1")
     assert doc is not None
     assert doc["openapi"] == "3.0.0"
@@ -295,7 +295,7 @@ def test_item5_document_shape() -> None:
         assert f"io.k8s.apimachinery.pkg.apis.meta.v1.{meta}" in schemas
 
 
-def test_item6_every_kind_passes_kubectl_field_validation_check() -> None:
+def test_every_kind_passes_kubectl_field_validation_check() -> None:
     served = infos()
     for info in served:
         doc = openapi_v3_group_version(served, info.group_version)
@@ -306,7 +306,7 @@ def test_item6_every_kind_passes_kubectl_field_validation_check() -> None:
             component_for(doc, want)
 
 
-def test_item41_patch_content_types() -> None:
+def test_patch_content_types() -> None:
     served = infos()
     core = openapi_v3_group_version(served, "v1")
     cr = openapi_v3_group_version(served, "gpuops.io/v1alpha1")

@@ -30,7 +30,6 @@ KUBECTL = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "kubectl"
 if not KUBECTL.exists():
     KUBECTL = Path(shutil.which("kubectl") or "/nonexistent/kubectl")
 
-pytestmark = pytest.mark.skipif(not KUBECTL.exists(), reason="kubectl not installed")
 
 
 def gwb() -> ResourceInfo:
@@ -251,7 +250,7 @@ def _posts(log: list[dict[str, str]]) -> list[dict[str, str]]:
     return [e for e in log if e["method"] == "POST"]
 
 
-def test_item6_strict_apply_of_builtin_and_custom_resource(kubectl: Kubectl) -> None:
+def test_strict_apply_of_builtin_and_custom_resource(kubectl: Kubectl) -> None:
     """Default `kubectl apply` validates server-side: fieldValidation=Strict, no /openapi/v2 fallback."""
     proc, log = kubectl("apply", "-f", "cm.yaml")
     assert proc.returncode == 0, proc.stderr
@@ -277,7 +276,7 @@ def test_item6_strict_apply_of_builtin_and_custom_resource(kubectl: Kubectl) -> 
     assert "/openapi/v2" not in [e["path"] for e in log]
 
 
-def test_item6_control_without_field_validation_parameter(tmp_path: Path) -> None:
+def test_control_without_field_validation_parameter(tmp_path: Path) -> None:
     """Control: strip the parameter and kubectl falls back to /openapi/v2 and gives up."""
     with running(tmp_path, Probe(aggregated=True, strip_field_validation=True)) as kubectl:
         proc, log = kubectl("apply", "-f", "cm.yaml")
@@ -285,7 +284,7 @@ def test_item6_control_without_field_validation_parameter(tmp_path: Path) -> Non
     assert "/openapi/v2" in [e["path"] for e in log] and not _posts(log)
 
 
-def test_item43_reapply_builtin_uses_v3_patch_metadata(kubectl: Kubectl) -> None:
+def test_reapply_builtin_uses_v3_patch_metadata(kubectl: Kubectl) -> None:
     """Re-apply computes the strategic merge patch from our v3 component schema (no v2, no warning)."""
     assert kubectl("apply", "-f", "cm.yaml")[0].returncode == 0
     proc, log = kubectl("apply", "-f", "cm2.yaml")
@@ -305,7 +304,7 @@ def test_item43_reapply_builtin_uses_v3_patch_metadata(kubectl: Kubectl) -> None
     assert "fieldManager=kubectl" in ssa["query"] and "fieldValidation=Strict" in ssa["query"]
 
 
-def test_item4_api_resources_and_short_names(kubectl: Kubectl) -> None:
+def test_api_resources_and_short_names(kubectl: Kubectl) -> None:
     proc, log = kubectl("api-resources")
     assert proc.returncode == 0, proc.stderr
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("gpuworkloadbudgets "))

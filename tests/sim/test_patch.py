@@ -125,21 +125,21 @@ RFC6902_FAIL = [
 
 
 @pytest.mark.parametrize(("name", "doc", "patch", "expected"), RFC6902_OK, ids=[c[0] for c in RFC6902_OK])
-def test_item39_rfc6902_appendix_a(name: str, doc: Any, patch: Any, expected: Any) -> None:
+def test_rfc6902_appendix_a(name: str, doc: Any, patch: Any, expected: Any) -> None:
     before = copy.deepcopy(doc)
     assert apply_json_patch(doc, patch) == expected
     assert doc == before  # input not mutated
 
 
 @pytest.mark.parametrize(("name", "doc", "patch"), RFC6902_FAIL, ids=[c[0] for c in RFC6902_FAIL])
-def test_item39_rfc6902_appendix_a_failures_are_422(name: str, doc: Any, patch: Any) -> None:
+def test_rfc6902_appendix_a_failures_are_422(name: str, doc: Any, patch: Any) -> None:
     with pytest.raises(StatusError) as ei:
         apply_json_patch(doc, patch)
     assert (ei.value.code, ei.value.reason, ei.value.message) == (422, "Invalid", REJECTED)
     assert ei.value.__cause__ is not None  # why it failed, kept for debugging only
 
 
-def test_item39_failed_test_names_the_path_in_the_cause() -> None:
+def test_failed_test_names_the_path_in_the_cause() -> None:
     with pytest.raises(StatusError) as ei:
         apply_json_patch({"spec": {"replicas": 1}}, [{"op": "test", "path": "/spec/replicas", "value": 2}])
     assert str(ei.value.__cause__) == "testing value /spec/replicas failed: test failed"
@@ -154,7 +154,7 @@ def test_item39_failed_test_names_the_path_in_the_cause() -> None:
         ([["add"]], "json: cannot unmarshal array into Go value of type jsonpatch.Operation"),
     ],
 )
-def test_item39_undecodable_patch_is_400(body: Any, message: str) -> None:
+def test_undecodable_patch_is_400(body: Any, message: str) -> None:
     with pytest.raises(StatusError) as ei:
         apply_json_patch({}, body)
     assert (ei.value.code, ei.value.reason, ei.value.message) == (400, "BadRequest", message)
@@ -173,13 +173,13 @@ def test_item39_undecodable_patch_is_400(body: Any, message: str) -> None:
         {"op": "replace", "path": "/list/x", "value": 1},
     ],
 )
-def test_item39_operations_that_do_not_apply_are_422(op: dict[str, Any]) -> None:
+def test_operations_that_do_not_apply_are_422(op: dict[str, Any]) -> None:
     with pytest.raises(StatusError) as ei:
         apply_json_patch({"a": {"b": 1}, "list": [1, 2]}, [op])
     assert (ei.value.code, ei.value.reason) == (422, "Invalid")
 
 
-def test_item39_more_than_10000_operations_is_413() -> None:
+def test_more_than_10000_operations_is_413() -> None:
     ops = [{"op": "test", "path": "/a", "value": 1}] * 10001
     with pytest.raises(StatusError) as ei:
         apply_json_patch({"a": 1}, ops)
@@ -191,7 +191,7 @@ def test_item39_more_than_10000_operations_is_413() -> None:
     assert apply_json_patch({"a": 1}, ops[:10000]) == {"a": 1}
 
 
-def test_item39_upstream_quirks_of_evanphx_json_patch_v4() -> None:
+def test_upstream_quirks_of_evanphx_json_patch_v4() -> None:
     doc = {"spec": {"list": ["a", "b", "c"]}}
     # Negative indices count from the end; replace of a missing object key sets it.
     assert apply_json_patch(doc, [{"op": "remove", "path": "/spec/list/-1"}]) == {
@@ -207,7 +207,7 @@ def test_item39_upstream_quirks_of_evanphx_json_patch_v4() -> None:
     assert apply_json_patch(doc, None) == doc
 
 
-def test_item39_json_patch_on_an_object_leaves_inputs_alone() -> None:
+def test_json_patch_on_an_object_leaves_inputs_alone() -> None:
     doc = {"metadata": {"labels": {"a": "1"}}}
     ops = [{"op": "add", "path": "/metadata/labels/b", "value": {"deep": [1]}}]
     out = apply_json_patch(doc, ops)
@@ -217,7 +217,7 @@ def test_item39_json_patch_on_an_object_leaves_inputs_alone() -> None:
 
 
 @given(st.dictionaries(keys, json_values, max_size=5), keys, json_values)
-def test_item39_property_add_then_remove_restores(doc: dict[str, Any], key: str, value: Any) -> None:
+def test_property_add_then_remove_restores(doc: dict[str, Any], key: str, value: Any) -> None:
     doc.pop(key, None)
     ptr = _pointer(key)
     assert (
@@ -227,7 +227,7 @@ def test_item39_property_add_then_remove_restores(doc: dict[str, Any], key: str,
 
 
 @given(st.lists(json_values, max_size=5), st.data(), json_values)
-def test_item39_property_array_insert_then_remove_restores(items: list[Any], data: Any, value: Any) -> None:
+def test_property_array_insert_then_remove_restores(items: list[Any], data: Any, value: Any) -> None:
     idx = data.draw(st.integers(0, len(items)))
     doc = {"items": items}
     ops = [{"op": "add", "path": f"/items/{idx}", "value": value}, {"op": "remove", "path": f"/items/{idx}"}]
@@ -256,7 +256,7 @@ RFC7386 = [
 
 
 @pytest.mark.parametrize(("doc", "patch", "expected"), RFC7386)
-def test_item40_rfc7386_appendix_a(doc: Any, patch: Any, expected: Any) -> None:
+def test_rfc7386_appendix_a(doc: Any, patch: Any, expected: Any) -> None:
     before, pbefore = copy.deepcopy(doc), copy.deepcopy(patch)
     assert apply_merge_patch(doc, patch) == expected
     assert (doc, patch) == (before, pbefore)
@@ -276,7 +276,7 @@ def _merge_diff(src: Any, dst: Any) -> Any:
 
 
 @given(st.dictionaries(keys, json_values, max_size=5), st.dictionaries(keys, null_free, max_size=5))
-def test_item40_property_patch_of_the_diff_reaches_the_target(
+def test_property_patch_of_the_diff_reaches_the_target(
     doc: dict[str, Any], target: dict[str, Any]
 ) -> None:
     assert apply_merge_patch(doc, _merge_diff(doc, target)) == target
@@ -293,7 +293,7 @@ def _smp_pod(doc: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     return apply_strategic_merge_patch(doc, patch, "", "Pod")
 
 
-def test_item41_containers_merge_by_name_and_env_by_name() -> None:
+def test_containers_merge_by_name_and_env_by_name() -> None:
     pod = _pod(
         containers=[
             {
@@ -327,14 +327,14 @@ def test_item41_containers_merge_by_name_and_env_by_name() -> None:
     assert pod["spec"]["containers"][0]["image"] == "app:1"  # input not mutated
 
 
-def test_item41_new_items_and_server_only_items_follow_upstream_order() -> None:
+def test_new_items_and_server_only_items_follow_upstream_order() -> None:
     pod = _pod(containers=[{"name": "a"}, {"name": "b"}])
     # Without $setElementOrder, upstream puts new patch items before the server-only ones.
     out = _smp_pod(pod, {"spec": {"containers": [{"name": "c", "image": "c"}]}})
     assert [c["name"] for c in out["spec"]["containers"]] == ["c", "a", "b"]
 
 
-def test_item41_ports_merge_by_container_port_and_volume_mounts_by_mount_path() -> None:
+def test_ports_merge_by_container_port_and_volume_mounts_by_mount_path() -> None:
     pod = _pod(
         containers=[
             {
@@ -360,7 +360,7 @@ def test_item41_ports_merge_by_container_port_and_volume_mounts_by_mount_path() 
     assert {m["mountPath"] for m in c["volumeMounts"]} == {"/data", "/cache"}
 
 
-def test_item41_lists_without_strategy_are_replaced_wholesale() -> None:
+def test_lists_without_strategy_are_replaced_wholesale() -> None:
     pod = _pod(tolerations=[{"key": "a"}], containers=[{"name": "a", "args": ["x", "y"], "command": ["sh"]}])
     patch = {"spec": {"tolerations": [{"key": "b"}], "containers": [{"name": "a", "args": ["z"]}]}}
     out = _smp_pod(pod, patch)
@@ -370,7 +370,7 @@ def test_item41_lists_without_strategy_are_replaced_wholesale() -> None:
     assert apply_strategic_merge_patch(node, {"spec": {"taints": []}}, "", "Node") == {"spec": {"taints": []}}
 
 
-def test_item41_null_deletes_and_directives_delete_replace() -> None:
+def test_null_deletes_and_directives_delete_replace() -> None:
     pod = _pod(nodeSelector={"a": "1"}, containers=[{"name": "a", "image": "x"}, {"name": "b", "image": "y"}])
     out = _smp_pod(pod, {"spec": {"nodeSelector": None, "containers": [{"name": "b", "$patch": "delete"}]}})
     assert "nodeSelector" not in out["spec"]
@@ -383,7 +383,7 @@ def test_item41_null_deletes_and_directives_delete_replace() -> None:
     assert out["metadata"] == {}
 
 
-def test_item41_finalizers_merge_as_a_set_and_delete_from_primitive_list() -> None:
+def test_finalizers_merge_as_a_set_and_delete_from_primitive_list() -> None:
     obj = {"metadata": {"name": "x", "finalizers": ["a", "b"]}}
     out = apply_strategic_merge_patch(obj, {"metadata": {"finalizers": ["b", "c"]}}, "", "ConfigMap")
     assert out["metadata"]["finalizers"] == ["a", "b", "c"]
@@ -393,7 +393,7 @@ def test_item41_finalizers_merge_as_a_set_and_delete_from_primitive_list() -> No
     assert out["metadata"]["finalizers"] == ["b"]
 
 
-def test_item41_owner_references_merge_by_uid_and_conditions_by_type() -> None:
+def test_owner_references_merge_by_uid_and_conditions_by_type() -> None:
     obj = {
         "metadata": {"ownerReferences": [{"uid": "1", "name": "a"}]},
         "status": {"conditions": [{"type": "Ready", "status": "False"}, {"type": "Done", "status": "False"}]},
@@ -410,7 +410,7 @@ def test_item41_owner_references_merge_by_uid_and_conditions_by_type() -> None:
     ]
 
 
-def test_item41_retain_keys_clears_other_fields() -> None:
+def test_retain_keys_clears_other_fields() -> None:
     dep = {"spec": {"strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1}}}}
     patch = {"spec": {"strategy": {"$retainKeys": ["type"], "type": "Recreate"}}}
     assert apply_strategic_merge_patch(dep, patch, "apps", "Deployment") == {
@@ -423,7 +423,7 @@ def test_item41_retain_keys_clears_other_fields() -> None:
     assert _smp_pod(pod, patch2)["spec"]["volumes"] == [{"name": "v", "hostPath": {"path": "/x"}}]
 
 
-def test_item41_replace_strategy_of_pdb_selector() -> None:
+def test_replace_strategy_of_pdb_selector() -> None:
     pdb = {"spec": {"selector": {"matchLabels": {"a": "1"}, "matchExpressions": [{"key": "b"}]}}}
     out = apply_strategic_merge_patch(
         pdb, {"spec": {"selector": {"matchLabels": {"c": "3"}}}}, "policy", "PodDisruptionBudget"
@@ -431,7 +431,7 @@ def test_item41_replace_strategy_of_pdb_selector() -> None:
     assert out == {"spec": {"selector": {"matchLabels": {"c": "3"}}}}
 
 
-def test_item43_kubectl_three_way_patch_with_set_element_order() -> None:
+def test_kubectl_three_way_patch_with_set_element_order() -> None:
     """What kubectl client-side apply sends after a config drops env B and a container, and reorders."""
     live = {
         "apiVersion": "apps/v1",
@@ -480,7 +480,7 @@ def test_item43_kubectl_three_way_patch_with_set_element_order() -> None:
     assert out["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"] == "{}\n"
 
 
-def test_item43_set_element_order_only_reorders() -> None:
+def test_set_element_order_only_reorders() -> None:
     obj = {"metadata": {"finalizers": ["a", "b", "c"]}}
     patch = {"metadata": {"$setElementOrder/finalizers": ["c", "a", "b"]}}
     assert apply_strategic_merge_patch(obj, patch, "", "ConfigMap")["metadata"]["finalizers"] == [
@@ -490,7 +490,7 @@ def test_item43_set_element_order_only_reorders() -> None:
     ]
 
 
-def test_item41_delete_and_add_with_set_element_order_keep_upstream_aliasing_order() -> None:
+def test_delete_and_add_with_set_element_order_keep_upstream_aliasing_order() -> None:
     """apimachinery's "add map and delete map from merging list": Go slice aliasing decides the order."""
     obj = {"spec": {"containers": [{"name": "1"}, {"name": "2", "other": "b"}, {"name": "4", "other": "c"}]}}
     patch = {
@@ -537,14 +537,14 @@ def test_item41_delete_and_add_with_set_element_order_keep_upstream_aliasing_ord
         ),
     ],
 )
-def test_item41_bad_patches_fail_like_upstream(patch: dict[str, Any], code: int, message: str) -> None:
+def test_bad_patches_fail_like_upstream(patch: dict[str, Any], code: int, message: str) -> None:
     with pytest.raises(StatusError) as ei:
         _smp_pod(_pod(containers=[{"name": "a"}]), patch)
     assert ei.value.code == code
     assert ei.value.message == message
 
 
-def test_item41_list_of_lists_is_422_and_non_object_body_is_400() -> None:
+def test_list_of_lists_is_422_and_non_object_body_is_400() -> None:
     obj = {"metadata": {"finalizers": [["a"]]}}
     with pytest.raises(StatusError) as ei:
         apply_strategic_merge_patch(obj, {"metadata": {"finalizers": [["b"]]}}, "", "ConfigMap")
@@ -566,7 +566,7 @@ list_free = st.recursive(
     st.dictionaries(st.sampled_from("abcde"), list_free, max_size=4),
     st.dictionaries(st.sampled_from("abcde"), list_free | st.none(), max_size=4),
 )
-def test_item41_property_without_lists_or_directives_smp_equals_merge_patch(
+def test_property_without_lists_or_directives_smp_equals_merge_patch(
     doc: dict[str, Any], patch: dict[str, Any]
 ) -> None:
     obj, p = {"data": doc}, {"data": patch}
@@ -602,11 +602,11 @@ def test_item41_property_without_lists_or_directives_smp_equals_merge_patch(
         ("", "Pod", ("spec", "nope", "containers"), (None, None)),
     ],
 )
-def test_item41_list_strategy(group: str, kind: str, path: tuple[str, ...], expected: Any) -> None:
+def test_list_strategy(group: str, kind: str, path: tuple[str, ...], expected: Any) -> None:
     assert list_strategy(group, kind, path) == expected
 
 
-def test_item42_builtin_ssa_shapes_follow_list_type_markers() -> None:
+def test_builtin_ssa_shapes_follow_list_type_markers() -> None:
     assert builtin_ssa_shape("", "Pod", ("spec", "containers", "ports")) == (
         "map",
         ("containerPort", "protocol"),

@@ -59,7 +59,7 @@ NESTED = root(
 )
 
 
-def test_item8_unknown_fields_paths() -> None:
+def test_unknown_fields_paths() -> None:
     o = {
         "apiVersion": "gpuops.io/v1",
         "kind": "K",
@@ -99,7 +99,7 @@ def test_unknown_fields_skip_root_and_type_mismatch() -> None:
     assert schema.unknown_fields(s, {"apiVersion": "v1", "kind": "X", "metadata": {"name": "a"}}) == []
 
 
-def test_item8_check_field_validation_directives() -> None:
+def test_check_field_validation_directives() -> None:
     unknown = ["spec.foo", "spec.bar"]
     assert schema.check_field_validation(unknown, "Warn") == [
         'unknown field "spec.foo"',
@@ -168,7 +168,7 @@ DEFAULTS = root(
 )
 
 
-def test_item31_defaults_upstream_order() -> None:
+def test_defaults_upstream_order() -> None:
     o = {"spec": {"maybe": None, "items": [{}, {"w": 5}], "byName": {"a": {}}}}
     before = copy.deepcopy(o)
     out = schema.apply_defaults(DEFAULTS, o)
@@ -361,7 +361,7 @@ def test_non_nullable_null_is_defaulted() -> None:
         ),
     ],
 )
-def test_item31_value_validation_messages(
+def test_value_validation_messages(
     prop: dict[str, Any], value: Any, expected: tuple[str, str]
 ) -> None:
     assert causes(root({"x": prop}), {"spec": {"x": value}}) == [(expected[0], "spec.x", expected[1])]
@@ -634,7 +634,7 @@ def test_process_prunes_defaults_and_warns() -> None:
     assert body == before
 
 
-def test_item8_process_strict_and_ignore() -> None:
+def test_process_strict_and_ignore() -> None:
     with pytest.raises(StatusError) as e:
         schema.process_custom_resource(INFO, cr(windowHours=1, bogus=1), old=None, field_validation="Strict")
     assert e.value.code == 400
@@ -645,7 +645,7 @@ def test_item8_process_strict_and_ignore() -> None:
     assert warnings == [] and "bogus" not in out["spec"]
 
 
-def test_item31_process_invalid_is_422_with_causes() -> None:
+def test_process_invalid_is_422_with_causes() -> None:
     with pytest.raises(StatusError) as e:
         schema.process_custom_resource(INFO, cr(windowHours=0, action="Foo"), old=None, field_validation="")
     err = e.value

@@ -62,7 +62,7 @@ def bad(fn: object, *args: object) -> str:
 # label selector grammar and matching
 
 
-def test_item17_equality_set_and_existence_terms() -> None:
+def test_equality_set_and_existence_terms() -> None:
     sel = parse_label_selector("team=a,tier in (x,y),!gone")
     assert sel.matches({"team": "a", "tier": "y"})
     assert not sel.matches({"team": "a", "tier": "z"})
@@ -74,20 +74,20 @@ def test_item17_equality_set_and_existence_terms() -> None:
     assert str(sel) == "!gone,team=a,tier in (x,y)"  # sorted by key, upstream spelling
 
 
-def test_item17_negative_operators_match_objects_without_the_key() -> None:
+def test_negative_operators_match_objects_without_the_key() -> None:
     for text in ("a!=b", "a notin (b,c)"):
         sel = parse_label_selector(text)
         assert sel.matches({}) and sel.matches(None) and sel.matches({"a": "z"})
         assert not sel.matches({"a": "b"})
 
 
-def test_item17_empty_selector_matches_everything() -> None:
+def test_empty_selector_matches_everything() -> None:
     sel = parse_label_selector("")
     assert sel.empty and sel.matches(None) and sel.matches({"x": "y"})
     assert parse_label_selector("   ").empty
 
 
-def test_item17_whitespace_and_keywords_as_values() -> None:
+def test_whitespace_and_keywords_as_values() -> None:
     sel = parse_label_selector("  tier   in ( x , y ) ,  team = a  ")
     assert sel.matches({"tier": "x", "team": "a"})
     # What `tier+in+%28x%2Cy%29` decodes to, and `in`/`notin` used as a key and a value.
@@ -95,7 +95,7 @@ def test_item17_whitespace_and_keywords_as_values() -> None:
     assert parse_label_selector("in in (notin)").matches({"in": "notin"})
 
 
-def test_item17_empty_values() -> None:
+def test_empty_values() -> None:
     assert parse_label_selector("a=").matches({"a": ""})
     assert parse_label_selector("a in ()").matches({"a": ""})
     sel = parse_label_selector("a in (x,,y)")
@@ -103,7 +103,7 @@ def test_item17_empty_values() -> None:
     assert str(sel) == "a in (,x,y)"
 
 
-def test_item17_upstream_quirk_two_trailing_empty_values() -> None:
+def test_upstream_quirk_two_trailing_empty_values() -> None:
     # labels.Parse consumes the second comma of ",," and then rejects ")" -- so do we.
     assert (
         bad(parse_label_selector, "a in (,,)")
@@ -116,7 +116,7 @@ def test_item17_upstream_quirk_two_trailing_empty_values() -> None:
     assert parse_label_selector("a in (,,x)").matches({"a": ""})
 
 
-def test_item17_greater_and_less_than() -> None:
+def test_greater_and_less_than() -> None:
     assert parse_label_selector("n>5").matches({"n": "6"})
     assert not parse_label_selector("n>5").matches({"n": "5"})
     assert not parse_label_selector("n<5").matches({"n": "x"})
@@ -143,11 +143,11 @@ def test_item17_greater_and_less_than() -> None:
         ("/a", 'unable to parse requirement: <nil>: Invalid value: "/a": prefix part must be non-empty'),
     ],
 )
-def test_item17_parse_errors_are_400_with_upstream_messages(text: str, message: str) -> None:
+def test_parse_errors_are_400_with_upstream_messages(text: str, message: str) -> None:
     assert bad(parse_label_selector, text) == message
 
 
-def test_item17_key_and_value_validation_messages() -> None:
+def test_key_and_value_validation_messages() -> None:
     assert bad(parse_label_selector, "-a") == (
         'unable to parse requirement: <nil>: Invalid value: "-a": name part must consist of alphanumeric '
         "characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  "
@@ -164,7 +164,7 @@ def test_item17_key_and_value_validation_messages() -> None:
     assert parse_label_selector("example.com/a-b_c.d=x").matches({"example.com/a-b_c.d": "x"})
 
 
-def test_item17_exact_for_index_lookups() -> None:
+def test_exact_for_index_lookups() -> None:
     assert parse_label_selector("app=web,tier!=db").exact("app") == "web"
     assert parse_label_selector("app in (web)").exact("app") == "web"
     assert parse_label_selector("app in (web,api)").exact("app") is None
@@ -264,7 +264,7 @@ def _model(req: str, labels: dict[str, str]) -> bool:
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(_requirement, max_size=4), _labels)
-def test_item17_property_round_trip_and_matching(reqs: list[str], labels: dict[str, str]) -> None:
+def test_property_round_trip_and_matching(reqs: list[str], labels: dict[str, str]) -> None:
     text = ",".join(reqs)
     sel = parse_label_selector(text)
     again = parse_label_selector(str(sel))
@@ -275,7 +275,7 @@ def test_item17_property_round_trip_and_matching(reqs: list[str], labels: dict[s
 
 @settings(max_examples=200, deadline=None)
 @given(_key, st.lists(_value, min_size=1, max_size=3, unique=True), _labels)
-def test_item17_property_negations_match_missing_keys(
+def test_property_negations_match_missing_keys(
     key: str, values: list[str], labels: dict[str, str]
 ) -> None:
     labels.pop(key, None)
@@ -290,7 +290,7 @@ _grammar_text = st.text(alphabet=st.sampled_from(list("ab/.-_=!(), \tin<>0\\x"))
 
 @settings(max_examples=500, deadline=None)
 @given(st.one_of(st.text(max_size=40), _grammar_text))
-def test_item17_property_never_crashes(text: str) -> None:
+def test_label_selector_parsing_never_crashes(text: str) -> None:
     try:
         sel = parse_label_selector(text)
     except StatusError as e:
@@ -324,7 +324,7 @@ def _pod(**over: object) -> dict[str, object]:
     return pod
 
 
-def test_item18_operators_and_and() -> None:
+def test_operators_and_and() -> None:
     sel = parse_field_selector("status.phase=Running,spec.nodeName==n1", POD)
     assert sel.matches(_pod())
     assert not sel.matches(_pod(spec={"nodeName": "n2"}))
@@ -335,7 +335,7 @@ def test_item18_operators_and_and() -> None:
     assert parse_field_selector("", POD).empty and parse_field_selector(",,", POD).empty
 
 
-def test_item18_missing_fields_read_as_empty() -> None:
+def test_missing_fields_read_as_empty() -> None:
     pending = {"metadata": {"name": "p", "namespace": "ns"}, "spec": {}, "status": {}}
     assert parse_field_selector("spec.nodeName=", POD).matches(pending)
     assert parse_field_selector("spec.nodeName!=", POD).matches(_pod())
@@ -343,14 +343,14 @@ def test_item18_missing_fields_read_as_empty() -> None:
     assert field_value({"spec": {"hostNetwork": True}}, POD, "spec.hostNetwork") == "true"
 
 
-def test_item18_pod_ip_fields() -> None:
+def test_pod_ip_fields() -> None:
     assert field_value(_pod(), POD, "status.podIP") == "10.0.0.1"
     assert field_value({"status": {"podIP": "10.0.0.9"}}, POD, "status.podIP") == "10.0.0.9"
     # Accepted by the conversion but not in upstream's pod field set: always "".
     assert field_value(_pod(), POD, "status.podIPs") == ""
 
 
-def test_item18_backslash_escapes() -> None:
+def test_backslash_escapes() -> None:
     sel = parse_field_selector(r"metadata.name=a\,b\=c\\d", CM)
     assert sel.requirements == [("metadata.name", "=", "a,b=c\\d")]
     assert sel.matches({"metadata": {"name": "a,b=c\\d"}})
@@ -368,11 +368,11 @@ def test_item18_backslash_escapes() -> None:
         ("spec.foo=x", "field label not supported: spec.foo"),
     ],
 )
-def test_item18_pod_errors(text: str, message: str) -> None:
+def test_pod_errors(text: str, message: str) -> None:
     assert bad(parse_field_selector, text, POD) == message
 
 
-def test_item18_unsupported_field_messages_by_kind() -> None:
+def test_unsupported_field_messages_by_kind() -> None:
     # Kinds without a registered conversion use the default one's message.
     assert bad(parse_field_selector, "foo.bar=baz", CM) == (
         '"foo.bar" is not a known field selector: only "metadata.name", "metadata.namespace"'
@@ -395,7 +395,7 @@ def test_item18_unsupported_field_messages_by_kind() -> None:
     )
 
 
-def test_item18_supported_fields_per_kind() -> None:
+def test_supported_fields_per_kind() -> None:
     for text in (
         "spec.nodeName=a",
         "spec.restartPolicy=a",
@@ -421,11 +421,11 @@ def test_item18_supported_fields_per_kind() -> None:
     parse_field_selector("metadata.name=a,metadata.namespace=b", CM)
 
 
-def test_item18_spec_host_alias() -> None:
+def test_spec_host_alias() -> None:
     assert parse_field_selector("spec.host=n1", POD).requirements == [("spec.nodeName", "=", "n1")]
 
 
-def test_item18_field_values_of_other_kinds() -> None:
+def test_field_values_of_other_kinds() -> None:
     ev = {
         "metadata": {"name": "e", "namespace": "ns"},
         "involvedObject": {"kind": "Pod", "name": "p1"},
@@ -447,7 +447,7 @@ def test_item18_field_values_of_other_kinds() -> None:
     assert field_value({"metadata": {"name": "n", "namespace": "x"}}, NODE, "metadata.namespace") == ""
 
 
-def test_item18_custom_resource_selectable_fields() -> None:
+def test_custom_resource_selectable_fields() -> None:
     obj = {
         "metadata": {"name": "w", "namespace": "ns"},
         "spec": {"color": "red", "size": 3, "enabled": False},
@@ -460,7 +460,7 @@ def test_item18_custom_resource_selectable_fields() -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(st.text(max_size=40), st.text(alphabet=st.sampled_from(list("ab.=!,\\ ")), max_size=20)))
-def test_item18_property_never_crashes(text: str) -> None:
+def test_field_selector_parsing_never_crashes(text: str) -> None:
     try:
         sel = parse_field_selector(text, POD)
     except StatusError as e:
@@ -474,7 +474,7 @@ def test_item18_property_never_crashes(text: str) -> None:
 # watch filtering helper
 
 
-def test_item22_matches_all() -> None:
+def test_matches_all() -> None:
     labels = parse_label_selector("app=web")
     fields = parse_field_selector("spec.nodeName=n1", POD)
     pod = _pod()

@@ -29,7 +29,7 @@ def pdb(spec: dict[str, Any], generation: int = 1, status: dict[str, Any] | None
     return {"metadata": {"name": "b", "generation": generation}, "spec": spec, "status": status or {}}
 
 
-def test_item50_min_available_counts_ready_pods() -> None:
+def test_min_available_counts_ready_pods() -> None:
     pods = [pod("a"), pod("b"), pod("c", ready=False), pod("d", phase="Succeeded")]
     st_ = pdb_status(pdb({"minAvailable": 1}), pods, NOW)
     assert st_["expectedPods"] == 3
@@ -40,13 +40,13 @@ def test_item50_min_available_counts_ready_pods() -> None:
     assert st_["conditions"][0]["reason"] == "SufficientPods"
 
 
-def test_item50_percentages_round_up() -> None:
+def test_percentages_round_up() -> None:
     pods = [pod(str(i)) for i in range(3)]
     assert pdb_status(pdb({"minAvailable": "50%"}), pods, NOW)["desiredHealthy"] == 2
     assert pdb_status(pdb({"maxUnavailable": "50%"}), pods, NOW)["desiredHealthy"] == 1
 
 
-def test_item50_recent_disruptions_reduce_allowance_until_they_expire() -> None:
+def test_recent_disruptions_reduce_allowance_until_they_expire() -> None:
     pods = [pod("a"), pod("b"), pod("c")]
     recent = (NOW - timedelta(seconds=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
     old = (NOW - timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -57,7 +57,7 @@ def test_item50_recent_disruptions_reduce_allowance_until_they_expire() -> None:
 
 
 @given(ready=st.integers(0, 20), unready=st.integers(0, 20), min_available=st.integers(0, 40))
-def test_item50_allowance_never_negative_and_never_exceeds_healthy(ready: int, unready: int,
+def test_allowance_never_negative_and_never_exceeds_healthy(ready: int, unready: int,
                                                                    min_available: int) -> None:
     pods = [pod(f"r{i}") for i in range(ready)] + [pod(f"u{i}", ready=False) for i in range(unready)]
     s = pdb_status(pdb({"minAvailable": min_available}), pods, NOW)
@@ -66,7 +66,7 @@ def test_item50_allowance_never_negative_and_never_exceeds_healthy(ready: int, u
 
 
 @pytest.mark.anyio
-async def test_item49_pod_gc_keeps_at_most_threshold_terminated_pods() -> None:
+async def test_pod_gc_keeps_at_most_threshold_terminated_pods() -> None:
     async with APIServer(terminated_pod_gc_threshold=2) as s:
         pods = s.registry.lookup("", "v1", "pods")
         assert pods is not None

@@ -63,7 +63,7 @@ def cells(table: dict[str, Any], row: int = 0) -> list[Any]:
 # Table envelope
 
 
-def test_item9_table_envelope_and_partial_object_metadata() -> None:
+def test_table_envelope_and_partial_object_metadata() -> None:
     cm = {
         "metadata": {
             "name": "c",
@@ -100,13 +100,13 @@ def test_item9_table_envelope_and_partial_object_metadata() -> None:
     assert cm == before
 
 
-def test_item9_empty_list_and_minimal_metadata() -> None:
+def test_empty_list_and_minimal_metadata() -> None:
     t = render_table(RES["Pod"], [], resource_version="5")
     assert t["metadata"] == {"resourceVersion": "5"} and t["rows"] == []
     assert len(t["columnDefinitions"]) == 9
 
 
-def test_item9_include_object_modes() -> None:
+def test_include_object_modes() -> None:
     cm = {"metadata": {"name": "c", "namespace": "ns"}, "data": {}}
     none = render_table(RES["ConfigMap"], [cm], resource_version="1", include_object="None")
     assert none["rows"][0]["object"] is None
@@ -126,7 +126,7 @@ def test_item9_include_object_modes() -> None:
     )
 
 
-def test_item9_watch_event_table() -> None:
+def test_watch_event_table() -> None:
     cm = {"metadata": {"name": "c", "namespace": "ns", "resourceVersion": "9"}, "data": {"a": "b"}}
     first = render_table_row_event(RES["ConfigMap"], cm, now=NOW)
     assert first["metadata"] == {"resourceVersion": "9"} and len(first["rows"]) == 1
@@ -135,7 +135,7 @@ def test_item9_watch_event_table() -> None:
     assert later["columnDefinitions"] is None and later["rows"] == first["rows"]
 
 
-def test_item9_default_convertor_name_and_created_at() -> None:
+def test_default_convertor_name_and_created_at() -> None:
     role = {"metadata": {"name": "r", "creationTimestamp": "2024-03-04T05:06:07.123456+02:00"}}
     t = render_table(RES["Role"], [role, {"metadata": {"name": "bare"}}], resource_version="1", now=NOW)
     assert names(t) == ["Name", "Created At"]
@@ -148,7 +148,7 @@ def test_item9_default_convertor_name_and_created_at() -> None:
 # Custom resources
 
 
-def test_item9_crd_without_columns_gets_age() -> None:
+def test_crd_without_columns_gets_age() -> None:
     obj = {"metadata": {"name": "team-a", "namespace": "ns", "creationTimestamp": ts(timedelta(hours=3))}}
     t = render_table(crd_info(), [obj], resource_version="3", now=NOW)
     assert names(t) == ["Name", "Age"]
@@ -156,7 +156,7 @@ def test_item9_crd_without_columns_gets_age() -> None:
     assert cells(t) == ["team-a", "3h"]
 
 
-def test_item9_crd_printer_columns_typed_cells() -> None:
+def test_crd_printer_columns_typed_cells() -> None:
     columns: list[dict[str, Any]] = [
         {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
         {"name": "Pods", "type": "integer", "jsonPath": ".status.pods", "priority": 1},
@@ -207,7 +207,7 @@ def test_item9_crd_printer_columns_typed_cells() -> None:
     ]
 
 
-def test_item9_crd_cells_of_wrong_type_are_null() -> None:
+def test_crd_cells_of_wrong_type_are_null() -> None:
     columns = [
         {"name": "N", "type": "integer", "jsonPath": ".spec.n"},
         {"name": "B", "type": "boolean", "jsonPath": ".spec.n"},
@@ -246,7 +246,7 @@ def _running(name: str, ready: bool = True, restarts: int = 0, **extra: Any) -> 
     return {"name": name, "ready": ready, "restartCount": restarts, "state": {"running": {}}, **extra}
 
 
-def test_item9_pod_running_ready() -> None:
+def test_pod_running_ready() -> None:
     pod = _pod(
         containerStatuses=[_running("a"), _running("b", ready=False)],
         conditions=[{"type": "Ready", "status": "False"}],
@@ -268,7 +268,7 @@ def test_item9_pod_running_ready() -> None:
     assert "conditions" not in t["rows"][0]
 
 
-def test_item9_pod_waiting_reason_and_restarts_age() -> None:
+def test_pod_waiting_reason_and_restarts_age() -> None:
     crashing = {
         "name": "a",
         "ready": False,
@@ -284,7 +284,7 @@ def test_item9_pod_waiting_reason_and_restarts_age() -> None:
     ]
 
 
-def test_item9_pod_pending_unscheduled() -> None:
+def test_pod_pending_unscheduled() -> None:
     pod = {
         "metadata": {"name": "p"},
         "spec": {"containers": [{"name": "a"}]},
@@ -306,7 +306,7 @@ def test_item9_pod_pending_unscheduled() -> None:
     ]
 
 
-def test_item9_pod_terminating_and_terminal() -> None:
+def test_pod_terminating_and_terminal() -> None:
     pod = _pod(containerStatuses=[_running("a"), _running("b")])
     pod["metadata"]["deletionTimestamp"] = ts(timedelta(seconds=1))
     assert cells(render_table(RES["Pod"], [pod], resource_version="1", now=NOW))[2] == "Terminating"
@@ -338,7 +338,7 @@ def test_item9_pod_terminating_and_terminal() -> None:
     assert row["cells"][2] == "Signal:9" and row["conditions"][0]["reason"] == "Failed"
 
 
-def test_item9_pod_init_containers_and_sidecars() -> None:
+def test_pod_init_containers_and_sidecars() -> None:
     pod = _pod(
         phase="Pending",
         initContainerStatuses=[{"name": "init", "state": {"waiting": {"reason": "PodInitializing"}}}],
@@ -361,7 +361,7 @@ def test_item9_pod_init_containers_and_sidecars() -> None:
     ]
 
 
-def test_item9_pod_readiness_gates_and_nominated_node() -> None:
+def test_pod_readiness_gates_and_nominated_node() -> None:
     pod = _pod(nominatedNodeName="n9", conditions=[{"type": "example.com/lb", "status": "True"}])
     pod["spec"]["readinessGates"] = [{"conditionType": "example.com/lb"}, {"conditionType": "example.com/x"}]
     assert cells(render_table(RES["Pod"], [pod], resource_version="1", now=NOW))[7:] == ["n9", "1/2"]
@@ -371,7 +371,7 @@ def test_item9_pod_readiness_gates_and_nominated_node() -> None:
 # Other built-in printers
 
 
-def test_item9_node_status_roles_version() -> None:
+def test_node_status_roles_version() -> None:
     node = {
         "metadata": {
             "name": "n1",
@@ -419,7 +419,7 @@ def test_item9_node_status_roles_version() -> None:
     ] == ["Unknown", "<none>"]
 
 
-def test_item9_namespace_secret_lease_pdb_deployment() -> None:
+def test_namespace_secret_lease_pdb_deployment() -> None:
     age = ts(timedelta(hours=30))
     ns = {"metadata": {"name": "team-a", "creationTimestamp": age}, "status": {"phase": "Terminating"}}
     assert cells(render_table(RES["Namespace"], [ns], resource_version="1", now=NOW)) == [
@@ -471,7 +471,7 @@ def test_item9_namespace_secret_lease_pdb_deployment() -> None:
     ]
 
 
-def test_item9_event_columns() -> None:
+def test_event_columns() -> None:
     ev = {
         "metadata": {"name": "p.123"},
         "type": "Warning",
@@ -673,8 +673,7 @@ def fake_apiserver() -> Iterator[str]:
         loop.close()
 
 
-@pytest.mark.skipif(KUBECTL is None, reason="kubectl not installed")
-def test_item9_real_kubectl_prints_tables(fake_apiserver: str, tmp_path: Path) -> None:
+def test_real_kubectl_prints_tables(fake_apiserver: str, tmp_path: Path) -> None:
     kubeconfig = tmp_path / "config"
     kubeconfig.write_text(
         "apiVersion: v1\nkind: Config\ncurrent-context: c\n"

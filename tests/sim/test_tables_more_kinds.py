@@ -810,7 +810,6 @@ MANIFESTS = [
 ]
 
 
-@pytest.mark.skipif(not KUBECTL.exists(), reason="kubectl not installed")
 def test_real_kubectl_prints_services_replica_sets_cron_jobs(tls_apiserver: RunningServer) -> None:
     kubectl(tls_apiserver, "apply", "-f", "-", stdin="\n---\n".join(json.dumps(m) for m in MANIFESTS))
     blocks = [b.splitlines() for b in kubectl(tls_apiserver, "get", "svc,rs,cj", "-o", "wide").strip().split("\n\n")]

@@ -377,7 +377,6 @@ async def test_no_duplicate_pods_under_concurrent_wakeups(env: Env) -> None:
 
 
 @pytest.mark.anyio
-@pytest.mark.skipif(KUBECTL is None, reason="kubectl not installed")
 async def test_kubectl_sees_consistent_status(env: Env, tmp_path: Path) -> None:
     await env.create("pi", parallelism=2, completions=3)
     for _ in range(3):
