@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -114,38 +114,33 @@ def _node_ready(node: Node | None) -> bool:
     return node is not None and cond.is_true(node.status.conditions, "Ready")
 
 
+@dataclass(eq=False, repr=False)
 class Autoprovisioner:
-    def __init__(
-        self,
-        client: Client,
-        groups: Informer[GPUNodeGroup],
-        nodes: Informer[Node],
-        pods: Informer[Pod],
-        recorder: EventRecorder,
-        power: PowerClient,
-        *,
-        pdbs: Informer[PodDisruptionBudget] | None = None,
-        settings: Settings | None = None,
-        clock: Callable[[], int] = wall_clock,
-    ) -> None:
-        self.client = client
-        self.groups = groups
-        self.nodes = nodes
-        self.pods = pods
-        self.pdbs = pdbs
-        self.recorder = recorder
-        self.power = power
-        self.settings = settings or Settings()
-        self.clock = clock
-        self.controller: Controller | None = None
-        """Set by `install`: decisions enqueue the group they concern at once."""
-        self._idle_mark: dict[str, int] = {}
-        self._holds: dict[str, _Hold] = {}  # group uid -> the wait after its last failed webhook call
-        self._conflicts: set[str] = set()  # groups whose status write lost to a newer version in this reconcile
-        self._pending_since: dict[str, float] = {}
-        """When this process first saw each pending pod Unschedulable (monotonic), for DECISION_SECONDS."""
-        groups.add_index(INDEX_GROUP_NODE, lambda g: (g.spec.node_name,) if g.spec.node_name else ())
-        pods.add_index(INDEX_UNSCHEDULABLE, unschedulable)  # plan() reads demand from it, never from every pod
+    """Decides and performs power transitions for GPUNodeGroups. `controller` is set by `install`: decisions
+    enqueue the group they concern at once."""
+
+    client: Client
+    groups: Informer[GPUNodeGroup]
+    nodes: Informer[Node]
+    pods: Informer[Pod]
+    recorder: EventRecorder
+    power: PowerClient
+    _: KW_ONLY
+    pdbs: Informer[PodDisruptionBudget] | None = None
+    settings: Settings = field(default_factory=Settings)
+    clock: Callable[[], int] = wall_clock
+    controller: Controller | None = field(default=None, init=False)
+    _idle_mark: dict[str, int] = field(default_factory=dict, init=False)
+    _holds: dict[str, _Hold] = field(default_factory=dict, init=False)
+    """Group uid -> the wait after its last failed webhook call."""
+    _conflicts: set[str] = field(default_factory=set, init=False)
+    """Groups whose status write lost to a newer version in this reconcile."""
+    _pending_since: dict[str, float] = field(default_factory=dict, init=False)
+    """When this process first saw each pending pod Unschedulable (monotonic), for DECISION_SECONDS."""
+
+    def __post_init__(self) -> None:
+        self.groups.add_index(INDEX_GROUP_NODE, lambda g: (g.spec.node_name,) if g.spec.node_name else ())
+        self.pods.add_index(INDEX_UNSCHEDULABLE, unschedulable)  # plan() reads demand from it, never every pod
 
     # ------------------------------------------------------------------------------------------ mappers
 

@@ -67,7 +67,7 @@ def install(
     recorder = EventRecorder(manager.client, COMPONENT)
     client = power or PowerClient()
     reconciler = Autoprovisioner(manager.client, groups, nodes, pods, recorder, client, pdbs=pdbs,
-                                 settings=settings, clock=clock)
+                                 settings=settings or Settings(), clock=clock)
     controller = Controller(CONTROLLER_NAME, reconciler.reconcile, client=manager.client, **controller_options)
     controller.watch(groups, reconciler.map_group, predicates=[Predicate(update=_spec_or_meta_changed)])
     controller.watch(nodes, reconciler.map_node, predicates=[resource_version_changed()])

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from fractions import Fraction
 
 import msgspec
@@ -103,37 +103,32 @@ def _key(budget: GPUWorkloadBudget) -> str:
     return f"{budget.metadata.namespace}/{budget.metadata.name}"
 
 
+@dataclass(eq=False, repr=False)
 class BudgetReconciler:
     """Reconciles budgets; see the module docstring. `controller` is set by `setup` (for delayed enqueues)."""
 
-    def __init__(
-        self,
-        client: Client,
-        pods: Informer[Pod],
-        budgets: Informer[GPUWorkloadBudget],
-        jobs: Informer[Job],
-        enforcer: Enforcer,
-        *,
-        clock: Callable[[], int] = wall_clock,
-        options: Options | None = None,
-    ) -> None:
-        self.client = client
-        self.pods = pods
-        self.budgets = budgets
-        self.jobs = jobs
-        self.enforcer = enforcer
-        self.clock = clock
-        self.options = options or Options()
-        self.controller: Controller | None = None
-        for inf in (pods, budgets, jobs):
+    client: Client
+    pods: Informer[Pod]
+    budgets: Informer[GPUWorkloadBudget]
+    jobs: Informer[Job]
+    enforcer: Enforcer
+    _: KW_ONLY
+    clock: Callable[[], int] = wall_clock
+    options: Options = field(default_factory=Options)
+    controller: Controller | None = field(default=None, init=False)
+    _specs: SpecCache = field(default_factory=SpecCache, init=False)
+    _selection: Selection = field(init=False)
+    _departed: dict[str, Departed] = field(default_factory=dict, init=False)
+    _facts: dict[str, PodFacts] = field(default_factory=dict, init=False)
+    _snapshots: dict[tuple[str, str], Snapshot] = field(default_factory=dict, init=False)
+    _ledgers: dict[str, LedgerMemo] = field(default_factory=dict, init=False)
+    """Budget key -> its ledger entries, parsed and formatted."""
+
+    def __post_init__(self) -> None:
+        for inf in (self.pods, self.budgets, self.jobs):
             inf.add_index(INDEX_NAMESPACE, by_namespace)
-        self._specs = SpecCache()
-        self._selection = Selection(pods, budgets, self.spec_of)
-        self._departed: dict[str, Departed] = {}
-        self._facts: dict[str, PodFacts] = {}
-        self._snapshots: dict[tuple[str, str], Snapshot] = {}
-        self._ledgers: dict[str, LedgerMemo] = {}  # budget key -> its ledger entries, parsed and formatted
-        enforcer.on_stop = self._stop_counting
+        self._selection = Selection(self.pods, self.budgets, self.spec_of)
+        self.enforcer.on_stop = self._stop_counting
 
     def spec_of(self, budget: GPUWorkloadBudget) -> ParsedSpec | SpecError:
         """The checked spec, parsed once per generation."""

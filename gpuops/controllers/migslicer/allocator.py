@@ -30,6 +30,7 @@ import contextlib
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import KW_ONLY, dataclass, field
 
 import msgspec
 import structlog
@@ -124,36 +125,31 @@ def requested_profiles(pod: Pod) -> list[str]:
     return out
 
 
+@dataclass(eq=False, repr=False)
 class Allocator:
-    def __init__(
-        self,
-        client: Client,
-        pods: Informer[Pod],
-        nodes: Informer[Node],
-        mig_nodes: Informer[MigNode],
-        claims: Informer[AllocationClaim],
-        recorder: EventRecorder,
-        *,
-        settings: Settings | None = None,
-        clock: Callable[[], int] = wall_clock,
-    ) -> None:
-        self.client = client
-        self.pods = pods
-        self.nodes = nodes
-        self.mig_nodes = mig_nodes
-        self.claims = claims
-        self.recorder = recorder
-        self.settings = settings or Settings()
-        self.clock = clock
-        self.controller: Controller | None = None
-        # claims created by this process that the cache may not show yet: planning counts them, so two pods
-        # planned back to back never get the same slice
-        self._reserved: dict[str, AllocationClaim] = {}
-        self._seen_waiting: dict[tuple[str, str], int] = {}  # pod key -> when first seen gated (the metric)
-        # (node, pod uid) -> (profiles, when) of pods whose slices this process asked to offer, until they start:
-        # the cache may not show our annotation yet, and two pods offered at once would get each other's slices
-        self._advertising: dict[tuple[str, str], tuple[set[str], str]] = {}
-        self._refused_seen: dict[str, str] = {}  # MigNode name -> why its report is not planned on (Event once)
+    """Plans MIG slices for gated pods and lifts their gate once the slices are offered. `controller` is set by
+    `install`, for delayed enqueues."""
+
+    client: Client
+    pods: Informer[Pod]
+    nodes: Informer[Node]
+    mig_nodes: Informer[MigNode]
+    claims: Informer[AllocationClaim]
+    recorder: EventRecorder
+    _: KW_ONLY
+    settings: Settings = field(default_factory=Settings)
+    clock: Callable[[], int] = wall_clock
+    controller: Controller | None = field(default=None, init=False)
+    _reserved: dict[str, AllocationClaim] = field(default_factory=dict, init=False)
+    """Claims created by this process that the cache may not show yet: planning counts them, so two pods planned
+    back to back never get the same slice."""
+    _seen_waiting: dict[tuple[str, str], int] = field(default_factory=dict, init=False)
+    """Pod key -> when first seen gated (the metric)."""
+    _advertising: dict[tuple[str, str], tuple[set[str], str]] = field(default_factory=dict, init=False)
+    """(node, pod uid) -> (profiles, when) of pods whose slices this process asked to offer, until they start: the
+    cache may not show our annotation yet, and two pods offered at once would get each other's slices."""
+    _refused_seen: dict[str, str] = field(default_factory=dict, init=False)
+    """MigNode name -> why its report is not planned on (Event once)."""
 
     # ------------------------------------------------------------------------------------------ mapping
 

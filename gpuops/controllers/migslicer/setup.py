@@ -74,7 +74,8 @@ def install(
     claims.add_index(INDEX_CLAIMS_BY_POD, claims_by_pod)
     claims.add_index(INDEX_CLAIMS_BY_NODE, claims_by_node)
     recorder = EventRecorder(manager.client, COMPONENT)
-    allocator = Allocator(manager.client, pods, nodes, mig_nodes, claims, recorder, settings=settings, clock=clock)
+    allocator = Allocator(manager.client, pods, nodes, mig_nodes, claims, recorder, settings=settings or Settings(),
+                          clock=clock)
     # one worker: plans see each other's claims at once (the in-process reservations), never the same slice
     controller = Controller(CONTROLLER_NAME, allocator.reconcile, client=manager.client,
                             **{"max_concurrent_reconciles": 1, **controller_options})

@@ -20,7 +20,7 @@ import base64
 import random
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -141,39 +141,38 @@ class Step:
         self.events.append((type, reason, message))
 
 
+@dataclass(eq=False, repr=False)
 class SpotPoolReconciler:
-    def __init__(
-        self,
-        client: Client,
-        pools: Informer[SpotPool],
-        nodes: Informer[Node],
-        pods: Informer[Pod],
-        recorder: EventRecorder,
-        *,
-        settings: Settings | None = None,
-        clock: Callable[[], int] = wall_clock,
-        provider_factory: Callable[[str, ProviderConfig], Provider] = make_provider,
-    ) -> None:
-        self.client = client
-        self.pools = pools
-        self.nodes = nodes
-        self.pods = pods
-        self.recorder = recorder
-        self.settings = settings or Settings()
-        self.clock = clock
-        self.provider_factory = provider_factory
-        self.controller: Controller | None = None
-        # one provider per account (provider, endpoint, region, Secret version), shared by the pools using it, so
-        # their calls share its rate-limit buckets as they share the cloud's limit
-        self._providers: dict[tuple[Any, ...], Provider] = {}
-        self._uses: dict[str, tuple[Any, ...]] = {}  # pool -> the account it uses
-        self._owner_of: dict[str, str] = {}  # instance id -> pool, for node events before the node is labelled
-        self._doomed: set[str] = set()  # instances seen under a reclaim notice or leaving
-        self._awaiting: dict[str, float] = {}  # of those, not replaced yet -> monotonic time first seen
-        self._bad_keys: dict[str, tuple[tuple[Any, ...], float]] = {}  # pool -> (refused fingerprint, when)
-        self._retry_at: dict[str, int] = {}  # pool -> when its pending launch may be resent (microseconds)
-        self._failures: dict[str, int] = {}  # pool -> cloud calls failed in a row (the retry backs off on it)
-        self._rng = random.Random()
+    """Keeps each SpotPool between its bounds. `controller` is set by `install`, for delayed enqueues."""
+
+    client: Client
+    pools: Informer[SpotPool]
+    nodes: Informer[Node]
+    pods: Informer[Pod]
+    recorder: EventRecorder
+    _: KW_ONLY
+    settings: Settings = field(default_factory=Settings)
+    clock: Callable[[], int] = wall_clock
+    provider_factory: Callable[[str, ProviderConfig], Provider] = make_provider
+    controller: Controller | None = field(default=None, init=False)
+    _providers: dict[tuple[Any, ...], Provider] = field(default_factory=dict, init=False)
+    """One provider per account (provider, endpoint, region, Secret version), shared by the pools using it, so
+    their calls share its rate-limit buckets as they share the cloud's limit."""
+    _uses: dict[str, tuple[Any, ...]] = field(default_factory=dict, init=False)
+    """Pool -> the account it uses."""
+    _owner_of: dict[str, str] = field(default_factory=dict, init=False)
+    """Instance id -> pool, for node events before the node is labelled."""
+    _doomed: set[str] = field(default_factory=set, init=False)
+    """Instances seen under a reclaim notice or leaving."""
+    _awaiting: dict[str, float] = field(default_factory=dict, init=False)
+    """Of those, the ones not replaced yet -> monotonic time first seen."""
+    _bad_keys: dict[str, tuple[tuple[Any, ...], float]] = field(default_factory=dict, init=False)
+    """Pool -> (refused fingerprint, when)."""
+    _retry_at: dict[str, int] = field(default_factory=dict, init=False)
+    """Pool -> when its pending launch may be resent (microseconds)."""
+    _failures: dict[str, int] = field(default_factory=dict, init=False)
+    """Pool -> cloud calls failed in a row (the retry backs off on it)."""
+    _rng: random.Random = field(default_factory=random.Random, init=False)
 
     # ------------------------------------------------------------------------------------------ event mapping
 

@@ -70,8 +70,8 @@ def install(
     nodes.add_index(nd.INDEX_INSTANCE, nd.nodes_by_instance)
     pools = manager.informer(POOLS)
     recorder = EventRecorder(manager.client, COMPONENT)
-    reconciler = SpotPoolReconciler(manager.client, pools, nodes, pods, recorder, settings=settings, clock=clock,
-                                    provider_factory=provider_factory)
+    reconciler = SpotPoolReconciler(manager.client, pools, nodes, pods, recorder, settings=settings or Settings(),
+                                    clock=clock, provider_factory=provider_factory)
     controller = Controller(CONTROLLER_NAME, reconciler.reconcile, client=manager.client, **controller_options)
     controller.watch(pools, reconciler.map_pool, predicates=[Predicate(update=_spec_or_meta_changed)])
     controller.watch(nodes, reconciler.map_node, predicates=[Predicate(update=_node_changed)])

@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -76,36 +76,34 @@ class AgentSettings:
     backend_name: str = "nvml"
 
 
+@dataclass(eq=False, repr=False)
 class NodeAgent:
-    def __init__(
-        self,
-        client: Client,
-        node: str,
-        backend: MigBackend,
-        claims: Informer[AllocationClaim],
-        *,
-        plugin_dir: str | Path | None = None,
-        settings: AgentSettings | None = None,
-        clock: Callable[[], int] = wall_clock,
-    ) -> None:
-        self.client = client
-        self.node = node
-        self.backend = backend
-        self.claims = claims
-        self.plugin_dir = Path(plugin_dir) if plugin_dir is not None else None
-        self.settings = settings or AgentSettings()
-        self.clock = clock
-        self.request = Request("", node)
-        self.plugins: dict[str, DevicePluginServer] = {}
-        self._offered: dict[str, list[str]] = {}  # resource -> device UUIDs listed by its plugin
-        self._orphans: dict[tuple[str, int], float] = {}  # (gpu, start) -> monotonic time first seen unclaimed
-        self._published: MigNodeStatus | None = None
-        self._published_at = 0.0
-        self.held: str | None = None
-        """The operator's ConflictDetected message while another MIG manager owns the node's geometry, else None."""
-        self.held_at: float | None = None
-        """When (monotonic) a reconcile last left the slices alone because of `held`."""
-        self._lock = asyncio.Lock()
+    """Makes one node's MIG slices match its claims, offers them to the kubelet, and reports the node."""
+
+    client: Client
+    node: str
+    backend: MigBackend
+    claims: Informer[AllocationClaim]
+    _: KW_ONLY
+    plugin_dir: Path | None = None
+    settings: AgentSettings = field(default_factory=AgentSettings)
+    clock: Callable[[], int] = wall_clock
+    request: Request = field(init=False)
+    plugins: dict[str, DevicePluginServer] = field(default_factory=dict, init=False)
+    _offered: dict[str, list[str]] = field(default_factory=dict, init=False)
+    """Resource -> device UUIDs listed by its plugin."""
+    _orphans: dict[tuple[str, int], float] = field(default_factory=dict, init=False)
+    """(gpu, start) -> monotonic time first seen unclaimed."""
+    _published: MigNodeStatus | None = field(default=None, init=False)
+    _published_at: float = field(default=0.0, init=False)
+    held: str | None = field(default=None, init=False)
+    """The operator's ConflictDetected message while another MIG manager owns the node's geometry, else None."""
+    held_at: float | None = field(default=None, init=False)
+    """When (monotonic) a reconcile last left the slices alone because of `held`."""
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
+
+    def __post_init__(self) -> None:
+        self.request = Request("", self.node)
 
     def map_claim(self, _claim: AllocationClaim) -> list[Request]:
         return [self.request]
@@ -353,7 +351,8 @@ def install(manager: Manager, node: str, backend: MigBackend, *, plugin_dir: str
             settings: AgentSettings | None = None) -> NodeAgent:
     """The agent under a Manager of its own (every node runs one: no leader election)."""
     claims = manager.informer(CLAIMS, namespace=None, label_selector=f"{NODE_LABEL}={node}")
-    agent = NodeAgent(manager.client, node, backend, claims, plugin_dir=plugin_dir, settings=settings)
+    plugins = None if plugin_dir is None else Path(plugin_dir)
+    agent = NodeAgent(manager.client, node, backend, claims, plugin_dir=plugins, settings=settings or AgentSettings())
     controller = Controller("mig-agent", agent.reconcile, client=manager.client, max_concurrent_reconciles=1)
     controller.watch(claims, agent.map_claim)
     manager.add(controller)
