@@ -24,8 +24,10 @@ CONTROLLER_PACKAGES = sorted(p.name for p in (PRODUCT / "controllers").iterdir()
                              if p.is_dir() and (p / "__init__.py").exists())
 LISTS = {"gpuops.controllers.registry", "gpuops.controllers.crds"}
 TOP_LEVEL_SHARED = {"gpuops", "gpuops.logs"}  # the package's version and metric defaults; structured logging
-ACCOUNTING_STDLIB = {"__future__", "collections", "dataclasses", "decimal", "enum", "fractions", "functools",
-                     "heapq", "bisect", "itertools", "math", "operator", "re", "types", "typing"}
+ACCOUNTING_STDLIB = {"__future__", "collections", "dataclasses", "datetime", "decimal", "enum", "fractions",
+                     "functools", "heapq", "bisect", "itertools", "math", "operator", "re", "types", "typing"}
+CLOCK_READS = {"now", "utcnow", "today", "time", "monotonic", "perf_counter"}
+"""Calls that read a clock (datetime's among them): accounting takes `now` as an argument."""
 
 
 def _module_name(path: Path, root: Path = ROOT) -> str:
@@ -111,6 +113,19 @@ def test_each_layer_imports_only_what_it_may(layer: str) -> None:
 
 def test_the_product_never_imports_the_emulator() -> None:
     assert _violations(PRODUCT, lambda m, name: not _within(name, "gpuops_sim")) == []
+
+
+def clock_reads(folder: Path) -> list[str]:
+    return [f"{path.name}:{node.lineno}" for path in _sources(folder)
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in CLOCK_READS]
+
+
+def test_accounting_reads_no_clock(tmp_path: Path) -> None:
+    """datetime is allowed for calendar arithmetic; its clock is not."""
+    assert clock_reads(PRODUCT / "accounting") == []
+    (tmp_path / "probe.py").write_text("import datetime\nx = datetime.datetime.now()\ny = datetime.date.today()\n")
+    assert len(clock_reads(tmp_path)) == 2
 
 
 @pytest.mark.parametrize(("folder", "text"), [
