@@ -49,6 +49,13 @@ window) changes on [now, next_change), apart from the continuous accrual of the 
 `exhausted_at` is the first microsecond at which over-quota becomes true in that same known future. Unlike a
 plain "remaining / burn rate" it accounts for usage sliding out of the window, so a steady load that plateaus
 below the quota never exhausts it (None); with a window longer than the horizon the two agree.
+
+Periods. A calendar period `[start, end)` is a window whose trailing edge stays at `start` while `now` moves
+through the period: at `now` it is the window of length `now - start` (empty at `start`), and nothing leaves
+it before `end`, where the next period begins with nothing counted. `period_usage` gives its answer: the
+consumption, error bound and members are the window's; the consumption only grows until `end`, so
+`exhausted_at` is the first microsecond the known future reaches the quota before `end` (None if it does not),
+and `next_change` is at the latest `end`.
 """
 
 from __future__ import annotations
@@ -76,6 +83,7 @@ __all__ = [
     "format_gpu_hours",
     "gpu_hours",
     "late_error_bound",
+    "period_usage",
     "record",
     "window_usage",
 ]
@@ -105,9 +113,10 @@ def _gpus(value: object, what: str) -> Fraction:
 
 
 def _window(value: object) -> int:
+    """A window length; 0 is the empty window (a calendar period at its first instant)."""
     window = _instant(value, "window")
-    if window <= 0:
-        raise IntervalError(f"window must be > 0 microseconds, got {window}")
+    if window < 0:
+        raise IntervalError(f"window must be >= 0 microseconds, got {window}")
     return window
 
 
@@ -415,6 +424,80 @@ def window_usage(
         + late_error_bound(records, now=now, window=window),
         pods_in_window=edges.members,
     )
+
+
+def period_usage(
+    live: Iterable[Interval],
+    ledger: Ledger = Ledger(),  # noqa: B008 - immutable frozen Struct
+    *,
+    now: int,
+    start: int,
+    end: int,
+    quota: Fraction | int,
+) -> Usage:
+    """Consumption in the period `[start, end)` up to `now` against `quota` GPU-hours (see Periods above)."""
+    now, start, end = _instant(now, "now"), _instant(start, "start"), _instant(end, "end")
+    if not start <= now < end:
+        raise IntervalError(f"now must lie in the period [start, end), got {now} outside [{start}, {end})")
+    quota_micros = _gpus(quota, "quota") * MICROS_PER_HOUR
+    if not isinstance(ledger, Ledger):
+        raise AccountingError(f"ledger must be a Ledger, got {ledger!r}")
+    records = list(_winners(live, ledger).values())
+    scaled = _on_common_scale(records, ledger.buckets, quota_micros)
+    edges = _sweep(scaled.spans, scaled.steps, now, now - start)
+    used, quota_scaled, scale = edges.used, scaled.quota, scaled.scale
+    slopes, jumps = _period_breakpoints(scaled.spans, scaled.steps, now, end)
+    over = used >= quota_scaled
+    exhausted = None if over else _walk(slopes, jumps, now, used, edges.burn, quota_scaled)
+    flips = [] if over or edges.burn <= 0 else [now - (used - quota_scaled) // edges.burn]
+    per_hour = scale * MICROS_PER_HOUR
+    return Usage(
+        consumed=Fraction(used, per_hour),
+        remaining=max(Fraction(0), Fraction(quota_scaled - used, per_hour)),
+        over_quota=over,
+        burn_rate=Fraction(edges.burn, scale),
+        exhausted_at=exhausted if exhausted is not None and exhausted < end else None,
+        next_change=min([end, *slopes, *flips]),
+        error_bound=compaction_error_bound(ledger, now=now, window=now - start)
+        + late_error_bound(records, now=now, window=now - start),
+        pods_in_window=edges.members,
+    )
+
+
+def _period_breakpoints(
+    spans: list[_Span], steps: list[_Step], now: int, end: int
+) -> tuple[dict[int, int], dict[int, int]]:
+    """Slope changes (records starting or ending) and jumps (buckets entering) inside `(now, end)` of a period
+    (its trailing edge stays put, so nothing leaves)."""
+    slopes: dict[int, int] = {}
+    for first, last, gpus in spans:
+        if now < first < end:
+            slopes[first] = slopes.get(first, 0) + gpus
+        if last is not None and now < last < end:
+            slopes[last] = slopes.get(last, 0) - gpus
+    jumps: dict[int, int] = {}
+    for first, _, micros in steps:
+        if now < first + 1 < end:
+            jumps[first + 1] = jumps.get(first + 1, 0) + micros
+            slopes.setdefault(first + 1, 0)
+    return slopes, jumps
+
+
+def _walk(slopes: dict[int, int], jumps: dict[int, int], now: int, used: int, slope: int, quota: int) -> int | None:
+    """The first microsecond the consumption, moving along `slope` and changing at the breakpoints, reaches
+    `quota`; None if it never does after the last breakpoint."""
+    t, value = now, used
+    for at in sorted(slopes):
+        if slope > 0:
+            hit = t - (value - quota) // slope  # t + ceil((quota - value) / slope)
+            if hit < at:
+                return hit
+        value += slope * (at - t) + jumps.get(at, 0)
+        slope += slopes[at]
+        t = at
+        if value >= quota:
+            return t
+    return t - (value - quota) // slope if slope > 0 else None
 
 
 class _Scaled(NamedTuple):

@@ -259,7 +259,7 @@ BAD_INPUT = [
         AccountingError,
         r"Ledger\.entries must hold LedgerEntry values",
     ),
-    (lambda: gpu_hours([], now=0, window=0), IntervalError, r"window must be > 0 microseconds, got 0"),
+    (lambda: gpu_hours([], now=0, window=-1), IntervalError, r"window must be >= 0 microseconds, got -1"),
     (lambda: gpu_hours([], now=0.0, window=1), AccountingError, r"^now must be an int"),  # type: ignore[arg-type]
     (
         lambda: gpu_hours([le("x", 0, 1)], now=0, window=1),  # type: ignore[list-item]
