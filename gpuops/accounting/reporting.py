@@ -34,7 +34,8 @@ from fractions import Fraction
 import msgspec
 
 from gpuops.accounting.errors import AccountingError
-from gpuops.accounting.gpuhours import Interval, Ledger, Usage, window_usage
+from gpuops.accounting.gpuhours import Interval, Ledger, Usage
+from gpuops.accounting.windows import RollingWindow, Window, usage_in
 
 __all__ = [
     "RESOLUTION",
@@ -73,16 +74,18 @@ def reported_usage(
     ledger: Ledger = Ledger(),  # noqa: B008 - immutable frozen Struct
     *,
     now: int,
-    window: int,
+    window: Window | int,
     quota: Fraction | int,
 ) -> Usage:
-    """`window_usage` at the counting instant of `now`, its change instants rounded up to counting instants.
+    """The usage in `window` (an int: a rolling window of that many microseconds) at the counting instant of
+    `now`, its change instants rounded up to counting instants.
 
     Status, Events, the enforcement decision and metrics all call this, so the same inputs in the same second
     give them the same figure, and the over-quota answer holds on `[now, next_change)` as they see it.
     """
     at = counting_instant(now)
-    usage = window_usage(live, ledger, now=at, window=window, quota=quota)
+    shape = RollingWindow(window) if isinstance(window, int) else window
+    usage = usage_in(shape, live, ledger, now=at, quota=quota)
     exhausted, change = usage.exhausted_at, usage.next_change
     return msgspec.structs.replace(
         usage,

@@ -12,12 +12,15 @@ overQuotaSince, exhaustsAt: `gpuops.accounting.reporting`); lastEnforcement.time
 
 from __future__ import annotations
 
+import zoneinfo
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Annotated, Final, Literal
 
 import msgspec
 
+from gpuops.accounting import windows as win
+from gpuops.accounting.calendar import CALENDARS, Calendar
 from gpuops.accounting.errors import AccountingError
 from gpuops.accounting.gpuhours import MICROS_PER_HOUR
 from gpuops.accounting.quantity import parse_quantity
@@ -43,6 +46,7 @@ __all__ = [
     "Action",
     "BudgetSpec",
     "BudgetStatus",
+    "CalendarWindowSpec",
     "Enforcement",
     "GPUWorkloadBudget",
     "LastEnforcement",
@@ -55,8 +59,10 @@ __all__ = [
     "SpecError",
     "compile_selector",
     "format_time",
+    "load_zone",
     "parse_spec",
     "parse_time",
+    "parse_window",
 ]
 
 PLURAL: Final = "gpuworkloadbudgets"
@@ -68,11 +74,30 @@ PAUSED_BY: Final = "gpuops.io/paused-by"
 """`<namespace>/<budget>` on Jobs we suspended and pods we marked, so we resume only what we paused."""
 PAUSED_AT: Final = "gpuops.io/paused-at"
 
+CARRY_OVER: Final = ("None", "Unused")
+_ZONE_NAME: Final = r"^[A-Za-z0-9_+-]+(/[A-Za-z0-9_+-]+)*$"
+"""The shape of an IANA time zone name: relative, without "." or "..", so it can only name a zone."""
+
 Action = Literal["AlertOnly", "Pause", "Evict"]
 ACTIONS: Final[tuple[Action, ...]] = ("AlertOnly", "Pause", "Evict")
 
 
 # ---------------------------------------------------------------------------------------------- spec
+
+
+class CalendarWindowSpec(ApiStruct):
+    calendar: Annotated[str, crd(required=True, enum=CALENDARS)] = ""
+    """Day, Week (Monday to Sunday, ISO 8601) or Month: the budget renews at the start of each, and usage from
+    before the current one stops counting."""
+    time_zone: Annotated[str, crd(default=USE_DEFAULT, max_length=64, pattern=_ZONE_NAME)] = "UTC"
+    """The IANA time zone whose wall clock the periods follow (e.g. Europe/Berlin, America/New_York): a period
+    starts at local midnight, or where the clock jumps over midnight at the first instant after the jump. Days
+    last 23 or 25 hours across daylight saving changes."""
+    carry_over: Annotated[str, crd(default=USE_DEFAULT, enum=CARRY_OVER)] = "None"
+    """What a period left unused: None (the default) is forfeited, every period starts with the quota. Unused is
+    added to the next period's quota, at most one quota (a period never allows more than twice the quota); only
+    from a period this budget accounted (a new budget, or one whose operator missed a whole period, carries
+    nothing). status.carriedOverGpuHours shows it."""
 
 
 class Quota(ApiStruct):
@@ -84,8 +109,11 @@ class Quota(ApiStruct):
     ))] = None
     """GPU-hours allowed per window, a quantity greater than 0 ("100", "2.5", "500m"). Reaching it exactly counts
     as over quota."""
-    window_hours: Annotated[int, crd(required=True, minimum=1, maximum=8784)] = 0
-    """Length of the rolling window in hours; usage older than this stops counting."""
+    window_hours: Annotated[int | None, crd(minimum=1, maximum=8784)] = None
+    """Length of a rolling window in hours: usage older than this stops counting. Set this or `window`."""
+    window: CalendarWindowSpec | None = None
+    """A calendar window instead of a rolling one: the quota renews every day, week or month of a time zone (with
+    nothing carried over from the previous period unless `carryOver` says so). Set this or `windowHours`."""
 
 
 class Enforcement(ApiStruct):
@@ -122,8 +150,12 @@ class BudgetSpec(ApiStruct):
     """The extended resource whose effective request counts as GPUs (init containers, sidecars and pod overhead
     included, as the scheduler counts them). Use "cpu" to try budgets on a cluster without GPUs; fractional
     amounts count as fractions of a GPU."""
-    quota: Annotated[Quota, crd(required=True)] = msgspec.field(default_factory=Quota)
-    """How many GPU-hours per window."""
+    quota: Annotated[Quota, crd(required=True, rules=(
+        Rule("has(self.windowHours) != has(self.window)",
+             "set exactly one of spec.quota.windowHours (a rolling window, e.g. 24) and spec.quota.window (a "
+             "calendar period, e.g. {calendar: Month, timeZone: Europe/Berlin})"),
+    ))] = msgspec.field(default_factory=Quota)
+    """How many GPU-hours per window, and which window."""
     enforcement: Annotated[Enforcement, crd(default=USE_DEFAULT)] = msgspec.field(default_factory=Enforcement)
     """What happens once the budget is over quota."""
     accounting: Annotated[Accounting, crd(default=USE_DEFAULT)] = msgspec.field(default_factory=Accounting)
@@ -211,7 +243,8 @@ class BudgetStatus(ApiStruct):
     remaining_gpu_hours: str = ""
     """Quota minus consumption at computedAt, floored at 0, 6 decimals."""
     quota_gpu_hours: str = ""
-    """The quota in GPU-hours, 6 decimals."""
+    """The quota in GPU-hours for the current window, 6 decimals (with a calendar window, what carried over
+    included)."""
     burn_rate_gpus: str = ""
     """GPUs held by matched running pods at computedAt (consumption grows at this rate)."""
     tracked_pods: Annotated[int | None, crd(format="int32")] = None  # None until computed: 0 is written
@@ -220,6 +253,13 @@ class BudgetStatus(ApiStruct):
     """Matched pods holding GPUs now."""
     computed_at: Annotated[str | None, crd(format="date-time")] = None
     """The whole second these numbers were computed at (written only when one of them changed)."""
+    period_start: Annotated[str | None, crd(format="date-time")] = None
+    """With a calendar window: when the current period began (usage before it no longer counts)."""
+    period_end: Annotated[str | None, crd(format="date-time")] = None
+    """With a calendar window: when the current period ends and the quota renews."""
+    carried_over_gpu_hours: str | None = None
+    """With a calendar window: GPU-hours the previous period left unused that this period's quota includes
+    (quotaGpuHours is spec.quota.gpuHours plus this); 0 unless spec.quota.window.carryOver is Unused."""
     over_quota_since: Annotated[str | None, crd(format="date-time")] = None
     """Since when consumption has been at or above the quota; enforcement delays count from it."""
     exhausts_at: Annotated[str | None, crd(format="date-time")] = None
@@ -239,8 +279,8 @@ class BudgetStatus(ApiStruct):
 
 class GPUWorkloadBudget(CustomObject):
     """GPUWorkloadBudget limits the GPU-hours that the pods chosen by a label selector may use within a rolling
-    window, and enforces the limit (alert, pause Jobs, or evict pods). Usage of finished and deleted pods keeps
-    counting while it is inside the window.
+    window or a calendar period (a day, week or month of a time zone), and enforces the limit (alert, pause Jobs,
+    or evict pods). Usage of finished and deleted pods keeps counting while it is inside the window.
     How usage is counted: a pod holds its GPUs from its first container start to its last container finish, in
     whole seconds as Kubernetes records them; a running pod counts up to the last whole second, and no further
     than the operator's pod watch has been current (while that watch is down, counting pauses rather than
@@ -274,7 +314,9 @@ CRD: Final = custom_resource(
            "What happens once the budget has been over quota for enforcement.delaySeconds."),
     Column("Exceeded", "string", '.status.conditions[?(@.type=="QuotaExceeded")].status',
            "The QuotaExceeded condition.", priority=1),
-    Column("Window", "integer", ".spec.quota.windowHours", "Window length in hours.", priority=1),
+    Column("Window", "integer", ".spec.quota.windowHours", "Rolling window length in hours.", priority=1),
+    Column("Renews", "date", ".status.periodEnd", "When a calendar window's period ends and the quota renews.",
+           priority=1),
     short_names=("gwb",),
 )
 
@@ -300,12 +342,36 @@ class ParsedSpec:
     selector: Selector
     resource: str
     quota: Fraction
-    window: int
-    window_hours: int
+    window: win.Window
+    per: str
+    """The window for messages: "24h", or "calendar month (Europe/Berlin)"."""
     action: Action
     delay: int
     eviction_grace: int | None
     retain: bool
+    carry_over: bool = False
+    """Calendar windows: the previous period's unused quota is added to the current one's."""
+    carried: Fraction | None = None
+    """Set on the spec of one reconcile (`carryover.in_period`): what the quota includes from the previous
+    period; None for rolling windows."""
+
+    def length_at(self, at: int) -> int:
+        """The length of the window `at` sees (in a calendar period: the time since it began)."""
+        return win.length_at(self.window, at)
+
+    def edge_at(self, at: int) -> int:
+        """The window's trailing edge at `at`: usage before it does not count."""
+        return at - win.length_at(self.window, at)
+
+    @property
+    def accounted_over(self) -> str:
+        """"over a 24h window", "per calendar month (Europe/Berlin)"."""
+        return f"over a {self.per} window" if isinstance(self.window, win.RollingWindow) else f"per {self.per}"
+
+    @property
+    def during(self) -> str:
+        """"in the last 24h", "this calendar month (Europe/Berlin)"."""
+        return f"in the last {self.per}" if isinstance(self.window, win.RollingWindow) else f"this {self.per}"
 
 
 def parse_spec(spec: BudgetSpec) -> ParsedSpec:
@@ -321,9 +387,11 @@ def parse_spec(spec: BudgetSpec) -> ParsedSpec:
         raise SpecError("spec.quota.gpuHours", f'{e}; write a quantity greater than 0, e.g. "100" or "2.5"') from None
     if quota <= 0:
         raise SpecError("spec.quota.gpuHours", f"must be greater than 0, got {raw!r}")
-    hours = spec.quota.window_hours
-    if isinstance(hours, bool) or not isinstance(hours, int) or hours < 1:
-        raise SpecError("spec.quota.windowHours", f"must be an integer >= 1 (hours), got {hours!r}")
+    window, per = parse_window(spec.quota)
+    carry = spec.quota.window is not None and spec.quota.window.carry_over == "Unused"
+    if spec.quota.window is not None and spec.quota.window.carry_over not in CARRY_OVER:
+        raise SpecError("spec.quota.window.carryOver", f"unsupported value {spec.quota.window.carry_over!r}: use "
+                                                       "None or Unused")
     action = spec.enforcement.action or "AlertOnly"
     if action not in ACTIONS:
         raise SpecError("spec.enforcement.action", f"unsupported value {action!r}: use Evict, Pause or AlertOnly")
@@ -337,10 +405,39 @@ def parse_spec(spec: BudgetSpec) -> ParsedSpec:
         selector=selector,
         resource=resource,
         quota=quota,
-        window=hours * MICROS_PER_HOUR,
-        window_hours=hours,
+        window=window,
+        per=per,
         action=action,
         delay=delay * 1_000_000,
         eviction_grace=grace,
         retain=spec.accounting.retain_finished_pods,
+        carry_over=carry,
     )
+
+
+def parse_window(quota: Quota) -> tuple[win.Window, str]:
+    """The rolling or calendar window `quota` names, and how messages name it."""
+    hours, calendar = quota.window_hours, quota.window
+    if (hours is None) == (calendar is None):
+        raise SpecError("spec.quota", "set exactly one of windowHours (a rolling window, e.g. 24) and window (a "
+                                      "calendar period, e.g. {calendar: Month, timeZone: Europe/Berlin})")
+    if calendar is None:
+        if isinstance(hours, bool) or not isinstance(hours, int) or hours < 1:
+            raise SpecError("spec.quota.windowHours", f"must be an integer >= 1 (hours), got {hours!r}")
+        return win.RollingWindow(hours * MICROS_PER_HOUR), f"{hours}h"
+    if calendar.calendar not in CALENDARS:
+        raise SpecError("spec.quota.window.calendar", f"unsupported value {calendar.calendar!r}: use Day, Week or "
+                                                      "Month")
+    name = calendar.time_zone or "UTC"
+    zone = load_zone(name)
+    kind: Calendar = calendar.calendar  # checked against CALENDARS above
+    return win.CalendarWindow(kind, zone), f"calendar {kind.lower()} ({name})"
+
+
+def load_zone(name: str) -> zoneinfo.ZoneInfo:
+    """The IANA zone `name` from the tz database; SpecError if there is no such zone."""
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+        raise SpecError("spec.quota.window.timeZone", f"unknown time zone {name!r}: use an IANA name such as "
+                                                      "Europe/Berlin, America/New_York or UTC") from None

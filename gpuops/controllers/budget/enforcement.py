@@ -98,7 +98,8 @@ class Situation:
     """Over quota for at least delaySeconds: act."""
     consumed: Fraction
     quota: Fraction
-    window_hours: int
+    during: str
+    """The window as the messages name it: "in the last 24h", "this calendar month (Europe/Berlin)"."""
     crossed: bool = False
     """The previous status said within quota: a new over-quota episode starts with this reconcile (its alert is
     not the previous episode's, even within the same second)."""
@@ -249,7 +250,7 @@ class Enforcer:
         who = f"; largest consumer {top.pod.metadata.name} ({format_gpu_hours(top.usage)} GPU-hours)" if top else ""
         message = (
             f"GPU budget exceeded: {format_gpu_hours(sit.consumed)} of {format_gpu_hours(sit.quota)} GPU-hours used"
-            f" in the last {sit.window_hours}h{who}. Action AlertOnly: no pod is touched."
+            f" {sit.during}{who}. Action AlertOnly: no pod is touched."
         )
         self.event(budget, "Warning", "QuotaExceeded", message)
         _count(f"{budget.metadata.namespace}/{budget.metadata.name}", "AlertOnly", "Alerted")

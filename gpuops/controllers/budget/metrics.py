@@ -25,6 +25,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from gpuops.accounting.gpuhours import Interval, Ledger
 from gpuops.accounting.reporting import counting_instant, reported_usage
+from gpuops.accounting.windows import Window
 from gpuops.kube.collector import SourcedCollector
 
 __all__ = [
@@ -69,7 +70,7 @@ class Published:
 class Snapshot:
     live: tuple[Interval, ...]
     ledger: Ledger
-    window: int
+    window: Window
     quota: Fraction
     published: Published
 

@@ -30,6 +30,7 @@ import structlog
 
 from gpuops.accounting.gpuhours import Interval, Ledger, LedgerEntry, Usage, format_gpu_hours, gpu_hours
 from gpuops.accounting.reporting import counted_through, counting_instant, next_counting_instant, reported_usage
+from gpuops.accounting.windows import nominal_length
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
 from gpuops.kube.controller import Controller, Request, Result, requeue_at
@@ -42,6 +43,7 @@ from gpuops.kube.times import wall_clock
 
 from .api import FINALIZER, PAUSED_BY, BudgetStatus, GPUWorkloadBudget, ParsedSpec, SpecError
 from .caches import PodFacts, SpecCache, facts_of
+from .carryover import in_period
 from .enforcement import EnforcementOptions, Enforcer, Outcome, Situation, Target
 from .ledger import Book, LedgerMemo, compact, ledger_from_status, ledger_to_status, recorded
 from .metrics import Published, Snapshot
@@ -217,7 +219,7 @@ class BudgetReconciler:
         ledger = budget.status.ledger
         held = {e.uid for e in (ledger.entries or ())} if ledger is not None else set()
         spec = self.spec_of(budget)
-        horizon = self.clock() - spec.window - round(self.options.compaction_margin * _SECOND) \
+        horizon = spec.edge_at(self.clock()) - round(self.options.compaction_margin * _SECOND) \
             if not isinstance(spec, SpecError) else None
         self._forget_departed(key, pending, [uid for uid, (_, seen) in pending.items()
                                              if uid in held or (horizon is not None and seen < horizon)])
@@ -279,6 +281,7 @@ class BudgetReconciler:
         counted = self._counted(budget)
         tally = self._count_pods(budget.metadata.namespace, spec, prev_book, counted)
         departed = self._count_departed(key, spec, prev_book, counted, tally)
+        spec = in_period(spec, budget.status, _live(tally.members, prev_book), prev_book.ledger, tally.fresh, at)
         book = self._compact(prev_book, tally, spec, at)
         live = _live(tally.members, book)
         usage = reported_usage(live, book.ledger, now=at, window=spec.window, quota=spec.quota)
@@ -290,7 +293,7 @@ class BudgetReconciler:
         if not await self._write_status(budget, spec, usage, book, tally.members, over_since, outcome, at):
             return None
         self._forget_recorded(key, departed)
-        released = await self._release(budget, spec, tally.members, book, at - spec.window, at)
+        released = await self._release(budget, spec, tally.members, book, spec.edge_at(at), at)
         log.debug("budget reconciled", budget=key, consumed=format_gpu_hours(usage.consumed),
                   over=usage.over_quota, members=len(tally.members), ledger=len(book.ledger.entries))
         return requeue_at(now, self._wake_at(usage, outcome, due_at, released, now))
@@ -338,14 +341,14 @@ class BudgetReconciler:
 
     def _bucket_width(self, spec: ParsedSpec) -> int:
         divisions = max(1, self.options.bucket_divisions)
-        return max(_SECOND, math.ceil(spec.window / divisions / _SECOND) * _SECOND)
+        return max(_SECOND, math.ceil(nominal_length(spec.window) / divisions / _SECOND) * _SECOND)
 
     def _compact(self, prev_book: Book, tally: _Tally, spec: ParsedSpec, at: int) -> Book:
         """The ledger to write: the previous one with the fresh entries, within its bounds (`ledger.compact`)."""
         opts = self.options
         return compact(
             Book(prev_book.ledger, tally.names, prev_book.compacted_through), tally.fresh, now=at,
-            window=spec.window, max_entries=opts.max_ledger_entries, bucket_width=self._bucket_width(spec),
+            window=spec.length_at(at), max_entries=opts.max_ledger_entries, bucket_width=self._bucket_width(spec),
             open_uids=tally.open_uids, margin=round(opts.compaction_margin * _SECOND),
         )
 
@@ -356,13 +359,13 @@ class BudgetReconciler:
         at = counting_instant(now)
 
         def targets() -> list[Target]:  # per-pod usage costs a Fraction sum per pod: only when acting
-            return [Target(m.pod, gpu_hours((m.interval,), now=at, window=spec.window), m.span.end is None,
+            return [Target(m.pod, gpu_hours((m.interval,), now=at, window=spec.length_at(at)), m.span.end is None,
                            m.span.final) for m in members if m.interval is not None]
 
         prev = budget.status
         crossed = usage.over_quota and not cond.is_true(prev.conditions, "QuotaExceeded")
         situation = Situation(now=now, over=usage.over_quota, due=due_at is not None and at >= due_at,
-                              consumed=usage.consumed, quota=spec.quota, window_hours=spec.window_hours,
+                              consumed=usage.consumed, quota=spec.quota, during=spec.during,
                               crossed=crossed)
         return await self.enforcer.apply(budget, spec, situation, targets, prev.last_enforcement, over_since)
 
@@ -422,7 +425,7 @@ class BudgetReconciler:
                 continue
             if self._gpus(pod, spec.resource) == 0:
                 continue
-            if span.final and (span.start is None or span.end is None or span.end <= now - spec.window):
+            if span.final and (span.start is None or span.end is None or span.end <= spec.edge_at(now)):
                 continue  # never ran, or its usage already left this budget's window
             if span.final and span.end is not None and recorded(b.status.ledger, meta.uid, span.end):
                 continue

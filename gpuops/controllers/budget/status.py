@@ -13,6 +13,7 @@ import msgspec
 
 from gpuops.accounting.gpuhours import Usage, format_gpu_hours
 from gpuops.accounting.reporting import counting_instant
+from gpuops.accounting.windows import period_of
 from gpuops.controllers.coexistence import CONDITION, NO_CONFLICT
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
@@ -63,6 +64,7 @@ def desired_status(
 ) -> BudgetStatus:
     """The status for `usage` at counting instant `now`; computedAt stays as it is (`write_status` sets it when
     anything else changed)."""
+    period = period_of(spec.window, now)
     return BudgetStatus(
         observed_generation=budget.metadata.generation,
         consumed_gpu_hours=format_gpu_hours(usage.consumed),
@@ -72,6 +74,9 @@ def desired_status(
         tracked_pods=usage.pods_in_window,
         running_pods=running,
         computed_at=budget.status.computed_at,
+        period_start=format_time(period.start) if period is not None else None,
+        period_end=format_time(period.end) if period is not None else None,
+        carried_over_gpu_hours=format_gpu_hours(spec.carried) if spec.carried is not None else None,
         over_quota_since=format_time(over_since) if over_since is not None else None,
         exhausts_at=format_time(usage.exhausted_at) if usage.exhausted_at is not None else None,
         ledger=ledger,
@@ -84,10 +89,10 @@ def _accounted(budget: GPUWorkloadBudget, spec: ParsedSpec, over: bool, over_sin
                degraded: tuple[str, str] | None, now: int) -> list[dict[str, Any]]:
     """Ready, QuotaExceeded and Degraded of a budget whose usage was accounted."""
     gen, stamp = budget.metadata.generation, _stamp(now)
-    quota, window = format_gpu_hours(spec.quota), f"{spec.window_hours}h"
+    quota, window = format_gpu_hours(spec.quota), spec.per
     items = cond.set_condition(
         budget.status.conditions, "Ready", "True", "Accounted",
-        f"usage of {spec.resource} by the selected pods is accounted over a {window} window", gen, now=stamp,
+        f"usage of {spec.resource} by the selected pods is accounted {spec.accounted_over}", gen, now=stamp,
     )
     if over:
         msg = f"consumption reached the quota of {quota} GPU-hours per {window}"

@@ -63,7 +63,7 @@ async def test_a_stopped_pod_is_not_evicted_again_and_its_stop_survives_a_failed
             for t in (1_000, 1_002, 1_004):  # batches 1 s apart; the cache never hears of the eviction meanwhile
                 clock[0] = t * S
                 sit = Situation(now=t * S, over=True, due=True, consumed=Fraction(2), quota=Fraction(1),
-                                window_hours=1)
+                                during="in the last 1h")
                 await enforcer._evict(created, spec, sit, [target], Outcome())
                 if t == 1_000:  # accepted: every later eviction request gets the chaos run's injected 500
                     await env.until("p gone", lambda: env.pod_gone("p"))

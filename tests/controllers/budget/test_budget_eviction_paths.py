@@ -77,7 +77,7 @@ class Rig:
         """One `_evict` of budget `of` (default: guard) at `at` seconds."""
         self.clock[0] = round(at * S)
         sit = Situation(now=round(at * S), over=True, due=True, consumed=Fraction(9, 3600), quota=Fraction(1, 3600),
-                        window_hours=24)
+                        during="in the last 24h")
         out = Outcome()
         of = of or self.budget
         await self.enforcer._evict(of, parse_spec(of.spec), sit, targets, out)

@@ -114,6 +114,13 @@ async def test_invalid_specs_are_refused_with_the_field_named(tmp_path: Path) ->
             ("bad-action", {"enforcement": {"action": "Kill"}}, "spec.enforcement.action", "Unsupported value"),
             ("zero-window", {"quota": {"gpuHours": "1", "windowHours": 0}}, "spec.quota.windowHours",
              "greater than or equal to 1"),
+            ("no-window", {"quota": {"gpuHours": "1"}}, "spec.quota", "set exactly one of spec.quota.windowHours"),
+            ("two-windows", {"quota": {"gpuHours": "1", "windowHours": 1, "window": {"calendar": "Day"}}},
+             "spec.quota", "set exactly one of spec.quota.windowHours"),
+            ("yearly", {"quota": {"gpuHours": "1", "window": {"calendar": "Year"}}}, "spec.quota.window.calendar",
+             "Unsupported value"),
+            ("zone-path", {"quota": {"gpuHours": "1", "window": {"calendar": "Day", "timeZone": "../etc/passwd"}}},
+             "spec.quota.window.timeZone", "should match"),
         ]
         for name, override, field, words in cases:
             body = {**good, "metadata": {"name": name}, "spec": {**good["spec"], **override}}

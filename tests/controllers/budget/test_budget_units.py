@@ -4,6 +4,7 @@ against the emulated API server (test_budget_reconcile.py and the other budget t
 
 from __future__ import annotations
 
+import zoneinfo
 from fractions import Fraction
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from gpuops.accounting.gpuhours import Ledger, LedgerBucket, LedgerEntry
+from gpuops.accounting.windows import CalendarWindow, RollingWindow
 from gpuops.controllers.budget import ledger as ledger_mod
 from gpuops.controllers.budget.api import (
     BudgetSpec,
@@ -82,6 +84,13 @@ def test_selector_errors_are_spec_errors() -> None:
     ({"quota": {"gpuHours": "0", "windowHours": 1}}, "spec.quota.gpuHours"),
     ({"quota": {"gpuHours": "x", "windowHours": 1}}, "spec.quota.gpuHours"),
     ({"quota": {"gpuHours": "1", "windowHours": 0}}, "spec.quota.windowHours"),
+    ({"quota": {"gpuHours": "1"}}, "spec.quota"),
+    ({"quota": {"gpuHours": "1", "windowHours": 1, "window": {"calendar": "Day"}}}, "spec.quota"),
+    ({"quota": {"gpuHours": "1", "window": {"calendar": "Year"}}}, "spec.quota.window.calendar"),
+    ({"quota": {"gpuHours": "1", "window": {"calendar": "Day", "timeZone": "Europe/Atlantis"}}},
+     "spec.quota.window.timeZone"),
+    ({"quota": {"gpuHours": "1", "window": {"calendar": "Day", "timeZone": "../../etc/passwd"}}},
+     "spec.quota.window.timeZone"),
     ({"enforcement": {"action": "Kill"}}, "spec.enforcement.action"),
     ({"enforcement": {"delaySeconds": -1}}, "spec.enforcement.delaySeconds"),
     ({"selector": {}}, "spec.selector"),
@@ -94,9 +103,23 @@ def test_parse_spec_names_the_bad_field(override: dict[str, Any], field: str) ->
 
 def test_parse_spec_units() -> None:
     p = parse_spec(spec(quota={"gpuHours": 3, "windowHours": 2}, enforcement={"delaySeconds": 5}))
-    assert (p.quota, p.window, p.delay, p.action, p.resource) == (3, 2 * 3600 * S, 5 * S, "AlertOnly",
+    assert (p.quota, p.window, p.delay, p.action, p.resource) == (3, RollingWindow(2 * 3600 * S), 5 * S, "AlertOnly",
                                                                   "nvidia.com/gpu")
     assert parse_spec(spec(quota={"gpuHours": "500m", "windowHours": 1})).quota == Fraction(1, 2)
+
+
+def test_a_calendar_window_parses_to_its_zone_and_names_itself_in_messages() -> None:
+    p = parse_spec(spec(quota={"gpuHours": 3, "window": {"calendar": "Month", "timeZone": "Europe/Berlin"}}))
+    assert p.window == CalendarWindow("Month", zoneinfo.ZoneInfo("Europe/Berlin"))
+    assert (p.per, p.accounted_over, p.during) == ("calendar month (Europe/Berlin)",
+                                                   "per calendar month (Europe/Berlin)",
+                                                   "this calendar month (Europe/Berlin)")
+    march = 1_772_319_600 * S  # 2026-03-01T00:00+01:00
+    assert p.edge_at(march + 5 * S) == march and p.length_at(march) == 0
+    utc = parse_spec(spec(quota={"gpuHours": 3, "window": {"calendar": "Week"}}))
+    assert utc.window == CalendarWindow("Week", zoneinfo.ZoneInfo("UTC"))
+    rolling = parse_spec(spec(quota={"gpuHours": 3, "windowHours": 24}))
+    assert (rolling.accounted_over, rolling.during) == ("over a 24h window", "in the last 24h")
 
 
 # ---------------------------------------------------------------------------------------------- pods
