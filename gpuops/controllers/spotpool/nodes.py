@@ -16,6 +16,7 @@ import msgspec
 import structlog
 
 from gpuops.accounting.quantity import parse_quantity
+from gpuops.controllers.nodelabels import SPOT_POOL_LABEL
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
 from gpuops.kube.errors import ApiError, Conflict, NotFound
@@ -45,7 +46,8 @@ __all__ = [
 
 log = structlog.get_logger("gpuops.controllers.spotpool")
 
-POOL_LABEL = "gpuops.io/spotpool"
+POOL_LABEL = SPOT_POOL_LABEL
+"""On every node of a pool (the value names it); budgets read it as spot capacity."""
 RETIRE_TAINT = "gpuops.io/spot-retire"
 NOTICE_ANNOTATION = "gpuops.io/spot-termination-time"
 """Set by a node agent that polls the instance metadata service (Tencent `spot/termination-time`, AWS
