@@ -28,9 +28,11 @@ before e, so for every t at or after the compaction instant
     0 <= consumed_compacted(t) - consumed_exact(t) <= sum over buckets with start < e < end of
                                                         min(G, P * (e - start))  <=  P * w
 
-(per grid, at most one bucket straddles e). `Usage.error_bound` reports that sum in GPU-hours, plus the late
+(per grid and key, at most one bucket straddles e). `Usage.error_bound` reports that sum in GPU-hours, plus the late
 parts below. Buckets are
-at most ceil(W / w) + 1 per grid, since only cells overlapping [now - W, now) survive. Merged entries lose
+at most ceil(W / w) + 1 per grid and key, since only cells overlapping [now - W, now) survive. Entries carry a
+`key` (what the usage was of, e.g. a GPU model); a bucket holds the entries of one key, so `consumed_by_key`
+can still tell the keys' usage apart after compaction. Merged entries lose
 their UID, so the caller passes `live_uids` (the UIDs still in the API) and entries of those are never merged.
 
 Late parts. A caller that reported a figure counting a pod further than the pod's recorded end later shows
@@ -61,7 +63,7 @@ and `next_change` is at the latest `end`.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from fractions import Fraction
 from typing import NamedTuple, TypeVar
 
@@ -79,6 +81,7 @@ __all__ = [
     "Usage",
     "compact_ledger",
     "compaction_error_bound",
+    "consumed_by_key",
     "counted_intervals",
     "format_gpu_hours",
     "gpu_hours",
@@ -159,13 +162,15 @@ class Interval(msgspec.Struct, frozen=True, kw_only=True):
 
 class LedgerEntry(msgspec.Struct, frozen=True, kw_only=True):
     """A finished or deleted pod, recorded so its usage keeps counting after it leaves the API (`late`: as
-    for `Interval`)."""
+    for `Interval`). `key` says what the usage was of (e.g. the GPU model and capacity type it ran on):
+    compaction merges only entries of one key into a bucket, so usage can still be told apart by key."""
 
     uid: str
     start: int
     end: int
     gpus: Fraction
     late: int = 0
+    key: str = ""
 
     def __post_init__(self) -> None:
         _check_span("LedgerEntry", self.uid, self.start, self.end, self.late, open_ok=False)
@@ -181,6 +186,8 @@ class LedgerBucket(msgspec.Struct, frozen=True, kw_only=True):
     gpu_micros: Fraction
     peak_gpus: Fraction
     late_gpu_micros: Fraction = Fraction(0)
+    key: str = ""
+    """The key of the entries merged into it (one bucket per cell and key)."""
 
     def __post_init__(self) -> None:
         start = _instant(self.start, "LedgerBucket.start")
@@ -307,6 +314,37 @@ def gpu_hours(intervals: Iterable[Interval], *, now: int, window: int) -> Fracti
                 by_den[den] = by_den.get(den, 0) + num * (end - start)
     total = Fraction(whole) + sum((Fraction(used, den) for den, used in by_den.items()), Fraction(0))
     return total / MICROS_PER_HOUR
+
+
+def consumed_by_key(
+    live: Mapping[str, Iterable[Interval]],
+    ledger: Ledger = Ledger(),  # noqa: B008 - immutable frozen Struct
+    *,
+    now: int,
+    window: int,
+) -> dict[str, Fraction]:
+    """GPU-hours in `[now - window, now)` by key: `live` intervals under their key, ledger entries and buckets
+    under theirs. The records that count are `window_usage`'s (one per UID; the winner's key is the one its
+    usage goes to) and buckets count whole while they overlap the window, so the keys' figures add up to its
+    `consumed` exactly."""
+    now, window = _instant(now, "now"), _window(window)
+    key_of: dict[int, str] = {}
+    flat: list[Interval] = []
+    for key, items in live.items():
+        for item in _checked(items, Interval, "live intervals"):
+            key_of[id(item)] = key
+            flat.append(item)
+    grouped: dict[str, list[Interval]] = {}
+    for record in _winners(flat, ledger).values():
+        key = record.key if isinstance(record, LedgerEntry) else key_of[id(record)]
+        as_interval = record if isinstance(record, Interval) else Interval(
+            uid=record.uid, start=record.start, end=record.end, gpus=record.gpus, late=record.late)
+        grouped.setdefault(key, []).append(as_interval)
+    out = {key: gpu_hours(items, now=now, window=window) for key, items in grouped.items()}
+    for b in ledger.buckets:
+        if b.start < now and now - window < b.end and b.gpu_micros:
+            out[b.key] = out.get(b.key, Fraction(0)) + b.gpu_micros / MICROS_PER_HOUR
+    return out
 
 
 def record(ledger: Ledger, entry: LedgerEntry) -> Ledger:
@@ -632,17 +670,17 @@ def compact_ledger(
         merged_uids = {e.uid for e in merged}
         keep = [e for e in keep if e.uid not in merged_uids]
         cells, late_cells = _pieces_by_cell(merged, horizon, width)
-        for k, pieces in cells.items():
-            slot = grid.setdefault((k * width, (k + 1) * width), [Fraction(0), Fraction(0), Fraction(0)])
+        for (k, key), pieces in cells.items():
+            slot = grid.setdefault((k * width, (k + 1) * width, key), [Fraction(0), Fraction(0), Fraction(0)])
             slot[0] += sum((g * (hi - lo) for lo, hi, g in pieces), Fraction(0))
             slot[1] += _peak(pieces)
-            slot[2] += late_cells.get(k, Fraction(0))
+            slot[2] += late_cells.get((k, key), Fraction(0))
 
     return Ledger(
         entries=tuple(sorted(keep, key=lambda e: (e.start, e.uid))),
         buckets=tuple(
-            LedgerBucket(start=start, end=end, gpu_micros=used, peak_gpus=peak, late_gpu_micros=late)
-            for (start, end), (used, peak, late) in sorted(grid.items())
+            LedgerBucket(start=start, end=end, gpu_micros=used, peak_gpus=peak, late_gpu_micros=late, key=key)
+            for (start, end, key), (used, peak, late) in sorted(grid.items())
         ),
     )
 
@@ -670,13 +708,13 @@ def _compaction_args(
     return now, window, width, limit
 
 
-def _surviving_cells(buckets: Iterable[LedgerBucket], horizon: int) -> dict[tuple[int, int], list[Fraction]]:
-    """The buckets still reaching past `horizon`, by cell: [GPU-microseconds, peak GPUs, late part]. Buckets
-    of one cell add up (their peaks too, which keeps the sum an upper bound)."""
-    grid: dict[tuple[int, int], list[Fraction]] = {}
+def _surviving_cells(buckets: Iterable[LedgerBucket], horizon: int) -> dict[tuple[int, int, str], list[Fraction]]:
+    """The buckets still reaching past `horizon`, by cell and key: [GPU-microseconds, peak GPUs, late part].
+    Buckets of one cell and key add up (their peaks too, which keeps the sum an upper bound)."""
+    grid: dict[tuple[int, int, str], list[Fraction]] = {}
     for b in buckets:
         if b.end > horizon:
-            slot = grid.setdefault((b.start, b.end), [Fraction(0), Fraction(0), Fraction(0)])
+            slot = grid.setdefault((b.start, b.end, b.key), [Fraction(0), Fraction(0), Fraction(0)])
             slot[0] += b.gpu_micros
             slot[1] += b.peak_gpus
             slot[2] += b.late_gpu_micros
@@ -694,21 +732,21 @@ def _oldest_mergeable(keep: list[LedgerEntry], count: int, live_uids: Collection
 
 def _pieces_by_cell(
     merged: list[LedgerEntry], horizon: int, width: int
-) -> tuple[dict[int, list[tuple[int, int, Fraction]]], dict[int, Fraction]]:
-    """The merged entries cut at the grid lines: per cell index, the pieces (start, end, GPUs) and the
+) -> tuple[dict[tuple[int, str], list[tuple[int, int, Fraction]]], dict[tuple[int, str], Fraction]]:
+    """The merged entries cut at the grid lines: per cell index and key, the pieces (start, end, GPUs) and the
     GPU-microseconds of their late parts."""
-    cells: dict[int, list[tuple[int, int, Fraction]]] = {}
-    late_cells: dict[int, Fraction] = {}
+    cells: dict[tuple[int, str], list[tuple[int, int, Fraction]]] = {}
+    late_cells: dict[tuple[int, str], Fraction] = {}
     for e in merged:
         lo = max(e.start, horizon)  # the part before the horizon can never be in a later window
         if e.gpus == 0 or lo >= e.end:
             continue
         for k in range(lo // width, (e.end - 1) // width + 1):
             piece_lo, piece_hi = max(lo, k * width), min(e.end, (k + 1) * width)
-            cells.setdefault(k, []).append((piece_lo, piece_hi, e.gpus))
+            cells.setdefault((k, e.key), []).append((piece_lo, piece_hi, e.gpus))
             late = piece_hi - max(piece_lo, e.end - e.late)
             if late > 0:
-                late_cells[k] = late_cells.get(k, Fraction(0)) + e.gpus * late
+                late_cells[(k, e.key)] = late_cells.get((k, e.key), Fraction(0)) + e.gpus * late
     return cells, late_cells
 
 
