@@ -57,6 +57,7 @@ __all__ = [
     "Quota",
     "Selector",
     "SpecError",
+    "UsageByKind",
     "compile_selector",
     "format_time",
     "load_zone",
@@ -182,6 +183,10 @@ class LedgerEntryStatus(ApiStruct):
     """Present when `end` lies past the pod's recorded finish: an earlier figure counted the pod that far before
     its finish reached the operator, and a reported figure is not taken back. The time between the two is
     counted and included in errorBoundGpuHours."""
+    model: str | None = None
+    """The GPU model of the node the pod ran on (its nvidia.com/gpu.product label); absent if unknown."""
+    capacity_type: str | None = None
+    """OnDemand or Spot, from the node's labels while the pod ran; absent if unknown."""
 
 
 class LedgerBucketStatus(ApiStruct):
@@ -197,6 +202,10 @@ class LedgerBucketStatus(ApiStruct):
     """Upper bound on the GPUs in use at once inside the cell (a quantity)."""
     late_gpu_seconds: str = "0"
     """Of gpuSeconds, what was counted past the merged pods' recorded finishes (see the entries' recordedEnd)."""
+    model: str | None = None
+    """The GPU model of the merged entries (one bucket per model and capacity type in a cell)."""
+    capacity_type: str | None = None
+    """OnDemand or Spot, of the merged entries."""
 
 
 class LedgerStatus(ApiStruct):
@@ -234,6 +243,17 @@ class LastEnforcement(ApiStruct):
     """What happened, for humans."""
 
 
+class UsageByKind(ApiStruct):
+    """GPU-hours used in the window on one GPU model with one capacity type."""
+
+    model: str = ""
+    """The nodes' GPU model (nvidia.com/gpu.product); empty where the pods' node was not known."""
+    capacity_type: str = ""
+    """OnDemand or Spot; empty where the pods' node was not known."""
+    gpu_hours: str = "0"
+    """GPU-hours in the window at computedAt, 6 decimals."""
+
+
 class BudgetStatus(ApiStruct):
     observed_generation: Annotated[int, crd(format="int64")] = 0
     """The spec generation this status describes."""
@@ -265,6 +285,8 @@ class BudgetStatus(ApiStruct):
     exhausts_at: Annotated[str | None, crd(format="date-time")] = None
     """When the quota will be reached if running pods keep running and nothing new starts (usage leaving the window
     accounted for); absent if never or already over quota."""
+    usage: tuple[UsageByKind, ...] | None = None
+    """consumedGpuHours by GPU model and capacity type (the kinds add up to it before rounding)."""
     ledger: LedgerStatus | None = None
     """Usage of finished and deleted pods still inside the window, so it keeps counting after the pods are gone.
     Bounded: beyond maxEntries the oldest entries merge into buckets of bucketSeconds. consumedGpuHours exceeds

@@ -58,6 +58,8 @@ class PodFacts:
     deleted: str | None = None
     span: PodSpan | None = None
     interval: Interval | None = None
+    kind: str | None = None
+    """Its GPU model and capacity type (`kinds`), once its node was known: kept for the pod's life."""
 
     def gpus_of(self, pod: Pod, resource: str) -> Fraction:
         """`pod_gpus`, computed once per resource name."""

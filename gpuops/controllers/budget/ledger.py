@@ -39,6 +39,7 @@ from gpuops.accounting.quantity import format_quantity, parse_quantity, round_up
 from gpuops.kube.times import parse_time_or_none as _t
 
 from .api import LedgerBucketStatus, LedgerEntryStatus, LedgerStatus, format_time, parse_time
+from .kinds import join, split
 
 __all__ = ["Book", "LedgerMemo", "compact", "ledger_from_status", "ledger_to_status", "recorded", "usage_quantity"]
 
@@ -65,8 +66,8 @@ class Book:
         return self.compacted_through is not None and end <= self.compacted_through
 
 
-EntryText = tuple[str, str, str, str, str | None]
-"""A ledger entry as status holds it: (uid, start, end, gpus, recordedEnd)."""
+EntryText = tuple[str, str, str, str, str | None, str | None, str | None]
+"""A ledger entry as status holds it: (uid, start, end, gpus, recordedEnd, model, capacityType)."""
 
 
 @dataclass(slots=True)
@@ -78,7 +79,7 @@ class LedgerMemo:
     the ledger (bounded by it), and a forgotten budget drops its memo."""
 
     parsed: dict[EntryText, LedgerEntry] = field(default_factory=dict)
-    texts: dict[LedgerEntry, tuple[str, str, str, str | None]] = field(default_factory=dict)
+    texts: dict[LedgerEntry, tuple[str, str, str, str | None, str | None, str | None]] = field(default_factory=dict)
 
 
 def ledger_from_status(status: LedgerStatus | None, resource: str, memo: LedgerMemo | None = None) -> Book:
@@ -94,7 +95,7 @@ def ledger_from_status(status: LedgerStatus | None, resource: str, memo: LedgerM
     known = memo.parsed if memo is not None else {}
     kept: dict[EntryText, LedgerEntry] = {}
     for e in status.entries or ():
-        text = (e.uid, e.start, e.end, e.gpus, e.recorded_end)
+        text = (e.uid, e.start, e.end, e.gpus, e.recorded_end, e.model, e.capacity_type)
         entry = known.get(text)
         if entry is None:
             try:
@@ -114,7 +115,8 @@ def ledger_from_status(status: LedgerStatus | None, resource: str, memo: LedgerM
                                         gpu_micros=parse_quantity(b.gpu_seconds) * _SECOND,
                                         peak_gpus=parse_quantity(b.peak_gpus),
                                         late_gpu_micros=min(parse_quantity(b.late_gpu_seconds),
-                                                            parse_quantity(b.gpu_seconds)) * _SECOND))
+                                                            parse_quantity(b.gpu_seconds)) * _SECOND,
+                                        key=join(b.model, b.capacity_type)))
         except (ValueError, AccountingError) as err:
             log.warning("ledger bucket unreadable; skipped", start=b.start, error=str(err))
     return Book(Ledger(entries=tuple(entries), buckets=tuple(buckets)), names, _t(status.compacted_through))
@@ -131,7 +133,8 @@ def _entry_from_status(e: LedgerEntryStatus) -> LedgerEntry:
         except ValueError as err:
             log.warning("ledger entry's recordedEnd unreadable; its late part is not marked", uid=e.uid,
                         error=str(err))
-    return LedgerEntry(uid=e.uid, start=start, end=end, gpus=parse_quantity(e.gpus), late=late)
+    return LedgerEntry(uid=e.uid, start=start, end=end, gpus=parse_quantity(e.gpus), late=late,
+                       key=join(e.model, e.capacity_type))
 
 
 def ledger_to_status(
@@ -141,16 +144,17 @@ def ledger_to_status(
     """`memo`: entries formatted at the previous call for the same budget are reused (only the current kept)."""
     ledger, names = book.ledger, book.names
     known = memo.texts if memo is not None else {}
-    kept: dict[LedgerEntry, tuple[str, str, str, str | None]] = {}
+    kept: dict[LedgerEntry, tuple[str, str, str, str | None, str | None, str | None]] = {}
     entries = []
     for e in ledger.entries:
         text = known.get(e)
         if text is None:
             text = (format_time(e.start), format_time(e.end), usage_quantity(e.gpus),
-                    format_time(e.end - e.late) if e.late else None)
+                    format_time(e.end - e.late) if e.late else None, *split(e.key))
         kept[e] = text
         entries.append(LedgerEntryStatus(uid=e.uid, name=names.get(e.uid, ""), start=text[0], end=text[1],
-                                         gpus=text[2], recorded_end=text[3]))
+                                         gpus=text[2], recorded_end=text[3], model=text[4],
+                                         capacity_type=text[5]))
     if memo is not None:
         memo.texts = kept
     return LedgerStatus(
@@ -164,7 +168,8 @@ def ledger_to_status(
             LedgerBucketStatus(start=format_time(b.start), end=format_time(b.end),
                                gpu_seconds=usage_quantity(b.gpu_micros / _SECOND),
                                peak_gpus=usage_quantity(b.peak_gpus),
-                               late_gpu_seconds=usage_quantity(b.late_gpu_micros / _SECOND))
+                               late_gpu_seconds=usage_quantity(b.late_gpu_micros / _SECOND),
+                               model=split(b.key)[0], capacity_type=split(b.key)[1])
             for b in ledger.buckets
         ) or None,
     )

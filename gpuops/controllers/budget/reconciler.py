@@ -28,7 +28,15 @@ from fractions import Fraction
 import msgspec
 import structlog
 
-from gpuops.accounting.gpuhours import Interval, Ledger, LedgerEntry, Usage, format_gpu_hours, gpu_hours
+from gpuops.accounting.gpuhours import (
+    Interval,
+    Ledger,
+    LedgerEntry,
+    Usage,
+    consumed_by_key,
+    format_gpu_hours,
+    gpu_hours,
+)
 from gpuops.accounting.reporting import counted_through, counting_instant, next_counting_instant, reported_usage
 from gpuops.accounting.windows import nominal_length
 from gpuops.kube import conditions as cond
@@ -36,7 +44,7 @@ from gpuops.kube.client import Client
 from gpuops.kube.controller import Controller, Request, Result, requeue_at
 from gpuops.kube.errors import Conflict, NotFound
 from gpuops.kube.informer import INDEX_NAMESPACE, Informer, by_namespace
-from gpuops.kube.objects import Job, Pod
+from gpuops.kube.objects import Job, Node, Pod
 from gpuops.kube.resources import PODS
 from gpuops.kube.times import parse_time_or_none as _t
 from gpuops.kube.times import wall_clock
@@ -45,6 +53,7 @@ from .api import FINALIZER, PAUSED_BY, BudgetStatus, GPUWorkloadBudget, ParsedSp
 from .caches import PodFacts, SpecCache, facts_of
 from .carryover import in_period
 from .enforcement import EnforcementOptions, Enforcer, Outcome, Situation, Target
+from .kinds import key_of_node
 from .ledger import Book, LedgerMemo, compact, ledger_from_status, ledger_to_status, recorded
 from .metrics import Published, Snapshot
 from .podcontract import PodSpan, counted_end, departed_entry, pod_gpus, pod_span
@@ -57,8 +66,9 @@ log = structlog.get_logger("gpuops.controllers.budget")
 
 _SECOND = 1_000_000
 
-Departed = dict[str, tuple[Pod, int]]
-"""One budget's pods seen deleted and not yet in its ledger: uid -> (last known state, when we saw it go)."""
+Departed = dict[str, tuple[Pod, int, str]]
+"""One budget's pods seen deleted and not yet in its ledger: uid -> (last known state, when we saw it go, its
+kind)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +94,8 @@ class _Member:
     span: PodSpan
     gpus: Fraction
     interval: Interval | None
+    kind: str = ""
+    """Its GPU model and capacity type (`kinds`)."""
 
 
 @dataclass(slots=True)
@@ -115,6 +127,8 @@ class BudgetReconciler:
     jobs: Informer[Job]
     enforcer: Enforcer
     _: KW_ONLY
+    nodes: Informer[Node] | None = None
+    """Where pods ran: their kind (GPU model, capacity type) comes from their node's labels."""
     clock: Callable[[], int] = wall_clock
     options: Options = field(default_factory=Options)
     controller: Controller | None = field(default=None, init=False)
@@ -142,6 +156,18 @@ class BudgetReconciler:
 
     def _gpus(self, pod: Pod, resource: str) -> Fraction:
         return self._memo(pod).gpus_of(pod, resource)
+
+    def _kind(self, pod: Pod, facts: PodFacts | None = None) -> str:
+        """The pod's kind (`kinds`): taken from its node the first time the node is known, then kept."""
+        if facts is not None and facts.kind is not None:
+            return facts.kind
+        node = self.nodes.store.get(pod.spec.node_name) if self.nodes is not None and pod.spec.node_name else None
+        if node is None:
+            return ""
+        kind = key_of_node(node.metadata.labels or {})
+        if facts is not None:
+            facts.kind = kind
+        return kind
 
     def _span(self, pod: Pod) -> PodSpan:
         return self._memo(pod).span_of(pod)
@@ -202,9 +228,10 @@ class BudgetReconciler:
         uid = pod.metadata.uid
         seen = self.clock()
         requests = self.map_pod(pod)
+        kind = self._kind(pod, self._facts.get(uid))  # as first seen: the node may be relabelled or gone later
         for req in requests:
             if req.name:
-                self._departed.setdefault(req.key, {})[uid] = (pod, seen)
+                self._departed.setdefault(req.key, {})[uid] = (pod, seen, kind)
         self._facts.pop(uid, None)
         return requests
 
@@ -221,7 +248,7 @@ class BudgetReconciler:
         spec = self.spec_of(budget)
         horizon = spec.edge_at(self.clock()) - round(self.options.compaction_margin * _SECOND) \
             if not isinstance(spec, SpecError) else None
-        self._forget_departed(key, pending, [uid for uid, (_, seen) in pending.items()
+        self._forget_departed(key, pending, [uid for uid, (_, seen, _) in pending.items()
                                              if uid in held or (horizon is not None and seen < horizon)])
 
     def _forget_departed(self, key: str, pending: Departed, uids: Iterable[str]) -> None:
@@ -290,7 +317,9 @@ class BudgetReconciler:
         over_since = _over_since(budget.status, usage.over_quota, at)
         due_at = over_since + spec.delay if over_since is not None else None
         outcome = await self._enforce(budget, spec, usage, tally.members, over_since, due_at, now)
-        if not await self._write_status(budget, spec, usage, book, tally.members, over_since, outcome, at):
+        by_kind = consumed_by_key(_live_by_kind(tally.members, book), book.ledger, now=at, window=spec.length_at(at))
+        if not await self._write_status(budget, spec, usage, by_kind, book, tally.members, over_since, outcome,
+                                        at):
             return None
         self._forget_recorded(key, departed)
         released = await self._release(budget, spec, tally.members, book, spec.edge_at(at), at)
@@ -322,9 +351,9 @@ class BudgetReconciler:
             ):
                 interval = facts.interval_of(uid, span.start, end, gpus, late)
                 if span.end is not None and end is not None:
-                    tally.record(LedgerEntry(uid=uid, start=span.start, end=end, gpus=gpus, late=late),
-                                 pod.metadata.name)
-            tally.members.append(_Member(pod, span, gpus, interval))
+                    tally.record(LedgerEntry(uid=uid, start=span.start, end=end, gpus=gpus, late=late,
+                                             key=self._kind(pod, facts)), pod.metadata.name)
+            tally.members.append(_Member(pod, span, gpus, interval, self._kind(pod, facts)))
         return tally
 
     def _count_departed(self, key: str, spec: ParsedSpec, prev_book: Book, counted: dict[str, int],
@@ -332,11 +361,11 @@ class BudgetReconciler:
         """Ledger entries for the pods seen deleted before a ledger held them; returns the memory they came from,
         for `_forget_recorded` once a status write holds them."""
         departed = dict(self._departed.get(key, {}))
-        for uid, (pod, seen) in departed.items():
+        for uid, (pod, seen, kind) in departed.items():
             entry = departed_entry(pod, seen, pod_gpus(pod, spec.resource), self.enforcer.vanished_end(uid),
                                    counted.get(uid))
             if entry is not None and not prev_book.covers(entry.end):
-                tally.record(entry, pod.metadata.name)
+                tally.record(msgspec.structs.replace(entry, key=kind), pod.metadata.name)
         return departed
 
     def _bucket_width(self, spec: ParsedSpec) -> int:
@@ -369,8 +398,9 @@ class BudgetReconciler:
                               crossed=crossed)
         return await self.enforcer.apply(budget, spec, situation, targets, prev.last_enforcement, over_since)
 
-    async def _write_status(self, budget: GPUWorkloadBudget, spec: ParsedSpec, usage: Usage, book: Book,
-                            members: list[_Member], over_since: int | None, outcome: Outcome, at: int) -> bool:
+    async def _write_status(self, budget: GPUWorkloadBudget, spec: ParsedSpec, usage: Usage,
+                            by_kind: dict[str, Fraction], book: Book, members: list[_Member],
+                            over_since: int | None, outcome: Outcome, at: int) -> bool:
         """Write the status (one merge patch of what changed); False if the budget is gone. Then the Warning Event
         of a conflict that is news: once per change of what Pause leaves alone, not once per reconcile."""
         key = _key(budget)
@@ -378,7 +408,7 @@ class BudgetReconciler:
                                   bucket_width=self._bucket_width(spec), error=usage.error_bound,
                                   memo=self._ledgers.get(key))
         running = sum(1 for m in members if m.interval is not None and m.span.end is None)
-        desired = desired_status(budget, spec, usage, ledger, over_since=over_since,
+        desired = desired_status(budget, spec, usage, ledger, by_kind=by_kind, over_since=over_since,
                                  last=outcome.last or budget.status.last_enforcement, degraded=outcome.degraded,
                                  running=running, now=at)
         desired, conflict_news = with_conflict(budget, desired, outcome.left_alone, at)
@@ -512,6 +542,15 @@ def _live(members: list[_Member], book: Book) -> tuple[Interval, ...]:
     only."""
     return tuple(m.interval for m in members if m.interval is not None
                  and not (m.interval.end is not None and book.covers(m.interval.end)))
+
+
+def _live_by_kind(members: list[_Member], book: Book) -> dict[str, list[Interval]]:
+    """`_live`, by the members' kinds."""
+    out: dict[str, list[Interval]] = {}
+    for m in members:
+        if m.interval is not None and not (m.interval.end is not None and book.covers(m.interval.end)):
+            out.setdefault(m.kind, []).append(m.interval)
+    return out
 
 
 def _over_since(prev: BudgetStatus, over: bool, at: int) -> int | None:

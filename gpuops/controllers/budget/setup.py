@@ -11,7 +11,7 @@ from gpuops.kube.controller import Controller, Predicate, resource_version_chang
 from gpuops.kube.events import EventRecorder
 from gpuops.kube.manager import Manager
 from gpuops.kube.objects import Job, Pod
-from gpuops.kube.resources import JOBS, PODS
+from gpuops.kube.resources import JOBS, NODES, PODS
 
 from .api import BUDGETS, PAUSED_BY, GPUWorkloadBudget
 from .enforcement import Enforcer
@@ -56,10 +56,12 @@ def install(
     pods = manager.informer(PODS)
     budgets = manager.informer(BUDGETS)
     jobs = manager.informer(JOBS)
+    nodes = manager.informer(NODES)  # a pod's GPU model and capacity type are its node's
     opts = options or Options()
     recorder = EventRecorder(manager.client, COMPONENT)
     enforcer = Enforcer(manager.client, pods, jobs, recorder, opts.enforcement, clock=clock)
-    reconciler = BudgetReconciler(manager.client, pods, budgets, jobs, enforcer, clock=clock, options=opts)
+    reconciler = BudgetReconciler(manager.client, pods, budgets, jobs, enforcer, nodes=nodes, clock=clock,
+                                  options=opts)
     controller = Controller(CONTROLLER_NAME, reconciler.reconcile, client=manager.client, **controller_options)
     controller.watch(budgets, predicates=[Predicate(update=_spec_or_meta_changed)])
     controller.watch(pods, reconciler.map_pod, predicates=[Predicate(delete=_never), resource_version_changed()])

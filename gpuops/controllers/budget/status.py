@@ -7,6 +7,8 @@ did not change costs no write, and a budget changed meanwhile is reconciled agai
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from fractions import Fraction
 from typing import Any
 
 import msgspec
@@ -29,8 +31,10 @@ from .api import (
     LedgerStatus,
     ParsedSpec,
     SpecError,
+    UsageByKind,
     format_time,
 )
+from .kinds import split
 from .ledger import usage_quantity
 
 __all__ = ["JOBS_LEFT_ALONE", "desired_status", "invalid_status", "with_conflict", "write_status"]
@@ -56,6 +60,7 @@ def desired_status(
     usage: Usage,
     ledger: LedgerStatus,
     *,
+    by_kind: Mapping[str, Fraction] | None = None,
     over_since: int | None,
     last: LastEnforcement | None,
     degraded: tuple[str, str] | None,
@@ -79,10 +84,19 @@ def desired_status(
         carried_over_gpu_hours=format_gpu_hours(spec.carried) if spec.carried is not None else None,
         over_quota_since=format_time(over_since) if over_since is not None else None,
         exhausts_at=format_time(usage.exhausted_at) if usage.exhausted_at is not None else None,
+        usage=_usage_by_kind(by_kind) if by_kind is not None else budget.status.usage,
         ledger=ledger,
         last_enforcement=last,
         conditions=_conditions(_accounted(budget, spec, usage.over_quota, over_since, degraded, now)),
     )
+
+
+def _usage_by_kind(by_kind: Mapping[str, Fraction]) -> tuple[UsageByKind, ...] | None:
+    items = []
+    for key, used in sorted(by_kind.items()):
+        model, capacity = split(key)
+        items.append(UsageByKind(model=model or "", capacity_type=capacity or "", gpu_hours=format_gpu_hours(used)))
+    return tuple(items) or None
 
 
 def _accounted(budget: GPUWorkloadBudget, spec: ParsedSpec, over: bool, over_since: int | None,

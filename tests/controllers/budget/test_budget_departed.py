@@ -49,7 +49,7 @@ async def test_a_deleted_pod_is_remembered_per_budget_until_its_ledger_holds_it(
         rec._facts[uid] = rec._memo(p)  # what the reconciler knew of the live pod goes with it
         assert sorted(rec.map_deleted_pod(p)) == [Request(NS, "one"), Request(NS, "two")]
         assert uid not in rec._facts
-        assert {k: {u: seen for u, (_, seen) in v.items()} for k, v in rec._departed.items()} == {
+        assert {k: {u: seen for u, (_, seen, _) in v.items()} for k, v in rec._departed.items()} == {
             f"{NS}/one": {uid: 50_000 * S}, f"{NS}/two": {uid: 50_000 * S}}
         rec.enforcer.stopped_at[uid] = 49_990 * S  # we evicted it without grace
         rec.enforcer.answered_at[uid] = 49_991 * S
@@ -84,7 +84,7 @@ async def test_an_invalid_budget_forgets_a_deleted_pod_only_through_its_ledger(t
     async with held_reconciler(tmp_path, MARGIN, ["bad"]) as (rec, clock, p):
         uid = p.metadata.uid
         clock.set(50_000)
-        rec._departed[f"{NS}/bad"] = {uid: (p, 50_000 * S)}  # remembered while its spec was still valid
+        rec._departed[f"{NS}/bad"] = {uid: (p, 50_000 * S, "")}  # remembered while its spec was still valid
         rec.enforcer.stopped_at[uid] = 49_990 * S
         clock.set(50_000 + 10 * 24 * 3600)  # no window to leave: time alone forgets nothing
         rec.prune_departed(cached(rec, "bad"))
