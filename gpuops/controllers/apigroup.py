@@ -18,8 +18,8 @@ from gpuops.kube.objects import ObjectMeta
 from gpuops.kube.resources import ResourceType
 
 __all__ = [
-    "API_VERSION", "DEFAULT_RESOURCE", "GROUP", "VERSION", "ApiStruct", "CustomObject", "custom_resource",
-    "resource_type",
+    "API_VERSION", "DEFAULT_RESOURCE", "GROUP", "MIG_RESOURCE_PREFIXES", "NVIDIA_MIG_PREFIX", "OUR_MIG_PREFIX",
+    "VERSION", "ApiStruct", "CustomObject", "custom_resource", "resource_type",
 ]
 
 T = TypeVar("T")
@@ -29,6 +29,11 @@ VERSION: Final = "v1alpha1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
 DEFAULT_RESOURCE: Final = "nvidia.com/gpu"
 """The extended resource pods request whole GPUs as: a kind's spec.gpuResourceName (or its template's) when unset."""
+NVIDIA_MIG_PREFIX: Final = "nvidia.com/mig-"
+"""What workloads ask MIG slices as (NVIDIA's mixed strategy names, e.g. nvidia.com/mig-1g.10gb)."""
+OUR_MIG_PREFIX: Final = "gpuops.io/mig-"
+"""What the MIG slicer's webhook renames such a request to, so only slices this operator made can satisfy it."""
+MIG_RESOURCE_PREFIXES: Final = (NVIDIA_MIG_PREFIX, OUR_MIG_PREFIX)
 
 CATEGORIES: Final = ("gpuops",)
 LABELS: Final = {"app.kubernetes.io/part-of": "gpuops"}

@@ -149,7 +149,8 @@ class BudgetSpec(ApiStruct):
     empty selector would match every pod in the namespace. A pod counts in every budget that selects it."""
     gpu_resource_name: Annotated[str, resource_name(default=USE_DEFAULT)] = DEFAULT_RESOURCE
     """The extended resource whose effective request counts as GPUs (init containers, sidecars and pod overhead
-    included, as the scheduler counts them). Use "cpu" to try budgets on a cluster without GPUs; fractional
+    included, as the scheduler counts them); with nvidia.com/gpu, MIG slices (nvidia.com/mig-*) count as their
+    share of the GPU (3g of an A100 is 3/7). Use "cpu" to try budgets on a cluster without GPUs; fractional
     amounts count as fractions of a GPU."""
     quota: Annotated[Quota, crd(required=True, rules=(
         Rule("has(self.windowHours) != has(self.window)",

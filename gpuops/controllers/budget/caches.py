@@ -53,7 +53,8 @@ class PodFacts:
     containers: Any
     init_containers: Any
     overhead: Any
-    requests: dict[str, Fraction] = field(default_factory=dict)
+    requests: dict[tuple[str, str], Fraction] = field(default_factory=dict)
+    """By (resource name, GPU model): MIG slices count as their share of their model's GPU."""
     status: Any = None
     deleted: str | None = None
     span: PodSpan | None = None
@@ -61,11 +62,11 @@ class PodFacts:
     kind: str | None = None
     """Its GPU model and capacity type (`kinds`), once its node was known: kept for the pod's life."""
 
-    def gpus_of(self, pod: Pod, resource: str) -> Fraction:
-        """`pod_gpus`, computed once per resource name."""
-        gpus = self.requests.get(resource)
+    def gpus_of(self, pod: Pod, resource: str, model: str = "") -> Fraction:
+        """`pod_gpus`, computed once per resource name and GPU model."""
+        gpus = self.requests.get((resource, model))
         if gpus is None:
-            gpus = self.requests[resource] = pod_gpus(pod, resource)
+            gpus = self.requests[(resource, model)] = pod_gpus(pod, resource, model)
         return gpus
 
     def span_of(self, pod: Pod) -> PodSpan:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from gpuops.controllers.nodelabels import attribution
 
-__all__ = ["join", "key_of_node", "split"]
+__all__ = ["join", "key_of_node", "model_of", "split"]
 
 
 def key_of_node(labels: Mapping[str, str]) -> str:
@@ -31,3 +31,8 @@ def split(key: str) -> tuple[str | None, str | None]:
         return None, None
     model, _, capacity = key.rpartition("|")
     return model, capacity
+
+
+def model_of(key: str) -> str:
+    """The GPU model of a kind ("" if unknown)."""
+    return split(key)[0] or ""

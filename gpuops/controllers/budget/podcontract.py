@@ -20,6 +20,8 @@ recorded finish is the pod's `late` part.
 
 from __future__ import annotations
 
+import contextlib
+import re
 from fractions import Fraction
 from typing import Any, NamedTuple
 
@@ -27,8 +29,10 @@ import structlog
 
 from gpuops.accounting.errors import AccountingError
 from gpuops.accounting.gpuhours import LedgerEntry
+from gpuops.accounting.pricing import mig_share
 from gpuops.accounting.reporting import settle_end
 from gpuops.accounting.requests import Container, PodSpecRequests, pod_request
+from gpuops.controllers.apigroup import DEFAULT_RESOURCE, MIG_RESOURCE_PREFIXES
 from gpuops.kube.objects import Pod
 from gpuops.kube.times import parse_time_or_none as _t
 
@@ -80,6 +84,9 @@ def pod_span(pod: Pod) -> PodSpan:
     return PodSpan(start, max(start, end), True)
 
 
+_COMPUTE = re.compile(r"^(\d+)g\.")
+
+
 def _container(c: Any) -> Container:
     r = c.resources
     return Container(
@@ -90,22 +97,43 @@ def _container(c: Any) -> Container:
     )
 
 
-def pod_gpus(pod: Pod, resource: str) -> Fraction:
-    """The pod's effective request of `resource` (0 when malformed: the API server would not have taken it)."""
+def pod_gpus(pod: Pod, resource: str, model: str = "") -> Fraction:
+    """The pod's effective request of `resource` (0 when malformed: the API server would not have taken it).
+
+    Whole GPUs (`nvidia.com/gpu`) include the pod's MIG slices, each as its share of the GPU (`mig_share`) on
+    `model`, the GPU model of its node; where that is not known, an "Ng" profile counts N of 7 compute slices (the
+    A100's, H100's and later GPUs'), and a profile that names none counts a whole GPU."""
     spec = pod.spec
     try:
-        return pod_request(
-            PodSpecRequests(
-                init_containers=[_container(c) for c in spec.init_containers or ()],
-                containers=[_container(c) for c in spec.containers or ()],
-                overhead=dict(spec.overhead or {}),
-            ),
-            resource,
+        requests = PodSpecRequests(
+            init_containers=[_container(c) for c in spec.init_containers or ()],
+            containers=[_container(c) for c in spec.containers or ()],
+            overhead=dict(spec.overhead or {}),
         )
+        total = pod_request(requests, resource)
+        if resource == DEFAULT_RESOURCE:
+            for name in _mig_resources(requests):
+                total += pod_request(requests, name) * _share(name.split("/mig-", 1)[1], model)
+        return total
     except AccountingError as e:
         log.warning("pod requests unreadable; counted as 0", pod=f"{pod.metadata.namespace}/{pod.metadata.name}",
                     error=str(e))
         return Fraction(0)
+
+
+def _mig_resources(pod: PodSpecRequests) -> set[str]:
+    names: set[str] = set()
+    for c in (*pod.init_containers, *pod.containers):
+        names.update(n for n in (*c.requests, *c.limits) if n.startswith(MIG_RESOURCE_PREFIXES))
+    return names
+
+
+def _share(profile: str, model: str) -> Fraction:
+    if model:
+        with contextlib.suppress(AccountingError):
+            return mig_share(model, profile)
+    compute = _COMPUTE.match(profile)
+    return min(Fraction(1), Fraction(int(compute.group(1)), 7)) if compute else Fraction(1)
 
 
 def counted_end(span: PodSpan, halted: int | None, counted: int | None) -> tuple[int | None, int]:

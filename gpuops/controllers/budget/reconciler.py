@@ -53,7 +53,7 @@ from .api import FINALIZER, PAUSED_BY, BudgetStatus, GPUWorkloadBudget, ParsedSp
 from .caches import PodFacts, SpecCache, facts_of
 from .carryover import in_period
 from .enforcement import EnforcementOptions, Enforcer, Outcome, Situation, Target
-from .kinds import key_of_node
+from .kinds import key_of_node, model_of
 from .ledger import Book, LedgerMemo, compact, ledger_from_status, ledger_to_status, recorded
 from .metrics import Published, Snapshot
 from .podcontract import PodSpan, counted_end, departed_entry, pod_gpus, pod_span
@@ -340,7 +340,8 @@ class BudgetReconciler:
         for pod in self._selection.pods_of(ns, spec):
             uid = pod.metadata.uid
             facts = self._memo(pod)
-            gpus, span = facts.gpus_of(pod, spec.resource), facts.span_of(pod)
+            kind = self._kind(pod, facts)
+            gpus, span = facts.gpus_of(pod, spec.resource, model_of(kind)), facts.span_of(pod)
             if span.end is None:
                 tally.open_uids.add(uid)
             interval = None
@@ -351,9 +352,9 @@ class BudgetReconciler:
             ):
                 interval = facts.interval_of(uid, span.start, end, gpus, late)
                 if span.end is not None and end is not None:
-                    tally.record(LedgerEntry(uid=uid, start=span.start, end=end, gpus=gpus, late=late,
-                                             key=self._kind(pod, facts)), pod.metadata.name)
-            tally.members.append(_Member(pod, span, gpus, interval, self._kind(pod, facts)))
+                    tally.record(LedgerEntry(uid=uid, start=span.start, end=end, gpus=gpus, late=late, key=kind),
+                                 pod.metadata.name)
+            tally.members.append(_Member(pod, span, gpus, interval, kind))
         return tally
 
     def _count_departed(self, key: str, spec: ParsedSpec, prev_book: Book, counted: dict[str, int],
@@ -362,7 +363,8 @@ class BudgetReconciler:
         for `_forget_recorded` once a status write holds them."""
         departed = dict(self._departed.get(key, {}))
         for uid, (pod, seen, kind) in departed.items():
-            entry = departed_entry(pod, seen, pod_gpus(pod, spec.resource), self.enforcer.vanished_end(uid),
+            entry = departed_entry(pod, seen, pod_gpus(pod, spec.resource, model_of(kind)),
+                                   self.enforcer.vanished_end(uid),
                                    counted.get(uid))
             if entry is not None and not prev_book.covers(entry.end):
                 tally.record(msgspec.structs.replace(entry, key=kind), pod.metadata.name)

@@ -14,7 +14,14 @@ from typing import Annotated, Any, ClassVar, Final, Literal
 
 import msgspec
 
-from gpuops.controllers.apigroup import ApiStruct, CustomObject, custom_resource, resource_type
+from gpuops.controllers.apigroup import (
+    NVIDIA_MIG_PREFIX,
+    OUR_MIG_PREFIX,
+    ApiStruct,
+    CustomObject,
+    custom_resource,
+    resource_type,
+)
 from gpuops.kube.crd import Column, Rule, crd
 from gpuops.kube.crd.patterns import dns_subdomain, syntax
 from gpuops.kube.objects import Condition
@@ -53,10 +60,8 @@ ADVERTISE: Final = "gpuops.io/advertise"
 NODE_LABEL: Final = "gpuops.io/node"
 """Claim label: the agent of that node watches only its claims."""
 POD_UID_LABEL: Final = "gpuops.io/pod-uid"
-NVIDIA_PREFIX: Final = "nvidia.com/mig-"
-"""What workloads ask for (NVIDIA's mixed strategy names, e.g. nvidia.com/mig-1g.10gb)."""
-OUR_PREFIX: Final = "gpuops.io/mig-"
-"""What the webhook renames it to, so only slices this operator created can satisfy it."""
+NVIDIA_PREFIX: Final = NVIDIA_MIG_PREFIX
+OUR_PREFIX: Final = OUR_MIG_PREFIX
 
 Phase = Literal["Pending", "Created", "Bound", "Released", "Failed"]
 PHASES: Final[tuple[Phase, ...]] = ("Pending", "Created", "Bound", "Released", "Failed")

@@ -160,6 +160,22 @@ def test_pod_gpus_is_the_effective_request() -> None:
     assert pod_gpus(cpu, "cpu") == Fraction(1, 10) and pod_gpus(cpu, "nvidia.com/gpu") == 0
 
 
+def test_mig_slices_count_as_their_share_of_the_gpu_under_whole_gpus() -> None:
+    """A 3g slice is 3/7 of an A100 or H100, a 2g slice 2/4 of an A30 (NVIDIA's MIG user guide); renamed
+    requests (gpuops.io/mig-*) count like NVIDIA's; an unknown model falls back to N of 7; another resource name
+    is not whole GPUs and counts only itself."""
+    mig = mkpod(spec={"containers": [
+        {"name": "a", "resources": {"limits": {"nvidia.com/mig-3g.40gb": "2"}}},
+        {"name": "b", "resources": {"limits": {"gpuops.io/mig-1g.10gb": "1", "nvidia.com/gpu": "1"}}}]})
+    assert pod_gpus(mig, "nvidia.com/gpu", "NVIDIA-A100-SXM4-80GB") == 1 + 2 * Fraction(3, 7) + Fraction(1, 7)
+    assert pod_gpus(mig, "nvidia.com/gpu") == 1 + Fraction(6, 7) + Fraction(1, 7)  # model unknown: N of 7
+    assert pod_gpus(mig, "nvidia.com/mig-3g.40gb") == 2
+    a30 = mkpod(spec={"containers": [{"name": "a", "resources": {"limits": {"nvidia.com/mig-2g.12gb": "1"}}}]})
+    assert pod_gpus(a30, "nvidia.com/gpu", "NVIDIA-A30") == Fraction(1, 2)
+    odd = mkpod(spec={"containers": [{"name": "a", "resources": {"limits": {"nvidia.com/mig-custom": "1"}}}]})
+    assert pod_gpus(odd, "nvidia.com/gpu", "NVIDIA-A100-SXM4-80GB") == 1  # no compute count: a whole GPU
+
+
 # ---------------------------------------------------------------------------------------------- ledger, diff
 
 
