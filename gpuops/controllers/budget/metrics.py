@@ -16,17 +16,19 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Protocol
 
 from prometheus_client import REGISTRY, Counter
 from prometheus_client.core import GaugeMetricFamily
 
-from gpuops.accounting.gpuhours import Interval, Ledger
+from gpuops.accounting.gpuhours import Interval, Ledger, consumed_by_key
 from gpuops.accounting.reporting import counting_instant, reported_usage
-from gpuops.accounting.windows import Window
+from gpuops.accounting.windows import Window, length_at
 from gpuops.kube.collector import SourcedCollector
+
+from .kinds import split
 
 __all__ = [
     "COLLECTOR", "ENFORCEMENT_ACTIONS", "BudgetCollector", "Published", "Snapshot", "SnapshotSource",
@@ -73,6 +75,8 @@ class Snapshot:
     window: Window
     quota: Fraction
     published: Published
+    kinds: Mapping[str, str] = field(default_factory=dict)
+    """The live intervals' kinds (GPU model and capacity type, `kinds`) by UID."""
 
 
 class SnapshotSource(Protocol):
@@ -92,13 +96,21 @@ _GAUGES = (
 _HOUR = 3600
 
 
+_BY_KIND = ("gpuops_budget_usage_gpu_seconds",
+            "GPU-seconds used inside the budget's window on one GPU model and capacity type, at scrape time (the "
+            "kinds add up to gpuops_budget_consumed_gpu_seconds).")
+
+
 class BudgetCollector(SourcedCollector[SnapshotSource]):
     def families(self) -> dict[str, GaugeMetricFamily]:
-        return {name: GaugeMetricFamily(name, text, labels=["namespace", "name"]) for name, text in _GAUGES}
+        out = {name: GaugeMetricFamily(name, text, labels=["namespace", "name"]) for name, text in _GAUGES}
+        out[_BY_KIND[0]] = GaugeMetricFamily(*_BY_KIND, labels=["namespace", "name", "model", "capacity_type"])
+        return out
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         sources = self.sources.current()
         rows: dict[tuple[str, str], tuple[float, ...]] = {}
+        kinds: dict[tuple[str, str, str, str], float] = {}
         for source in sources:
             now = source.now()
             for labels, snap in list(source.snapshots().items()):
@@ -113,11 +125,25 @@ class BudgetCollector(SourcedCollector[SnapshotSource]):
                     float(snap.quota * _HOUR),
                     float(usage.remaining * _HOUR),
                 )
+                for key, used in _by_kind(snap, at).items():
+                    model, capacity = split(key)
+                    kinds[(*labels, model or "", capacity or "")] = float(used * _HOUR)
         families = list(self.families().values())
+        *per_budget, per_kind = families
         for labels, values in sorted(rows.items()):
-            for family, value in zip(families, values, strict=True):
+            for family, value in zip(per_budget, values, strict=True):
                 family.add_metric(list(labels), value)
+        for kind_labels, value in sorted(kinds.items()):
+            per_kind.add_metric(list(kind_labels), value)
         return families
+
+
+def _by_kind(snap: Snapshot, at: int) -> dict[str, Fraction]:
+    """The snapshot's usage at counting instant `at` by kind (`consumed_by_key`)."""
+    live: dict[str, list[Interval]] = {}
+    for interval in snap.live:
+        live.setdefault(snap.kinds.get(interval.uid, ""), []).append(interval)
+    return consumed_by_key(live, snap.ledger, now=at, window=length_at(snap.window, at))
 
 
 COLLECTOR = BudgetCollector()

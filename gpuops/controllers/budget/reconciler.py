@@ -186,9 +186,10 @@ class BudgetReconciler:
         return now - round(lag * _SECOND) if lag > 0 else now
 
     def _publish(self, ns: str, name: str, live: tuple[Interval, ...], ledger: Ledger, spec: ParsedSpec,
-                 now: int) -> None:
+                 now: int, members: list[_Member]) -> None:
         """Leave the accounting inputs for scrapes; `now` is the first (counting) instant they report."""
-        self._snapshots[(ns, name)] = Snapshot(live, ledger, spec.window, spec.quota, Published(now))
+        kinds = {m.interval.uid: m.kind for m in members if m.interval is not None and m.kind}
+        self._snapshots[(ns, name)] = Snapshot(live, ledger, spec.window, spec.quota, Published(now), kinds)
 
     def _stop_counting(self, key: str, uid: str, at: int | None) -> None:
         """An eviction without grace is being sent (at `at`) or was refused (`at` None): end that pod's interval in
@@ -207,7 +208,7 @@ class BudgetReconciler:
             if i.uid == uid else i  # an evicted pod is open, or ended by us: never finished on its own
             for i in snap.live
         )
-        self._snapshots[(ns, name)] = Snapshot(live, snap.ledger, snap.window, snap.quota, snap.published)
+        self._snapshots[(ns, name)] = Snapshot(live, snap.ledger, snap.window, snap.quota, snap.published, snap.kinds)
 
     # ------------------------------------------------------------------------------------------ mappers
 
@@ -312,7 +313,7 @@ class BudgetReconciler:
         book = self._compact(prev_book, tally, spec, at)
         live = _live(tally.members, book)
         usage = reported_usage(live, book.ledger, now=at, window=spec.window, quota=spec.quota)
-        self._publish(budget.metadata.namespace, budget.metadata.name, live, book.ledger, spec, at)
+        self._publish(budget.metadata.namespace, budget.metadata.name, live, book.ledger, spec, at, tally.members)
         await self._hold(spec, tally.members)
         over_since = _over_since(budget.status, usage.over_quota, at)
         due_at = over_since + spec.delay if over_since is not None else None

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from budget_harness import NS, Clock, Reconciles, budget, environment, pod, running_since
+from prometheus_client import REGISTRY
 
 from gpuops.accounting.gpuhours import format_gpu_hours
 from gpuops.kube.controller import Request
@@ -50,6 +51,9 @@ async def test_usage_is_split_by_the_model_and_capacity_type_of_each_pods_node(t
         assert [(u.model, u.capacity_type, u.gpu_hours) for u in st.usage or ()] == [
             (A100, "OnDemand", format_gpu_hours(on_demand)), (A100, "Spot", format_gpu_hours(spot))]
         assert st.consumed_gpu_hours == format_gpu_hours(on_demand + spot)
+        for capacity, used in (("OnDemand", on_demand), ("Spot", spot)):  # the metrics, at the same instant
+            labels = {"namespace": NS, "name": "kinds", "model": A100, "capacity_type": capacity}
+            assert REGISTRY.get_sample_value("gpuops_budget_usage_gpu_seconds", labels) == float(used * 3_600)
 
         relabel = {"metadata": {"labels": {"karpenter.sh/capacity-type": "on-demand"}}}
         await env.client.patch(NODES, "a100-1", relabel)  # while cheap runs: it stays charged as it started
