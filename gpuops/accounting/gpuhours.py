@@ -384,20 +384,8 @@ def _exhaustion(
             if at > now:
                 jumps[at] = jumps.get(at, 0) + jump
                 slopes.setdefault(at, 0)
-    t, value = now, used
-    for at in sorted(slopes):
-        if slope > 0:
-            hit = t - (value - quota) // slope  # t + ceil((quota - value) / slope)
-            if hit < at:
-                return hit
-        value += slope * (at - t)
-        if jumps:
-            value += jumps.get(at, 0)
-        slope += slopes[at]
-        t = at
-        if value >= quota:
-            return t
-    return None  # past the last breakpoint every record is wholly in or out of the window: the value stays
+    # past the last breakpoint every record is wholly in or out of the window: the slope is 0, the value stays
+    return _walk(slopes, jumps, now, used, slope, quota)
 
 
 def compaction_error_bound(ledger: Ledger, *, now: int, window: int) -> Fraction:
@@ -441,23 +429,40 @@ def window_usage(
     """
     now = _instant(now, "now")
     window = _window(window)
+    records, scaled, edges = _evaluate(live, ledger, quota, now, window)
+    used, quota_scaled = edges.used, scaled.quota
+    slope = edges.burn - edges.leaving
+    over = used >= quota_scaled
+    return _answer(
+        records, ledger, scaled, edges, now=now, window=window,
+        exhausted=None if over else _exhaustion(scaled.spans, scaled.steps, now, window, used, slope, quota_scaled),
+        next_change=_next_change(edges.first, now, used, over, slope, quota_scaled),
+    )
+
+
+def _evaluate(live: Iterable[Interval], ledger: Ledger, quota: Fraction | int, now: int,
+              window: int) -> tuple[list[Interval | LedgerEntry], _Scaled, _Edges]:
+    """The records that count, on one integer scale with the quota, and one sweep of them at `now`."""
     quota_micros = _gpus(quota, "quota") * MICROS_PER_HOUR
     if not isinstance(ledger, Ledger):
         raise AccountingError(f"ledger must be a Ledger, got {ledger!r}")
     records = list(_winners(live, ledger).values())
     scaled = _on_common_scale(records, ledger.buckets, quota_micros)
-    edges = _sweep(scaled.spans, scaled.steps, now, window)
+    return records, scaled, _sweep(scaled.spans, scaled.steps, now, window)
+
+
+def _answer(records: list[Interval | LedgerEntry], ledger: Ledger, scaled: _Scaled, edges: _Edges, *, now: int,
+            window: int, exhausted: int | None, next_change: int | None) -> Usage:
+    """The Usage of one sweep, its figures back in GPU-hours."""
     used, quota_scaled, scale = edges.used, scaled.quota, scaled.scale
-    slope = edges.burn - edges.leaving
-    over = used >= quota_scaled
     per_hour = scale * MICROS_PER_HOUR
     return Usage(
         consumed=Fraction(used, per_hour),
         remaining=max(Fraction(0), Fraction(quota_scaled - used, per_hour)),
-        over_quota=over,
+        over_quota=used >= quota_scaled,
         burn_rate=Fraction(edges.burn, scale),
-        exhausted_at=None if over else _exhaustion(scaled.spans, scaled.steps, now, window, used, slope, quota_scaled),
-        next_change=_next_change(edges.first, now, used, over, slope, quota_scaled),
+        exhausted_at=exhausted,
+        next_change=next_change,
         error_bound=compaction_error_bound(ledger, now=now, window=window)
         + late_error_bound(records, now=now, window=window),
         pods_in_window=edges.members,
@@ -477,29 +482,15 @@ def period_usage(
     now, start, end = _instant(now, "now"), _instant(start, "start"), _instant(end, "end")
     if not start <= now < end:
         raise IntervalError(f"now must lie in the period [start, end), got {now} outside [{start}, {end})")
-    quota_micros = _gpus(quota, "quota") * MICROS_PER_HOUR
-    if not isinstance(ledger, Ledger):
-        raise AccountingError(f"ledger must be a Ledger, got {ledger!r}")
-    records = list(_winners(live, ledger).values())
-    scaled = _on_common_scale(records, ledger.buckets, quota_micros)
-    edges = _sweep(scaled.spans, scaled.steps, now, now - start)
-    used, quota_scaled, scale = edges.used, scaled.quota, scaled.scale
+    records, scaled, edges = _evaluate(live, ledger, quota, now, now - start)
+    used, quota_scaled = edges.used, scaled.quota
     slopes, jumps = _period_breakpoints(scaled.spans, scaled.steps, now, end)
     over = used >= quota_scaled
     exhausted = None if over else _walk(slopes, jumps, now, used, edges.burn, quota_scaled)
     flips = [] if over or edges.burn <= 0 else [now - (used - quota_scaled) // edges.burn]
-    per_hour = scale * MICROS_PER_HOUR
-    return Usage(
-        consumed=Fraction(used, per_hour),
-        remaining=max(Fraction(0), Fraction(quota_scaled - used, per_hour)),
-        over_quota=over,
-        burn_rate=Fraction(edges.burn, scale),
-        exhausted_at=exhausted if exhausted is not None and exhausted < end else None,
-        next_change=min([end, *slopes, *flips]),
-        error_bound=compaction_error_bound(ledger, now=now, window=now - start)
-        + late_error_bound(records, now=now, window=now - start),
-        pods_in_window=edges.members,
-    )
+    return _answer(records, ledger, scaled, edges, now=now, window=now - start,
+                   exhausted=exhausted if exhausted is not None and exhausted < end else None,
+                   next_change=min([end, *slopes, *flips]))
 
 
 def _period_breakpoints(
