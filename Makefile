@@ -37,7 +37,7 @@ typecheck: install
 	$(BIN)/mypy --strict gpuops sim/gpuops_sim
 
 unit: install
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=30
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=30 -n 2 --dist loadgroup
 
 test: lint typecheck unit
 

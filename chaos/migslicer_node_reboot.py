@@ -81,9 +81,21 @@ async def one_round(mr: MigRig, node: str, kind: str, problems: list[str], wait:
     if kind == "agent-too":
         info["agent_start_s"] = await mr.start_agent(node)
 
-    t_failed = await wait_for(f"{node}: the Bound claims Failed", lambda: all(c.phase == "Failed" for c in bound), 30)
+    def lost() -> bool:
+        """Each running pod lost its slices: a claim of it Failed, and every other one Failed too or was Released
+        (the allocator evicts the pod at its first Failed claim, and may release the rest before the agent
+        reports them)."""
+        by_pod: dict[str, list[Any]] = {}
+        for c in bound:
+            by_pod.setdefault(c.pod_uid, []).append(c)
+        return all(any(c.reached("Failed") is not None for c in claims)
+                   and all(c.reached("Failed") is not None or c.phase == "Released" or c.gone_at is not None
+                           for c in claims) for claims in by_pod.values())
+
+    t_failed = await wait_for(f"{node}: the Bound claims Failed", lost, 30)
     info["reboot_to_bound_failed_s"] = round(t_failed - rebooted, 3)
-    info["failed_messages"] = sorted({str((c.last.get("status") or {}).get("message") or "") for c in bound})
+    info["failed_messages"] = sorted({str((c.last.get("status") or {}).get("message") or "") for c in bound
+                                      if c.phase == "Failed"})
     if not all(info["failed_messages"]):
         problems.append(f"{node}: a Failed claim carries no message")
 

@@ -25,6 +25,20 @@ def pytest_configure(config: pytest.Config) -> None:
         structlog.configure(processors=processors)
 
 
+HOST_PROCESS_TESTS = ("tests/e2e/", "tests/sim/test_demo_report.py", "tests/sim/cluster/test_process_pods.py")
+"""Tests that run the operator, or the emulator's process pods, as real processes of this machine."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`make test` runs two pytest-xdist workers (--dist loadgroup). Each file's tests stay in one worker, in
+    order, as they would run alone; the tests in HOST_PROCESS_TESTS all run in one worker, one after another, so
+    they never contend with each other for host ports (a process pod listens where its manifest says) or for the
+    CPU their timing assumes. Without xdist the marks change nothing."""
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group("host-processes" if path.startswith(HOST_PROCESS_TESTS) else path))
+
+
 @pytest.fixture(autouse=True)
 def _apiserver_warnings_are_failures(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
