@@ -16,7 +16,7 @@ import zoneinfo
 from functools import cache
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gpuops.accounting.calendar import CALENDARS, Calendar, Period, first_instant_of, local_date, period_at
@@ -97,6 +97,7 @@ calendars = st.sampled_from(CALENDARS)
 
 @settings(max_examples=300, deadline=None)
 @given(cases, calendars)
+@example(("Pacific/Apia", 1_325_239_199_000_000), "Day")
 def test_a_period_holds_its_instant_starts_a_date_and_ends_where_the_next_begins(
         case: tuple[str, int], cal: Calendar) -> None:
     name, instant = case
@@ -105,11 +106,12 @@ def test_a_period_holds_its_instant_starts_a_date_and_ends_where_the_next_begins
     assert period_at(p.start, cal, zone(name)) == p
     assert period_at(p.end - 1, cal, zone(name)) == p
     following = period_at(p.end, cal, zone(name))
-    assert following.start == p.end and following.first_day == p.next_first_day
+    assert following.start == p.end and following.first_day >= p.next_first_day  # later where that date was skipped
 
 
 @settings(max_examples=300, deadline=None)
 @given(cases, calendars)
+@example(("Pacific/Apia", 1_325_239_199_000_000), "Day")  # the day before the one Samoa skipped
 def test_glibc_reads_the_bounds_as_the_first_instants_of_their_dates(case: tuple[str, int], cal: Calendar) -> None:
     """The second before `start` is on an earlier date by glibc's reading, `start` on the period's first date
     (and the same at `end`): the bounds are where the C library sees the dates change."""
@@ -118,8 +120,8 @@ def test_glibc_reads_the_bounds_as_the_first_instants_of_their_dates(case: tuple
     assert p.start % 1_000_000 == 0 and p.end % 1_000_000 == 0  # the tz database moves clocks on whole seconds
     before_start, start, before_end, end = glibc_dates(
         name, [p.start // 1_000_000 - 1, p.start // 1_000_000, p.end // 1_000_000 - 1, p.end // 1_000_000])
-    assert before_start < p.first_day == start
-    assert before_end < p.next_first_day == end
+    assert before_start < p.first_day <= start  # the clock may jump past a first day (Samoa skipped 2011-12-30)
+    assert before_end < p.next_first_day <= end
 
 
 @settings(max_examples=300, deadline=None)
