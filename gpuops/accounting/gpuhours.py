@@ -62,6 +62,8 @@ and `next_change` is at the latest `end`.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Collection, Iterable, Mapping
 from fractions import Fraction
@@ -85,6 +87,7 @@ __all__ = [
     "counted_intervals",
     "format_gpu_hours",
     "gpu_hours",
+    "keyed_records",
     "late_error_bound",
     "period_usage",
     "record",
@@ -316,6 +319,27 @@ def gpu_hours(intervals: Iterable[Interval], *, now: int, window: int) -> Fracti
     return total / MICROS_PER_HOUR
 
 
+def keyed_records(
+    live: Mapping[str, Iterable[Interval]], ledger: Ledger | Iterable[LedgerEntry] = ()
+) -> list[tuple[Interval, str]]:
+    """The records that count (one per UID, as `counted_intervals`), each with its key: `live` intervals
+    under the key they are given, ledger entries under their own (sorted by UID)."""
+    key_of: dict[int, str] = {}
+    flat: list[Interval] = []
+    for key, items in live.items():
+        for item in _checked(items, Interval, "live intervals"):
+            key_of[id(item)] = key
+            flat.append(item)
+    out: list[tuple[Interval, str]] = []
+    for _, record in sorted(_winners(flat, ledger).items()):
+        if isinstance(record, Interval):
+            out.append((record, key_of[id(record)]))
+        else:
+            out.append((Interval(uid=record.uid, start=record.start, end=record.end, gpus=record.gpus,
+                                 late=record.late), record.key))
+    return out
+
+
 def consumed_by_key(
     live: Mapping[str, Iterable[Interval]],
     ledger: Ledger = Ledger(),  # noqa: B008 - immutable frozen Struct
@@ -328,18 +352,9 @@ def consumed_by_key(
     usage goes to) and buckets count whole while they overlap the window, so the keys' figures add up to its
     `consumed` exactly."""
     now, window = _instant(now, "now"), _window(window)
-    key_of: dict[int, str] = {}
-    flat: list[Interval] = []
-    for key, items in live.items():
-        for item in _checked(items, Interval, "live intervals"):
-            key_of[id(item)] = key
-            flat.append(item)
     grouped: dict[str, list[Interval]] = {}
-    for record in _winners(flat, ledger).values():
-        key = record.key if isinstance(record, LedgerEntry) else key_of[id(record)]
-        as_interval = record if isinstance(record, Interval) else Interval(
-            uid=record.uid, start=record.start, end=record.end, gpus=record.gpus, late=record.late)
-        grouped.setdefault(key, []).append(as_interval)
+    for record, key in keyed_records(live, ledger):
+        grouped.setdefault(key, []).append(record)
     out = {key: gpu_hours(items, now=now, window=window) for key, items in grouped.items()}
     for b in ledger.buckets:
         if b.start < now and now - window < b.end and b.gpu_micros:
@@ -641,13 +656,18 @@ def compact_ledger(
     max_entries: int,
     bucket_width: int,
     live_uids: Collection[str] = frozenset(),
+    cuts: Collection[int] = (),
 ) -> Ledger:
     """Drop what left the window for good and merge the oldest entries into grid buckets (see module doc).
 
     Valid for evaluations at instants >= `now` (time only moves forward) with the same window: what lies
     before `now - window` is discarded, so widening the window later cannot bring it back. Entries ending
     after `now` or whose UID is in `live_uids` are never merged, so the result holds at most `max_entries`
-    entries plus those, and at most ceil(window / bucket_width) + 1 buckets per bucket width ever used.
+    entries plus those, and at most ceil(window / bucket_width) + 1 buckets per bucket width ever used, plus
+    one per cut inside the window.
+
+    `cuts`: instants no new bucket straddles (a grid cell holding one is split there), so whatever changes at a
+    cut (e.g. a price) can be told from a bucket's start.
     """
     now, window, width, limit = _compaction_args(ledger, now, window, max_entries, bucket_width)
     horizon = now - window
@@ -660,12 +680,12 @@ def compact_ledger(
         merged = _oldest_mergeable(keep, len(keep) - limit, live_uids, now)
         merged_uids = {e.uid for e in merged}
         keep = [e for e in keep if e.uid not in merged_uids]
-        cells, late_cells = _pieces_by_cell(merged, horizon, width)
-        for (k, key), pieces in cells.items():
-            slot = grid.setdefault((k * width, (k + 1) * width, key), [Fraction(0), Fraction(0), Fraction(0)])
+        cells, late_cells = _pieces_by_cell(merged, horizon, width, sorted(set(cuts)))
+        for cell, pieces in cells.items():
+            slot = grid.setdefault(cell, [Fraction(0), Fraction(0), Fraction(0)])
             slot[0] += sum((g * (hi - lo) for lo, hi, g in pieces), Fraction(0))
             slot[1] += _peak(pieces)
-            slot[2] += late_cells.get((k, key), Fraction(0))
+            slot[2] += late_cells.get(cell, Fraction(0))
 
     return Ledger(
         entries=tuple(sorted(keep, key=lambda e: (e.start, e.uid))),
@@ -722,23 +742,34 @@ def _oldest_mergeable(keep: list[LedgerEntry], count: int, live_uids: Collection
 
 
 def _pieces_by_cell(
-    merged: list[LedgerEntry], horizon: int, width: int
-) -> tuple[dict[tuple[int, str], list[tuple[int, int, Fraction]]], dict[tuple[int, str], Fraction]]:
-    """The merged entries cut at the grid lines: per cell index and key, the pieces (start, end, GPUs) and the
-    GPU-microseconds of their late parts."""
-    cells: dict[tuple[int, str], list[tuple[int, int, Fraction]]] = {}
-    late_cells: dict[tuple[int, str], Fraction] = {}
+    merged: list[LedgerEntry], horizon: int, width: int, cuts: list[int]
+) -> tuple[dict[tuple[int, int, str], list[tuple[int, int, Fraction]]], dict[tuple[int, int, str], Fraction]]:
+    """The merged entries cut at the grid lines and at `cuts` (sorted): per cell (start, end, key), the pieces
+    (start, end, GPUs) and the GPU-microseconds of their late parts."""
+    cells: dict[tuple[int, int, str], list[tuple[int, int, Fraction]]] = {}
+    late_cells: dict[tuple[int, int, str], Fraction] = {}
     for e in merged:
         lo = max(e.start, horizon)  # the part before the horizon can never be in a later window
         if e.gpus == 0 or lo >= e.end:
             continue
         for k in range(lo // width, (e.end - 1) // width + 1):
-            piece_lo, piece_hi = max(lo, k * width), min(e.end, (k + 1) * width)
-            cells.setdefault((k, e.key), []).append((piece_lo, piece_hi, e.gpus))
-            late = piece_hi - max(piece_lo, e.end - e.late)
-            if late > 0:
-                late_cells[(k, e.key)] = late_cells.get((k, e.key), Fraction(0)) + e.gpus * late
+            for cell_lo, cell_hi in _cut_cell(k * width, (k + 1) * width, cuts):
+                piece_lo, piece_hi = max(lo, cell_lo), min(e.end, cell_hi)
+                if piece_hi <= piece_lo:
+                    continue
+                cell = (cell_lo, cell_hi, e.key)
+                cells.setdefault(cell, []).append((piece_lo, piece_hi, e.gpus))
+                late = piece_hi - max(piece_lo, e.end - e.late)
+                if late > 0:
+                    late_cells[cell] = late_cells.get(cell, Fraction(0)) + e.gpus * late
     return cells, late_cells
+
+
+def _cut_cell(lo: int, hi: int, cuts: list[int]) -> list[tuple[int, int]]:
+    """The grid cell [lo, hi) split at the cuts strictly inside it."""
+    inside = cuts[bisect.bisect_right(cuts, lo):bisect.bisect_left(cuts, hi)]
+    bounds = [lo, *inside, hi]
+    return list(itertools.pairwise(bounds))
 
 
 def format_gpu_hours(value: Fraction | int, places: int = 6) -> str:

@@ -19,14 +19,22 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from fractions import Fraction
 from typing import Final, Literal, NamedTuple, TypeVar
 
 import msgspec
 
 from gpuops.accounting.errors import AccountingError
-from gpuops.accounting.gpuhours import Interval, LedgerEntry, gpu_hours
+from gpuops.accounting.gpuhours import (
+    MICROS_PER_HOUR,
+    Interval,
+    Ledger,
+    LedgerBucket,
+    LedgerEntry,
+    gpu_hours,
+    keyed_records,
+)
 from gpuops.accounting.mig import geometry, normalize_model
 
 __all__ = [
@@ -39,11 +47,14 @@ __all__ = [
     "Rates",
     "Totals",
     "Unit",
-    "breakdown",
+    "bucket_in_unit",
     "factor",
     "in_unit",
+    "ledger_in_unit",
     "mig_share",
+    "totals_by_key",
     "version_at",
+    "version_starts",
 ]
 
 Capacity = Literal["OnDemand", "Spot"]
@@ -158,16 +169,47 @@ def in_unit(records: Iterable[tuple[_R, Attribution]], versions: Sequence[PriceV
     return out
 
 
-def breakdown(records: Iterable[tuple[Interval, Attribution]], versions: Sequence[PriceVersion], *, now: int,
-              window: int) -> dict[Attribution, Totals]:
-    """GPU-hours, weighted GPU-hours and cost inside `[now - window, now)` by model and capacity type, summed as
-    given (deduplicate live and ledger records first, e.g. with `counted_intervals`)."""
-    by: dict[Attribution, list[Interval]] = {}
-    for record, attribution in records:
-        by.setdefault(attribution, []).append(record)
-    out: dict[Attribution, Totals] = {}
-    for attribution, items in by.items():
-        pairs = [(r, attribution) for r in items]
-        out[attribution] = Totals(*(gpu_hours(in_unit(pairs, versions, unit), now=now, window=window)
-                                    for unit in UNITS))
+def version_starts(versions: Sequence[PriceVersion]) -> tuple[int, ...]:
+    """Where prices change: the `since` of every version but the first (which also holds before its own)."""
+    return tuple(_checked(versions)[1:])
+
+
+def bucket_in_unit(bucket: LedgerBucket, attribution: Attribution, versions: Sequence[PriceVersion],
+                   unit: Unit) -> LedgerBucket:
+    """A ledger bucket with its amounts counted in `unit`, at the prices in force at its start: compaction cuts
+    its cells where a version begins (`version_starts` as its cuts), so a bucket lies within one version."""
+    rates = version_at(versions, bucket.start).table.of(attribution.model)
+    f = factor(rates, attribution.capacity, unit)
+    return msgspec.structs.replace(bucket, gpu_micros=bucket.gpu_micros * f, peak_gpus=bucket.peak_gpus * f,
+                                   late_gpu_micros=bucket.late_gpu_micros * f)
+
+
+def ledger_in_unit(live: Mapping[str, Iterable[Interval]], ledger: Ledger, attribution_of: Callable[[str], Attribution],
+                   versions: Sequence[PriceVersion], unit: Unit) -> tuple[list[Interval], Ledger]:
+    """The window inputs counted in `unit`: the records that count (one per UID, `keyed_records`) cut at price
+    versions and scaled (`in_unit`), and the ledger's buckets scaled (`bucket_in_unit`); `live` intervals are
+    given by key, entries and buckets carry theirs, and `attribution_of` reads a key."""
+    records = in_unit(((r, attribution_of(key)) for r, key in keyed_records(live, ledger)), versions, unit)
+    buckets = tuple(bucket_in_unit(b, attribution_of(b.key), versions, unit) for b in ledger.buckets)
+    return records, Ledger(buckets=buckets)
+
+
+def totals_by_key(live: Mapping[str, Iterable[Interval]], ledger: Ledger, attribution_of: Callable[[str], Attribution],
+                  versions: Sequence[PriceVersion], *, now: int, window: int) -> dict[str, Totals]:
+    """GPU-hours, weighted GPU-hours and cost inside `[now - window, now)` by key, counted as the window counts
+    them (one record per UID; buckets whole while they overlap the window), so the keys add up to the total."""
+    grouped: dict[str, list[Interval]] = {}
+    for record, key in keyed_records(live, ledger):
+        grouped.setdefault(key, []).append(record)
+    out: dict[str, Totals] = {}
+    for key in {*grouped, *(b.key for b in ledger.buckets)}:
+        pairs = [(r, attribution_of(key)) for r in grouped.get(key, ())]
+        sums = []
+        for unit in UNITS:
+            total = gpu_hours(in_unit(pairs, versions, unit), now=now, window=window)
+            for b in ledger.buckets:
+                if b.key == key and b.start < now and now - window < b.end and b.gpu_micros:
+                    total += bucket_in_unit(b, attribution_of(key), versions, unit).gpu_micros / MICROS_PER_HOUR
+            sums.append(total)
+        out[key] = Totals(*sums)
     return out

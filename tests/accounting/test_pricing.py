@@ -11,7 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuops.accounting.errors import AccountingError
-from gpuops.accounting.gpuhours import MICROS_PER_HOUR, Interval, LedgerEntry, gpu_hours, window_usage
+from gpuops.accounting.gpuhours import (
+    MICROS_PER_HOUR,
+    Interval,
+    Ledger,
+    LedgerEntry,
+    compact_ledger,
+    gpu_hours,
+    window_usage,
+)
 from gpuops.accounting.pricing import (
     CAPACITIES,
     UNITS,
@@ -20,11 +28,13 @@ from gpuops.accounting.pricing import (
     PriceVersion,
     Rates,
     Unit,
-    breakdown,
     factor,
     in_unit,
+    ledger_in_unit,
     mig_share,
+    totals_by_key,
     version_at,
+    version_starts,
 )
 
 F = Fraction
@@ -95,20 +105,63 @@ def test_usage_in_any_unit_is_the_stepwise_sum_at_the_prices_in_force(
     assert len(pieces) == len(records) + cuts  # cut where a later version begins inside a record, nowhere else
 
 
+def key_of(a: Attribution) -> str:
+    return f"{a.model}|{a.capacity}"
+
+
+def attribution_of(key: str) -> Attribution:
+    model, _, capacity = key.rpartition("|")
+    assert capacity in CAPACITIES
+    return Attribution(model, "Spot" if capacity == "Spot" else "OnDemand")
+
+
+def by_key(records: list[tuple[Interval, Attribution]]) -> dict[str, list[Interval]]:
+    out: dict[str, list[Interval]] = {}
+    for r, a in records:
+        out.setdefault(key_of(a), []).append(r)
+    return out
+
+
 @settings(max_examples=200, deadline=None)
 @given(attributed(), histories(), moments, windows)
-def test_gpu_hours_are_the_plain_ones_and_the_breakdown_adds_up(
+def test_gpu_hours_are_the_plain_ones_and_the_totals_by_key_add_up(
         records: list[tuple[Interval, Attribution]], versions: list[PriceVersion], now: int, window: int) -> None:
     plain = [r for r, _ in records]
     assert gpu_hours(in_unit(records, versions, "GPUHours"), now=now, window=window) == gpu_hours(
         plain, now=now, window=window)
-    parts = breakdown(records, versions, now=now, window=window)
+    parts = totals_by_key(by_key(records), Ledger(), attribution_of, versions, now=now, window=window)
     for unit, index in zip(UNITS, range(3), strict=True):
         assert sum((t[index] for t in parts.values()), F(0)) == stepwise(records, versions, unit, now=now,
                                                                          window=window)
-    for attribution, totals in parts.items():
-        mine = [(r, a) for r, a in records if a == attribution]
+    for key, totals in parts.items():
+        mine = [(r, a) for r, a in records if key_of(a) == key]
         assert totals.cost == stepwise(mine, versions, "Cost", now=now, window=window)
+
+
+@settings(max_examples=200, deadline=None)
+@given(attributed(), histories(), st.sampled_from(UNITS), st.integers(1, 40), st.integers(0, 3))
+def test_compacted_usage_keeps_the_prices_in_force_when_it_ran(
+        records: list[tuple[Interval, Attribution]], versions: list[PriceVersion], unit: Unit, width: int,
+        keep: int) -> None:
+    """Finished records merged into buckets cut where a version begins: each bucket is priced by the version at
+    its start, so with the whole history in the window (no bucket straddles its edge) the figures by key and in
+    total are exact, the same as before compaction."""
+    entries = tuple(LedgerEntry(uid=r.uid, start=r.start, end=r.end, gpus=r.gpus, late=r.late, key=key_of(a))
+                    for r, a in records if r.end is not None)
+    finished = [(r, a) for r, a in records if r.end is not None]
+    now = 4_600
+    compacted = compact_ledger(Ledger(entries=entries), now=now, window=now + 1, max_entries=keep,
+                               bucket_width=width, cuts=version_starts(versions))
+    starts = version_starts(versions)
+    assert not any(b.start < s < b.end for b in compacted.buckets for s in starts)  # no bucket spans a change
+    def nonzero(ledger: Ledger) -> dict[str, tuple[Fraction, ...]]:  # a record of 0 GPUs makes no bucket
+        got = totals_by_key({}, ledger, attribution_of, versions, now=now, window=now + 1)
+        return {k: tuple(t) for k, t in got.items() if any(t)}
+
+    assert nonzero(compacted) == nonzero(Ledger(entries=entries))
+    pieces, ledger = ledger_in_unit({}, compacted, attribution_of, versions, unit)
+    usage = window_usage(pieces, ledger, now=now, window=now + 1, quota=F(10**9))
+    assert usage.consumed == stepwise(finished, versions, unit, now=now, window=now + 1)
 
 
 @settings(max_examples=200, deadline=None)
