@@ -1,4 +1,4 @@
-"""What the budget benchmarks share: the namespace and CRD they run with, the metric they scrape, the target."""
+"""What the budget benchmarks share: the namespace and CRDs they run with, the metric they scrape, the target."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from fractions import Fraction
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CRD = ROOT / "manifests" / "crds" / "gpuworkloadbudgets.gpuops.io.yaml"
+CRDS = [ROOT / "manifests" / "crds" / f"{plural}.gpuops.io.yaml" for plural in ("gpuworkloadbudgets", "gpupricelists")]
+"""The budget controller's CRDs: budgets and the price lists it reads."""
 NS = "bench"
 BUDGETS_PATH = f"/apis/gpuops.io/v1alpha1/namespaces/{NS}/gpuworkloadbudgets"
 METRIC = "gpuops_budget_consumed_gpu_seconds"  # GPU-seconds; the figures divide it by 3600 (GPU-hours)

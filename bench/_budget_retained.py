@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from _budget_common import BUDGETS_PATH, CRD, METRIC, NS, TARGET, ratio
+from _budget_common import BUDGETS_PATH, CRDS, METRIC, NS, TARGET, ratio
 
 from gpuops.accounting.reporting import counting_instant
 from gpuops_sim.budget_workload import MICROS, budget, job, micros, pod, scenario, truth
@@ -95,7 +95,7 @@ async def retained(plan: RetainedPlan) -> dict[str, Any]:
     sc = scenario("budget-retained", nodes, namespaces=[NS], events=False, start_latency=0.5, lease=30.0,
                   node_status=300.0)
     with tempfile.TemporaryDirectory() as tmp:
-        async with OperatorHarness(SimCluster(sc, workload=False, faults=False), Path(tmp), crds=[CRD]) as rig:
+        async with OperatorHarness(SimCluster(sc, workload=False, faults=False), Path(tmp), crds=CRDS) as rig:
             deleted: set[str] = set()  # every pod deletion the store makes (a synchronous listener: none is missed)
             rig.cluster.access.listen(
                 lambda ev: deleted.add(ev.key[1]) if ev.gr == PODS and ev.type == "DELETED" else None)

@@ -73,7 +73,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _budget_common import BUDGETS_PATH, CRD, METRIC, NS, TARGET, ratio
+from _budget_common import BUDGETS_PATH, CRDS, METRIC, NS, TARGET, ratio
 from _budget_retained import (
     RETAINED_FULL,
     RETAINED_QUICK,
@@ -106,7 +106,7 @@ async def accuracy(resource: str, amount: str, pods: int, compress: float) -> di
     sc = scenario(f"budget-accuracy-{resource}", nodes, namespaces=[NS], events=True, start_latency=0.5)
     labels = {"app": "budget-bench"}
     with tempfile.TemporaryDirectory() as tmp:
-        async with OperatorHarness(SimCluster(sc, workload=False, faults=False), Path(tmp), crds=[CRD]) as rig:
+        async with OperatorHarness(SimCluster(sc, workload=False, faults=False), Path(tmp), crds=CRDS) as rig:
             await rig.request("POST", BUDGETS_PATH, budget("seed", labels, resource))
 
             async def accounted() -> bool:
@@ -211,7 +211,7 @@ async def scale(budgets: int, fill: int, fill_rate: float, pods: int, rate: floa
     sc = scenario("budget-scale", nodes, namespaces=[NS], events=False, start_latency=0.5, lease=30.0,
                   node_status=300.0, history=max(10_000, 4 * total))
     with tempfile.TemporaryDirectory() as tmp:
-        async with OperatorHarness(SimCluster(sc, workload=False, faults=False), Path(tmp), crds=[CRD]) as rig:
+        async with OperatorHarness(SimCluster(sc, workload=False, faults=False), Path(tmp), crds=CRDS) as rig:
             names = [f"b-{i:04d}" for i in range(budgets)]
             for n in names:
                 await rig.request("POST", BUDGETS_PATH, budget(n, {"budget": n}, "cpu"))

@@ -32,12 +32,13 @@ from gpuops_sim.cluster.cluster import BUDGETS, SimCluster
 from gpuops_sim.harness import OperatorHarness, metric_value, now_us, until
 
 __all__ = [
-    "BUDGETS_PATH", "CRD", "GPU", "METRIC", "NS", "TARGET", "Chaos", "PodLog", "PodRecord", "accuracy_ok",
+    "BUDGETS_PATH", "CRDS", "GPU", "METRIC", "NS", "TARGET", "Chaos", "PodLog", "PodRecord", "accuracy_ok",
     "gpu_seconds", "metric_gpu_hours", "open_rig", "ratio", "set_labels", "snapshot", "snapshot_ok", "window_accuracy",
 ]
 
 ROOT = Path(__file__).resolve().parents[1]
-CRD = ROOT / "manifests" / "crds" / "gpuworkloadbudgets.gpuops.io.yaml"
+CRDS = [ROOT / "manifests" / "crds" / f"{plural}.gpuops.io.yaml" for plural in ("gpuworkloadbudgets", "gpupricelists")]
+"""The budget controller's CRDs: budgets and the price lists it reads."""
 NS = "chaos"
 BUDGETS_PATH = f"/apis/gpuops.io/v1alpha1/namespaces/{NS}/gpuworkloadbudgets"
 METRIC = "gpuops_budget_consumed_gpu_seconds"  # GPU-seconds: `metric_gpu_hours` divides the scraped float by 3600
@@ -197,14 +198,14 @@ class Chaos(OnHarness):
 @contextlib.asynccontextmanager
 async def open_rig(name: str, gpus: int, *, seed: int, log_level: str = "WARNING") -> AsyncIterator[Chaos]:
     """An emulated cluster with room for `gpus` 1-GPU pods (A100 nodes of 8, one spare), Events on, kubelet
-    start latency 0.5 s (as the accuracy bench), the CRD installed and `gpuops run --controllers budget`."""
+    start latency 0.5 s (as the accuracy bench), the CRDs installed and `gpuops run --controllers budget`."""
     nodes = -(-gpus // 8) + 1
     sc = scenario(name, nodes, namespaces=[NS], events=True, start_latency=0.5)
     cluster = SimCluster(sc, workload=False, faults=False)
     cluster.server.faults = Faults(seed)  # the injector's draws follow --seed
     log = PodLog(cluster)
     with tempfile.TemporaryDirectory() as tmp:
-        async with OperatorHarness(cluster, Path(tmp), crds=[CRD], log_level=log_level) as rig:
+        async with OperatorHarness(cluster, Path(tmp), crds=CRDS, log_level=log_level) as rig:
             yield Chaos(rig, log)
 
 

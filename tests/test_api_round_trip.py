@@ -30,6 +30,13 @@ SAMPLES_BY_FIELD = {
     "maxPrice": "1.25",
     "profile": "3g.40gb",
     "gpuHours": "2500m",
+    "weightedGpuHours": "4",
+    "amount": "5000",
+    "currency": "EUR",
+    "onDemand": "2.49",
+    "spot": "0.75",
+    "weight": "4",
+    "model": "NVIDIA-H100-80GB-HBM3",
     # fields CEL rules relate to others
     "url": "https://power.example.com/hook",
     "operator": "In",
@@ -42,8 +49,10 @@ SAMPLES_BY_FIELD = {
     "claim": "default/round-trip",
 }
 MAP_KEYS = {"headers": "X-Site"}
-ONE_OF = {"GPUWorkloadBudget": ("spec.quota.windowHours", "spec.quota.window")}
-"""Fields a CEL rule lets only one of be set: each is written in a round trip of its own, without the others."""
+ONE_OF = {"GPUWorkloadBudget": (("spec.quota.windowHours", "spec.quota.window"),
+                                 ("spec.quota.gpuHours", "spec.quota.weightedGpuHours", "spec.quota.cost"))}
+"""Groups of fields a CEL rule lets only one of be set: each is written in a round trip of its own, without the
+others of its group (and with the first of every other group)."""
 TIME = "2026-01-02T03:04:05Z"
 
 
@@ -90,8 +99,10 @@ def populated(resource: CustomResource, keep: str | None = None) -> dict[str, An
     schema = resource_schema(resource)
     rt = resource.resource
     obj = {k: sample(schema["properties"][k], k, k) for k in ("spec", "status")}
-    for path in ONE_OF.get(rt.kind, ()):
-        if path != keep:
+    groups = ONE_OF.get(rt.kind, ())
+    kept = {keep} | {g[0] for g in groups if keep not in g}
+    for path in (p for g in groups for p in g):
+        if path not in kept:
             *parents, last = path.split(".")
             holder = obj
             for part in parents:
@@ -101,7 +112,7 @@ def populated(resource: CustomResource, keep: str | None = None) -> dict[str, An
     return obj
 
 
-CASES = [(r, keep) for r in CRDS for keep in ONE_OF.get(r.resource.kind, (None,))]
+CASES = [(r, keep) for r in CRDS for keep in [p for g in ONE_OF.get(r.resource.kind, ((None,),)) for p in g]]
 
 
 def leaves(value: Any, path: str = "") -> set[str]:

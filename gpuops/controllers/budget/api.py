@@ -12,6 +12,7 @@ overQuotaSince, exhaustsAt: `gpuops.accounting.reporting`); lastEnforcement.time
 
 from __future__ import annotations
 
+import re
 import zoneinfo
 from dataclasses import dataclass
 from fractions import Fraction
@@ -22,12 +23,14 @@ import msgspec
 from gpuops.accounting import windows as win
 from gpuops.accounting.calendar import CALENDARS, Calendar
 from gpuops.accounting.errors import AccountingError
-from gpuops.accounting.gpuhours import MICROS_PER_HOUR
+from gpuops.accounting.gpuhours import MICROS_PER_HOUR, format_gpu_hours
+from gpuops.accounting.pricing import Unit
 from gpuops.accounting.quantity import parse_quantity
 from gpuops.controllers.apigroup import DEFAULT_RESOURCE, ApiStruct, CustomObject, custom_resource, resource_type
+from gpuops.controllers.budget.pricelist import CURRENCY
 from gpuops.controllers.errors import SpecError
 from gpuops.kube.crd import USE_DEFAULT, Column, Rule, crd
-from gpuops.kube.crd.patterns import QUANTITY, resource_name
+from gpuops.kube.crd.patterns import DNS_SUBDOMAIN, QUANTITY, resource_name
 from gpuops.kube.objects import Condition, LabelSelector
 from gpuops.kube.selectors import Selector, SelectorError
 from gpuops.kube.selectors import compile_selector as _compile
@@ -44,9 +47,11 @@ __all__ = [
     "PLURAL",
     "Accounting",
     "Action",
+    "Allowance",
     "BudgetSpec",
     "BudgetStatus",
     "CalendarWindowSpec",
+    "CostQuota",
     "Enforcement",
     "GPUWorkloadBudget",
     "LastEnforcement",
@@ -101,15 +106,32 @@ class CalendarWindowSpec(ApiStruct):
     nothing). status.carriedOverGpuHours shows it."""
 
 
+def _positive(field: str, example: str) -> Rule:
+    return Rule("isQuantity(string(self)) && quantity(string(self)).isGreaterThan(quantity('0')) && "
+                "quantity(string(self)).isLessThan(quantity('1G'))",
+                f"{field} must be a quantity greater than 0 and below 1G (a billion), e.g. {example}")
+
+
+class CostQuota(ApiStruct):
+    amount: Annotated[str | int | None, crd(required=True, pattern=QUANTITY, rules=(
+        _positive("spec.quota.cost.amount", '"5000" or "12.5"'),))] = None
+    """Money allowed per window, in `currency`, at the prices of the budget's GPUPriceList."""
+    currency: Annotated[str, crd(required=True, pattern=CURRENCY)] = ""
+    """ISO 4217 code; it must be the price list's currency."""
+
+
 class Quota(ApiStruct):
-    gpu_hours: Annotated[str | int | None, crd(required=True, pattern=QUANTITY, rules=(
-        Rule("isQuantity(string(self)) && quantity(string(self)).isGreaterThan(quantity('0')) && "
-             "quantity(string(self)).isLessThan(quantity('1G'))",
-             'spec.quota.gpuHours must be a quantity greater than 0 and below 1G (a billion GPU-hours), e.g. "100", '
-             '"2.5" or "500m"'),
-    ))] = None
+    gpu_hours: Annotated[str | int | None, crd(pattern=QUANTITY, rules=(
+        _positive("spec.quota.gpuHours", '"100", "2.5" or "500m"'),))] = None
     """GPU-hours allowed per window, a quantity greater than 0 ("100", "2.5", "500m"). Reaching it exactly counts
-    as over quota."""
+    as over quota. Set this, weightedGpuHours or cost."""
+    weighted_gpu_hours: Annotated[str | int | None, crd(pattern=QUANTITY, rules=(
+        _positive("spec.quota.weightedGpuHours", '"400" or "2.5"'),))] = None
+    """Weighted GPU-hours allowed per window: each GPU-hour counts the weight its GPU model has in the budget's
+    GPUPriceList (an H100 hour may count 4, an L4 hour 1)."""
+    cost: CostQuota | None = None
+    """Money allowed per window: each GPU-hour costs the price of its GPU model and capacity type (spot or
+    on-demand) in the budget's GPUPriceList, at the prices in force while it ran."""
     window_hours: Annotated[int | None, crd(minimum=1, maximum=8784)] = None
     """Length of a rolling window in hours: usage older than this stops counting. Set this or `window`."""
     window: CalendarWindowSpec | None = None
@@ -156,8 +178,14 @@ class BudgetSpec(ApiStruct):
         Rule("has(self.windowHours) != has(self.window)",
              "set exactly one of spec.quota.windowHours (a rolling window, e.g. 24) and spec.quota.window (a "
              "calendar period, e.g. {calendar: Month, timeZone: Europe/Berlin})"),
+        Rule("(has(self.gpuHours) ? 1 : 0) + (has(self.weightedGpuHours) ? 1 : 0) + (has(self.cost) ? 1 : 0) == 1",
+             "set exactly one of spec.quota.gpuHours, spec.quota.weightedGpuHours and spec.quota.cost",
+             reason="FieldValueRequired"),
     ))] = msgspec.field(default_factory=Quota)
-    """How many GPU-hours per window, and which window."""
+    """How much per window (GPU-hours, weighted GPU-hours or money), and which window."""
+    price_list: Annotated[str | None, crd(max_length=253, pattern=DNS_SUBDOMAIN)] = None
+    """The GPUPriceList that prices and weighs this budget's GPU-hours; unset: the one marked default. Without one,
+    the budget counts GPU-hours only (a weighted or cost quota needs one)."""
     enforcement: Annotated[Enforcement, crd(default=USE_DEFAULT)] = msgspec.field(default_factory=Enforcement)
     """What happens once the budget is over quota."""
     accounting: Annotated[Accounting, crd(default=USE_DEFAULT)] = msgspec.field(default_factory=Accounting)
@@ -253,6 +281,28 @@ class UsageByKind(ApiStruct):
     """OnDemand or Spot; empty where the pods' node was not known."""
     gpu_hours: str = "0"
     """GPU-hours in the window at computedAt, 6 decimals."""
+    weighted_gpu_hours: str | None = None
+    """Weighted GPU-hours (with a price list), 6 decimals."""
+    cost: str | None = None
+    """What they cost (with a price list), in status.currency, 6 decimals."""
+
+
+class Allowance(ApiStruct):
+    """A weighted or cost quota's figures, in its unit (a GPU-hours quota has quotaGpuHours and
+    remainingGpuHours)."""
+
+    unit: str = ""
+    """WeightedGPUHours or Cost."""
+    currency: str | None = None
+    """Of a cost quota."""
+    quota: str = ""
+    """For the current window (with a calendar window, what carried over included), 6 decimals."""
+    consumed: str = ""
+    """Used in the window at computedAt, 6 decimals."""
+    remaining: str = ""
+    """Quota minus consumption, floored at 0."""
+    carried_over: str | None = None
+    """With a calendar window: what the previous period left unused that the quota includes."""
 
 
 class BudgetStatus(ApiStruct):
@@ -286,8 +336,19 @@ class BudgetStatus(ApiStruct):
     exhausts_at: Annotated[str | None, crd(format="date-time")] = None
     """When the quota will be reached if running pods keep running and nothing new starts (usage leaving the window
     accounted for); absent if never or already over quota."""
+    allowance: Allowance | None = None
+    """A weighted or cost quota's figures in its unit; the enforcement decision and exhaustsAt follow them."""
+    price_list: str | None = None
+    """The GPUPriceList the figures below are counted with."""
+    currency: str | None = None
+    """Of costSoFar and usage[].cost."""
+    cost_so_far: str | None = None
+    """What the GPU-hours in the window cost, each at the prices in force while it ran, 6 decimals."""
+    consumed_weighted_gpu_hours: str | None = None
+    """Weighted GPU-hours in the window, 6 decimals."""
     usage: tuple[UsageByKind, ...] | None = None
-    """consumedGpuHours by GPU model and capacity type (the kinds add up to it before rounding)."""
+    """consumedGpuHours (and with a price list weighted GPU-hours and cost) by GPU model and capacity type (the
+    kinds add up to the totals before rounding)."""
     ledger: LedgerStatus | None = None
     """Usage of finished and deleted pods still inside the window, so it keeps counting after the pods are gone.
     Bounded: beyond maxEntries the oldest entries merge into buckets of bucketSeconds. consumedGpuHours exceeds
@@ -340,6 +401,9 @@ CRD: Final = custom_resource(
     Column("Window", "integer", ".spec.quota.windowHours", "Rolling window length in hours.", priority=1),
     Column("Renews", "date", ".status.periodEnd", "When a calendar window's period ends and the quota renews.",
            priority=1),
+    Column("Cost", "string", ".status.costSoFar", "What the GPU-hours in the window cost (with a price list).",
+           priority=1),
+    Column("Currency", "string", ".status.currency", "Of the cost.", priority=1),
     short_names=("gwb",),
 )
 
@@ -372,6 +436,12 @@ class ParsedSpec:
     delay: int
     eviction_grace: int | None
     retain: bool
+    unit: Unit = "GPUHours"
+    """What the quota counts: GPU-hours, weighted GPU-hours or money (the price list's)."""
+    currency: str | None = None
+    """A cost quota's currency."""
+    price_list: str | None = None
+    """The GPUPriceList named by the spec; None: the default one."""
     carry_over: bool = False
     """Calendar windows: the previous period's unused quota is added to the current one's."""
     carried: Fraction | None = None
@@ -385,6 +455,17 @@ class ParsedSpec:
     def edge_at(self, at: int) -> int:
         """The window's trailing edge at `at`: usage before it does not count."""
         return at - win.length_at(self.window, at)
+
+    @property
+    def unit_name(self) -> str:
+        """The quota's unit in messages: "GPU-hours", "weighted GPU-hours" or the currency."""
+        if self.unit == "Cost":
+            return self.currency or ""
+        return "weighted GPU-hours" if self.unit == "WeightedGPUHours" else "GPU-hours"
+
+    def amount(self, value: Fraction) -> str:
+        """An amount in the quota's unit, for messages: "12.500000 GPU-hours", "30.000000 EUR"."""
+        return f"{format_gpu_hours(value)} {self.unit_name}"
 
     @property
     def accounted_over(self) -> str:
@@ -401,15 +482,16 @@ def parse_spec(spec: BudgetSpec) -> ParsedSpec:
     """The checked view of `spec`; SpecError names the first bad field."""
     selector = compile_selector(spec.selector)
     resource = spec.gpu_resource_name or DEFAULT_RESOURCE
-    raw = spec.quota.gpu_hours
-    if raw is None or raw == "":
-        raise SpecError("spec.quota.gpuHours", 'required: the GPU-hours allowed per window, e.g. "100" or "2.5"')
+    unit, field, raw = _quota_amount(spec.quota)
     try:
-        quota = parse_quantity(raw, what="spec.quota.gpuHours")
+        quota = parse_quantity(raw, what=field)
     except AccountingError as e:
-        raise SpecError("spec.quota.gpuHours", f'{e}; write a quantity greater than 0, e.g. "100" or "2.5"') from None
+        raise SpecError(field, f'{e}; write a quantity greater than 0, e.g. "100" or "2.5"') from None
     if quota <= 0:
-        raise SpecError("spec.quota.gpuHours", f"must be greater than 0, got {raw!r}")
+        raise SpecError(field, f"must be greater than 0, got {raw!r}")
+    currency = spec.quota.cost.currency if spec.quota.cost is not None else None
+    if unit == "Cost" and not re.fullmatch(CURRENCY, currency or ""):
+        raise SpecError("spec.quota.cost.currency", f"must be an ISO 4217 code such as EUR or USD, got {currency!r}")
     window, per = parse_window(spec.quota)
     carry = spec.quota.window is not None and spec.quota.window.carry_over == "Unused"
     if spec.quota.window is not None and spec.quota.window.carry_over not in CARRY_OVER:
@@ -434,8 +516,29 @@ def parse_spec(spec: BudgetSpec) -> ParsedSpec:
         delay=delay * 1_000_000,
         eviction_grace=grace,
         retain=spec.accounting.retain_finished_pods,
+        unit=unit,
+        currency=currency,
+        price_list=spec.price_list or None,
         carry_over=carry,
     )
+
+
+def _quota_amount(quota: Quota) -> tuple[Unit, str, str | int]:
+    """The quota's unit, the field holding its amount, and the amount; SpecError unless exactly one is set."""
+    given: list[tuple[Unit, str, str | int | None]] = []
+    if quota.weighted_gpu_hours is not None:
+        given.append(("WeightedGPUHours", "spec.quota.weightedGpuHours", quota.weighted_gpu_hours))
+    if quota.cost is not None:
+        given.append(("Cost", "spec.quota.cost.amount", quota.cost.amount))
+    if quota.gpu_hours is not None or not given:
+        given.insert(0, ("GPUHours", "spec.quota.gpuHours", quota.gpu_hours))
+    if len(given) != 1:
+        raise SpecError("spec.quota", 'set exactly one of gpuHours (e.g. "100"), weightedGpuHours (e.g. "400") and '
+                                      'cost (e.g. {amount: "5000", currency: EUR})')
+    unit, field, raw = given[0]
+    if raw is None or raw == "":
+        raise SpecError(field, 'required: the amount allowed per window, e.g. "100" or "2.5"')
+    return unit, field, raw
 
 
 def parse_window(quota: Quota) -> tuple[win.Window, str]:

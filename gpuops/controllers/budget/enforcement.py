@@ -100,6 +100,14 @@ class Situation:
     quota: Fraction
     during: str
     """The window as the messages name it: "in the last 24h", "this calendar month (Europe/Berlin)"."""
+
+    @property
+    def used(self) -> str:
+        """"12.000000 of 10.000000 GPU-hours", for messages."""
+        return f"{format_gpu_hours(self.consumed)} of {format_gpu_hours(self.quota)} {self.unit}"
+
+    unit: str = "GPU-hours"
+    """What consumed and quota count: "GPU-hours", "weighted GPU-hours" or a currency."""
     crossed: bool = False
     """The previous status said within quota: a new over-quota episode starts with this reconcile (its alert is
     not the previous episode's, even within the same second)."""
@@ -249,7 +257,7 @@ class Enforcer:
         top = ranked[0] if ranked else None
         who = f"; largest consumer {top.pod.metadata.name} ({format_gpu_hours(top.usage)} GPU-hours)" if top else ""
         message = (
-            f"GPU budget exceeded: {format_gpu_hours(sit.consumed)} of {format_gpu_hours(sit.quota)} GPU-hours used"
+            f"GPU budget exceeded: {sit.used} used"
             f" {sit.during}{who}. Action AlertOnly: no pod is touched."
         )
         self.event(budget, "Warning", "QuotaExceeded", message)
@@ -298,7 +306,7 @@ class Enforcer:
                 continue
             message = (
                 f"paused {what} (pod {pod.metadata.name}, {format_gpu_hours(t.usage)} GPU-hours in the window):"
-                f" budget over quota ({format_gpu_hours(sit.consumed)} of {format_gpu_hours(sit.quota)} GPU-hours)"
+                f" budget over quota ({sit.used})"
             )
             self.event(budget, "Warning", "Paused", message)
             _count(ref, "Pause", result)
@@ -449,7 +457,7 @@ class Enforcer:
         name, usage = pod.metadata.name, format_gpu_hours(t.usage)
         message = (
             f"evicted pod {name} ({usage} GPU-hours in the window): budget over quota"
-            f" ({format_gpu_hours(sit.consumed)} of {format_gpu_hours(sit.quota)} GPU-hours); its usage keeps counting"
+            f" ({sit.used}); its usage keeps counting"
         )
         self.event(budget, "Warning", "Evicted", message)
         with contextlib.suppress(ValueError):

@@ -177,14 +177,14 @@ def ledger_to_status(
 
 def compact(
     book: Book, fresh: Iterable[LedgerEntry], *, now: int, window: int, max_entries: int, bucket_width: int,
-    open_uids: Collection[str], margin: int,
+    open_uids: Collection[str], margin: int, cuts: Collection[int] = (),
 ) -> Book:
     """Add `fresh` entries, drop what left the window, and merge the oldest finished entries beyond
     `max_entries` into buckets, always all entries up to one end instant (the new `compacted_through`), so
     "end <= compacted_through" tells a merged pod from one never recorded. Only entries that ended at least
     `margin` ago and whose pods are not open (`open_uids`) are merged: a pod the cache still shows running
     cannot have ended before the watermark. Entries kept: at most `max_entries` plus those that ended within
-    `margin`; buckets: at most `window / bucket_width + 1` per bucket width.
+    `margin`; buckets: at most `window / bucket_width + 1` per bucket width, plus one per cut (`compact_ledger`).
     """
     merged = Ledger(entries=(*book.ledger.entries, *fresh), buckets=book.ledger.buckets)
     step = compact_ledger(merged, now=now, window=window, max_entries=len(merged.entries), bucket_width=bucket_width,
@@ -196,7 +196,7 @@ def compact(
         cutoff = eligible[min(excess, len(eligible)) - 1]
         count = sum(1 for end in eligible if end <= cutoff)
         step = compact_ledger(step, now=now, window=window, max_entries=len(step.entries) - count,
-                              bucket_width=bucket_width, live_uids=open_uids)
+                              bucket_width=bucket_width, live_uids=open_uids, cuts=cuts)
         through = cutoff if through is None else max(through, cutoff)
     kept = {e.uid for e in step.entries}
     return Book(step, {u: n for u, n in book.names.items() if u in kept}, through)

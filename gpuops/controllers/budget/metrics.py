@@ -17,18 +17,19 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Protocol
 
 from prometheus_client import REGISTRY, Counter
 from prometheus_client.core import GaugeMetricFamily
 
-from gpuops.accounting.gpuhours import Interval, Ledger, consumed_by_key
-from gpuops.accounting.reporting import counting_instant, reported_usage
-from gpuops.accounting.windows import Window, length_at
+from gpuops.accounting.gpuhours import Interval, Ledger
+from gpuops.accounting.reporting import counting_instant
 from gpuops.kube.collector import SourcedCollector
 
+from .api import ParsedSpec
 from .kinds import split
+from .pricebook import Priced
+from .units import figures
 
 __all__ = [
     "COLLECTOR", "ENFORCEMENT_ACTIONS", "BudgetCollector", "Published", "Snapshot", "SnapshotSource",
@@ -72,11 +73,19 @@ class Published:
 class Snapshot:
     live: tuple[Interval, ...]
     ledger: Ledger
-    window: Window
-    quota: Fraction
+    spec: ParsedSpec
+    """The spec of the reconcile (its window, quota and unit, with what carried over)."""
     published: Published
     kinds: Mapping[str, str] = field(default_factory=dict)
     """The live intervals' kinds (GPU model and capacity type, `kinds`) by UID."""
+    priced: Priced | None = None
+    """The price list the budget counts with."""
+
+    def live_by_kind(self) -> dict[str, list[Interval]]:
+        live: dict[str, list[Interval]] = {}
+        for interval in self.live:
+            live.setdefault(self.kinds.get(interval.uid, ""), []).append(interval)
+        return live
 
 
 class SnapshotSource(Protocol):
@@ -85,65 +94,96 @@ class SnapshotSource(Protocol):
     def now(self) -> int: ...
 
 
-# Amounts are in Prometheus' base unit, GPU-seconds (= GPU-hours x 3600; the status and the CRD speak GPU-hours).
+# Amounts are in Prometheus' base unit, GPU-seconds (= GPU-hours x 3600; the status and the CRD speak GPU-hours);
+# weighted amounts in weighted GPU-seconds; cost in the price list's currency (label `currency`).
 _GAUGES = (
     ("gpuops_budget_tracked_pods", "Pods (live or in the ledger) whose GPU usage overlaps the window."),
-    ("gpuops_budget_over_quota", "1 while consumption >= quota, else 0."),
+    ("gpuops_budget_over_quota", "1 while consumption >= quota (in the quota's unit), else 0."),
     ("gpuops_budget_consumed_gpu_seconds", "GPU-seconds used inside the budget's window, at scrape time."),
-    ("gpuops_budget_quota_gpu_seconds", "The budget's quota in GPU-seconds per window."),
-    ("gpuops_budget_remaining_gpu_seconds", "Quota minus consumption in GPU-seconds, floored at 0, at scrape time."),
+)
+_GPU_QUOTA = (
+    ("gpuops_budget_quota_gpu_seconds", "The budget's quota in GPU-seconds per window (GPU-hours quotas)."),
+    ("gpuops_budget_remaining_gpu_seconds", "Quota minus consumption in GPU-seconds, floored at 0, at scrape time "
+                                            "(GPU-hours quotas)."),
+)
+_WEIGHTED_QUOTA = (
+    ("gpuops_budget_quota_weighted_gpu_seconds", "The quota in weighted GPU-seconds per window (weighted quotas)."),
+    ("gpuops_budget_remaining_weighted_gpu_seconds", "Quota minus consumption in weighted GPU-seconds, floored at "
+                                                     "0, at scrape time (weighted quotas)."),
+)
+_COST_QUOTA = (
+    ("gpuops_budget_quota_cost", "The quota in money per window, in `currency` (cost quotas)."),
+    ("gpuops_budget_remaining_cost", "Quota minus cost so far, floored at 0, at scrape time (cost quotas)."),
 )
 _HOUR = 3600
+_KIND_LABELS = ["namespace", "name", "model", "capacity_type"]
+_BY_KIND = (
+    ("gpuops_budget_usage_gpu_seconds",
+     "GPU-seconds used inside the budget's window on one GPU model and capacity type, at scrape time (the kinds add "
+     "up to gpuops_budget_consumed_gpu_seconds)."),
+    ("gpuops_budget_usage_weighted_gpu_seconds",
+     "Weighted GPU-seconds (GPU-seconds times the model's weight in the budget's price list) inside the window by "
+     "GPU model and capacity type, at scrape time; budgets with a price list."),
+    ("gpuops_budget_usage_cost",
+     "What the GPU time inside the window cost by GPU model and capacity type, at the prices in force while it ran, "
+     "in `currency`, at scrape time; budgets with a price list."),
+)
 
-
-_BY_KIND = ("gpuops_budget_usage_gpu_seconds",
-            "GPU-seconds used inside the budget's window on one GPU model and capacity type, at scrape time (the "
-            "kinds add up to gpuops_budget_consumed_gpu_seconds).")
+_Row = tuple[list[str], float]
 
 
 class BudgetCollector(SourcedCollector[SnapshotSource]):
     def families(self) -> dict[str, GaugeMetricFamily]:
-        out = {name: GaugeMetricFamily(name, text, labels=["namespace", "name"]) for name, text in _GAUGES}
-        out[_BY_KIND[0]] = GaugeMetricFamily(*_BY_KIND, labels=["namespace", "name", "model", "capacity_type"])
+        out = {name: GaugeMetricFamily(name, text, labels=["namespace", "name"])
+               for name, text in (*_GAUGES, *_GPU_QUOTA, *_WEIGHTED_QUOTA)}
+        out.update({name: GaugeMetricFamily(name, text, labels=["namespace", "name", "currency"])
+                    for name, text in _COST_QUOTA})
+        out[_BY_KIND[0][0]] = GaugeMetricFamily(*_BY_KIND[0], labels=_KIND_LABELS)
+        out[_BY_KIND[1][0]] = GaugeMetricFamily(*_BY_KIND[1], labels=_KIND_LABELS)
+        out[_BY_KIND[2][0]] = GaugeMetricFamily(*_BY_KIND[2], labels=[*_KIND_LABELS, "currency"])
         return out
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        sources = self.sources.current()
-        rows: dict[tuple[str, str], tuple[float, ...]] = {}
-        kinds: dict[tuple[str, str, str, str], float] = {}
-        for source in sources:
+        rows: dict[str, list[_Row]] = {}
+        for source in self.sources.current():
             now = source.now()
             for labels, snap in list(source.snapshots().items()):
-                usage = reported_usage(snap.live, snap.ledger, now=now, window=snap.window, quota=snap.quota)
                 at = counting_instant(now)
                 if at > snap.published.at:
                     snap.published.at = at
-                rows[labels] = (
-                    float(usage.pods_in_window),
-                    1.0 if usage.over_quota else 0.0,
-                    float(usage.consumed * _HOUR),
-                    float(snap.quota * _HOUR),
-                    float(usage.remaining * _HOUR),
-                )
-                for key, used in _by_kind(snap, at).items():
-                    model, capacity = split(key)
-                    kinds[(*labels, model or "", capacity or "")] = float(used * _HOUR)
-        families = list(self.families().values())
-        *per_budget, per_kind = families
-        for labels, values in sorted(rows.items()):
-            for family, value in zip(per_budget, values, strict=True):
-                family.add_metric(list(labels), value)
-        for kind_labels, value in sorted(kinds.items()):
-            per_kind.add_metric(list(kind_labels), value)
-        return families
+                for name, row in _rows(list(labels), snap, at):
+                    rows.setdefault(name, []).append(row)
+        families = self.families()
+        for name, items in rows.items():
+            for label_values, value in sorted(items):
+                families[name].add_metric(label_values, value)
+        return list(families.values())
 
 
-def _by_kind(snap: Snapshot, at: int) -> dict[str, Fraction]:
-    """The snapshot's usage at counting instant `at` by kind (`consumed_by_key`)."""
-    live: dict[str, list[Interval]] = {}
-    for interval in snap.live:
-        live.setdefault(snap.kinds.get(interval.uid, ""), []).append(interval)
-    return consumed_by_key(live, snap.ledger, now=at, window=length_at(snap.window, at))
+def _rows(labels: list[str], snap: Snapshot, at: int) -> list[tuple[str, _Row]]:
+    """One budget's samples at counting instant `at`: the figures its status would show (`units.figures`)."""
+    spec = snap.spec
+    fig = figures(spec, snap.priced, snap.live_by_kind(), snap.ledger, at=at)
+    out: list[tuple[str, _Row]] = [
+        ("gpuops_budget_tracked_pods", (labels, float(fig.gpu_hours.pods_in_window))),
+        ("gpuops_budget_over_quota", (labels, 1.0 if fig.quota.over_quota else 0.0)),
+        ("gpuops_budget_consumed_gpu_seconds", (labels, float(fig.gpu_hours.consumed * _HOUR))),
+    ]
+    currency = snap.priced.currency if snap.priced is not None else ""
+    quota_rows = {"GPUHours": (_GPU_QUOTA, labels, _HOUR), "WeightedGPUHours": (_WEIGHTED_QUOTA, labels, _HOUR),
+                  "Cost": (_COST_QUOTA, [*labels, currency], 1)}
+    (quota_name, _), (remaining_name, _) = quota_rows[spec.unit][0]
+    quota_labels, scale = quota_rows[spec.unit][1], quota_rows[spec.unit][2]
+    out.append((quota_name, (quota_labels, float(spec.quota * scale))))
+    out.append((remaining_name, (quota_labels, float(fig.quota.remaining * scale))))
+    for key, totals in fig.by_kind.items():
+        model, capacity = split(key)
+        kind = [*labels, model or "", capacity or ""]
+        out.append((_BY_KIND[0][0], (kind, float(totals.gpu_hours * _HOUR))))
+        if snap.priced is not None:
+            out.append((_BY_KIND[1][0], (kind, float(totals.weighted_gpu_hours * _HOUR))))
+            out.append((_BY_KIND[2][0], ([*kind, currency], float(totals.cost))))
+    return out
 
 
 COLLECTOR = BudgetCollector()

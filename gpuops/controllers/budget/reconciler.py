@@ -19,6 +19,7 @@ window), the end of the enforcement delay, and enforcement's own timers; events 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -33,11 +34,10 @@ from gpuops.accounting.gpuhours import (
     Ledger,
     LedgerEntry,
     Usage,
-    consumed_by_key,
     format_gpu_hours,
     gpu_hours,
 )
-from gpuops.accounting.reporting import counted_through, counting_instant, next_counting_instant, reported_usage
+from gpuops.accounting.reporting import counted_through, counting_instant, next_counting_instant
 from gpuops.accounting.windows import nominal_length
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
@@ -57,8 +57,10 @@ from .kinds import key_of_node, model_of
 from .ledger import Book, LedgerMemo, compact, ledger_from_status, ledger_to_status, recorded
 from .metrics import Published, Snapshot
 from .podcontract import PodSpan, counted_end, departed_entry, pod_gpus, pod_span
+from .pricebook import PriceBook, Priced
 from .selection import INDEX_HELD, Selection
 from .status import JOBS_LEFT_ALONE, desired_status, invalid_status, with_conflict, write_status
+from .units import Figures, cuts, figures, in_unit
 
 __all__ = ["BudgetReconciler", "Options", "wall_clock"]
 
@@ -129,6 +131,8 @@ class BudgetReconciler:
     _: KW_ONLY
     nodes: Informer[Node] | None = None
     """Where pods ran: their kind (GPU model, capacity type) comes from their node's labels."""
+    prices: PriceBook | None = None
+    """The price lists: weighted and cost figures, and the quotas in those units."""
     clock: Callable[[], int] = wall_clock
     options: Options = field(default_factory=Options)
     controller: Controller | None = field(default=None, init=False)
@@ -186,10 +190,10 @@ class BudgetReconciler:
         return now - round(lag * _SECOND) if lag > 0 else now
 
     def _publish(self, ns: str, name: str, live: tuple[Interval, ...], ledger: Ledger, spec: ParsedSpec,
-                 now: int, members: list[_Member]) -> None:
+                 now: int, members: list[_Member], priced: Priced | None) -> None:
         """Leave the accounting inputs for scrapes; `now` is the first (counting) instant they report."""
         kinds = {m.interval.uid: m.kind for m in members if m.interval is not None and m.kind}
-        self._snapshots[(ns, name)] = Snapshot(live, ledger, spec.window, spec.quota, Published(now), kinds)
+        self._snapshots[(ns, name)] = Snapshot(live, ledger, spec, Published(now), kinds, priced)
 
     def _stop_counting(self, key: str, uid: str, at: int | None) -> None:
         """An eviction without grace is being sent (at `at`) or was refused (`at` None): end that pod's interval in
@@ -208,7 +212,7 @@ class BudgetReconciler:
             if i.uid == uid else i  # an evicted pod is open, or ended by us: never finished on its own
             for i in snap.live
         )
-        self._snapshots[(ns, name)] = Snapshot(live, snap.ledger, snap.window, snap.quota, snap.published, snap.kinds)
+        self._snapshots[(ns, name)] = dataclasses.replace(snap, live=live)
 
     # ------------------------------------------------------------------------------------------ mappers
 
@@ -284,11 +288,31 @@ class BudgetReconciler:
             return None
         now = self.now()
         spec = self.spec_of(budget)
-        if isinstance(spec, SpecError):
+        priced = self._priced(spec) if not isinstance(spec, SpecError) else None
+        invalid = spec if isinstance(spec, SpecError) else priced if isinstance(priced, SpecError) else None
+        if invalid is not None or isinstance(spec, SpecError) or isinstance(priced, SpecError):
             self._forget(req.key)
-            await self._write_invalid(budget, spec, now)
+            await self._write_invalid(budget, invalid or SpecError("spec", "invalid"), now)
             return None
-        return await self._reconcile(budget, spec, now)
+        return await self._reconcile(budget, spec, priced, now)
+
+    def _priced(self, spec: ParsedSpec) -> Priced | SpecError | None:
+        """The price list the budget counts with (None: none, and it counts GPU-hours only); a SpecError if its
+        quota needs one it cannot have."""
+        found = self.prices.lookup(spec.price_list) if self.prices is not None else None
+        if spec.unit == "GPUHours":
+            return found if isinstance(found, Priced) else None
+        if isinstance(found, str):
+            return SpecError("spec.priceList", found)
+        if found is None:
+            which = f"no GPUPriceList named {spec.price_list!r}" if spec.price_list else "no GPUPriceList is default"
+            return SpecError("spec.priceList", f"{which}: a {spec.unit} quota needs prices; create one (or mark one "
+                                               "default: true) or name an existing one")
+        if spec.unit == "Cost" and found.currency != spec.currency:
+            return SpecError("spec.quota.cost.currency", f"is {spec.currency} but GPUPriceList {found.name} prices "
+                                                         f"in {found.currency}: use {found.currency}, or a price list "
+                                                         f"in {spec.currency}")
+        return found
 
     def _forget(self, key: str) -> None:
         ns, _, name = key.partition("/")
@@ -298,7 +322,8 @@ class BudgetReconciler:
         self._ledgers.pop(key, None)
         self.enforcer.forget(key)
 
-    async def _reconcile(self, budget: GPUWorkloadBudget, spec: ParsedSpec, now: int) -> Result | None:
+    async def _reconcile(self, budget: GPUWorkloadBudget, spec: ParsedSpec, priced: Priced | None,
+                         now: int) -> Result | None:
         """Count the budget's pods (selected, and deleted ones its ledger lacks), put the finished ones in the
         ledger, publish the figure, hold finalizers, enforce, write the status; then what may only follow a durable
         ledger: forget the deleted pods it holds, release finalizers. `now` is the clock; every figure is computed
@@ -309,24 +334,26 @@ class BudgetReconciler:
         counted = self._counted(budget)
         tally = self._count_pods(budget.metadata.namespace, spec, prev_book, counted)
         departed = self._count_departed(key, spec, prev_book, counted, tally)
-        spec = in_period(spec, budget.status, _live(tally.members, prev_book), prev_book.ledger, tally.fresh, at)
-        book = self._compact(prev_book, tally, spec, at)
+        before = Ledger(entries=(*prev_book.ledger.entries, *tally.fresh), buckets=prev_book.ledger.buckets)
+        spec = in_period(spec, budget.status, *in_unit(spec, priced, _live_by_kind(tally.members, prev_book), before),
+                         (), at)
+        book = self._compact(prev_book, tally, spec, at, cuts(priced))
         live = _live(tally.members, book)
-        usage = reported_usage(live, book.ledger, now=at, window=spec.window, quota=spec.quota)
-        self._publish(budget.metadata.namespace, budget.metadata.name, live, book.ledger, spec, at, tally.members)
+        fig = figures(spec, priced, _live_by_kind(tally.members, book), book.ledger, at=at)
+        usage = fig.quota
+        self._publish(budget.metadata.namespace, budget.metadata.name, live, book.ledger, spec, at, tally.members,
+                      priced)
         await self._hold(spec, tally.members)
         over_since = _over_since(budget.status, usage.over_quota, at)
         due_at = over_since + spec.delay if over_since is not None else None
         outcome = await self._enforce(budget, spec, usage, tally.members, over_since, due_at, now)
-        by_kind = consumed_by_key(_live_by_kind(tally.members, book), book.ledger, now=at, window=spec.length_at(at))
-        if not await self._write_status(budget, spec, usage, by_kind, book, tally.members, over_since, outcome,
-                                        at):
+        if not await self._write_status(budget, spec, fig, book, tally.members, over_since, outcome, at):
             return None
         self._forget_recorded(key, departed)
         released = await self._release(budget, spec, tally.members, book, spec.edge_at(at), at)
         log.debug("budget reconciled", budget=key, consumed=format_gpu_hours(usage.consumed),
                   over=usage.over_quota, members=len(tally.members), ledger=len(book.ledger.entries))
-        return requeue_at(now, self._wake_at(usage, outcome, due_at, released, now))
+        return requeue_at(now, [*self._wake_at(usage, outcome, due_at, released, now), fig.gpu_hours.next_change])
 
     def _counted(self, budget: GPUWorkloadBudget) -> dict[str, int]:
         """Through which instant the budget's last reported figure (its snapshot) counted each pod."""
@@ -375,13 +402,15 @@ class BudgetReconciler:
         divisions = max(1, self.options.bucket_divisions)
         return max(_SECOND, math.ceil(nominal_length(spec.window) / divisions / _SECOND) * _SECOND)
 
-    def _compact(self, prev_book: Book, tally: _Tally, spec: ParsedSpec, at: int) -> Book:
-        """The ledger to write: the previous one with the fresh entries, within its bounds (`ledger.compact`)."""
+    def _compact(self, prev_book: Book, tally: _Tally, spec: ParsedSpec, at: int, price_changes: tuple[int, ...]
+                 ) -> Book:
+        """The ledger to write: the previous one with the fresh entries, within its bounds (`ledger.compact`); no
+        bucket spans a price change, so each is priced by the version at its start."""
         opts = self.options
         return compact(
             Book(prev_book.ledger, tally.names, prev_book.compacted_through), tally.fresh, now=at,
             window=spec.length_at(at), max_entries=opts.max_ledger_entries, bucket_width=self._bucket_width(spec),
-            open_uids=tally.open_uids, margin=round(opts.compaction_margin * _SECOND),
+            open_uids=tally.open_uids, margin=round(opts.compaction_margin * _SECOND), cuts=price_changes,
         )
 
     async def _enforce(self, budget: GPUWorkloadBudget, spec: ParsedSpec, usage: Usage, members: list[_Member],
@@ -397,21 +426,20 @@ class BudgetReconciler:
         prev = budget.status
         crossed = usage.over_quota and not cond.is_true(prev.conditions, "QuotaExceeded")
         situation = Situation(now=now, over=usage.over_quota, due=due_at is not None and at >= due_at,
-                              consumed=usage.consumed, quota=spec.quota, during=spec.during,
+                              consumed=usage.consumed, quota=spec.quota, during=spec.during, unit=spec.unit_name,
                               crossed=crossed)
         return await self.enforcer.apply(budget, spec, situation, targets, prev.last_enforcement, over_since)
 
-    async def _write_status(self, budget: GPUWorkloadBudget, spec: ParsedSpec, usage: Usage,
-                            by_kind: dict[str, Fraction], book: Book, members: list[_Member],
-                            over_since: int | None, outcome: Outcome, at: int) -> bool:
+    async def _write_status(self, budget: GPUWorkloadBudget, spec: ParsedSpec, fig: Figures, book: Book,
+                            members: list[_Member], over_since: int | None, outcome: Outcome, at: int) -> bool:
         """Write the status (one merge patch of what changed); False if the budget is gone. Then the Warning Event
         of a conflict that is news: once per change of what Pause leaves alone, not once per reconcile."""
         key = _key(budget)
         ledger = ledger_to_status(book, resource=spec.resource, max_entries=self.options.max_ledger_entries,
-                                  bucket_width=self._bucket_width(spec), error=usage.error_bound,
+                                  bucket_width=self._bucket_width(spec), error=fig.gpu_hours.error_bound,
                                   memo=self._ledgers.get(key))
         running = sum(1 for m in members if m.interval is not None and m.span.end is None)
-        desired = desired_status(budget, spec, usage, ledger, by_kind=by_kind, over_since=over_since,
+        desired = desired_status(budget, spec, fig, ledger, over_since=over_since,
                                  last=outcome.last or budget.status.last_enforcement, degraded=outcome.degraded,
                                  running=running, now=at)
         desired, conflict_news = with_conflict(budget, desired, outcome.left_alone, at)

@@ -25,4 +25,5 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
 
 
 CONTROLLER = ControllerDefinition("budget", Settings, "gpuops.controllers.budget.setup:setup",
-                                crds=("gpuops.controllers.budget.api:CRD",))
+                                crds=("gpuops.controllers.budget.api:CRD",
+                                      "gpuops.controllers.budget.pricelist:CRD"))

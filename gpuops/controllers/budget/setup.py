@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuops.controllers.wiring import Installed, add_side_tasks
-from gpuops.kube.controller import Controller, Predicate, resource_version_changed
+from gpuops.kube.controller import Controller, Predicate, Request, generation_changed, resource_version_changed
 from gpuops.kube.events import EventRecorder
 from gpuops.kube.manager import Manager
 from gpuops.kube.objects import Job, Pod
@@ -16,12 +16,16 @@ from gpuops.kube.resources import JOBS, NODES, PODS
 from .api import BUDGETS, PAUSED_BY, GPUWorkloadBudget
 from .enforcement import Enforcer
 from .metrics import COLLECTOR
+from .pricebook import PriceBook
+from .pricelist import PRICE_LISTS
 from .reconciler import BudgetReconciler, Options, wall_clock
 from .settings import Settings
 
 __all__ = ["COMPONENT", "CONTROLLER_NAME", "BudgetController", "install", "setup"]
 
 CONTROLLER_NAME = "budget"
+PRICE_HISTORY = "budget-price-history"
+"""The controller that records each GPUPriceList generation in its status.history."""
 COMPONENT = "gpuops-budget-controller"
 """source.component / reportingComponent of our Events."""
 
@@ -60,10 +64,17 @@ def install(
     opts = options or Options()
     recorder = EventRecorder(manager.client, COMPONENT)
     enforcer = Enforcer(manager.client, pods, jobs, recorder, opts.enforcement, clock=clock)
-    reconciler = BudgetReconciler(manager.client, pods, budgets, jobs, enforcer, nodes=nodes, clock=clock,
-                                  options=opts)
+    prices = PriceBook(manager.client, manager.informer(PRICE_LISTS), clock=clock)
+    reconciler = BudgetReconciler(manager.client, pods, budgets, jobs, enforcer, nodes=nodes, prices=prices,
+                                  clock=clock, options=opts)
     controller = Controller(CONTROLLER_NAME, reconciler.reconcile, client=manager.client, **controller_options)
     controller.watch(budgets, predicates=[Predicate(update=_spec_or_meta_changed)])
+    # A price list's new spec reprices every budget that may count with it; its history writes change nothing.
+    controller.watch(prices.price_lists, lambda _: [Request(b.metadata.namespace, b.metadata.name)
+                                                    for b in budgets.store.list()],
+                     predicates=[generation_changed()])
+    history = Controller(PRICE_HISTORY, prices.reconcile, client=manager.client)
+    history.watch(prices.price_lists, predicates=[generation_changed()])
     controller.watch(pods, reconciler.map_pod, predicates=[Predicate(delete=_never), resource_version_changed()])
     # Deleted pods are remembered from the start, on a standby too (its caches are warm, its controllers idle):
     # a pod that finishes and is deleted between a leader's death and the takeover is still accounted. The
@@ -78,6 +89,7 @@ def install(
         Predicate(create=_paused, update=lambda a, b: _paused(a) or _paused(b), delete=_paused)])
     reconciler.controller = controller
     manager.add(controller)
+    manager.add(history)
     add_side_tasks(manager, CONTROLLER_NAME, recorder, lambda: COLLECTOR.register(reconciler))
     return Installed(reconciler, controller, recorder)
 

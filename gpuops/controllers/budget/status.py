@@ -7,13 +7,11 @@ did not change costs no write, and a budget changed meanwhile is reconciled agai
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from fractions import Fraction
 from typing import Any
 
 import msgspec
 
-from gpuops.accounting.gpuhours import Usage, format_gpu_hours
+from gpuops.accounting.gpuhours import format_gpu_hours
 from gpuops.accounting.reporting import counting_instant
 from gpuops.accounting.windows import period_of
 from gpuops.controllers.coexistence import CONDITION, NO_CONFLICT
@@ -25,6 +23,7 @@ from gpuops.kube.objects import Condition
 
 from .api import (
     BUDGETS,
+    Allowance,
     BudgetStatus,
     GPUWorkloadBudget,
     LastEnforcement,
@@ -36,6 +35,7 @@ from .api import (
 )
 from .kinds import split
 from .ledger import usage_quantity
+from .units import Figures
 
 __all__ = ["JOBS_LEFT_ALONE", "desired_status", "invalid_status", "with_conflict", "write_status"]
 
@@ -57,45 +57,59 @@ def _conditions(items: list[dict[str, Any]]) -> tuple[Condition, ...]:
 def desired_status(
     budget: GPUWorkloadBudget,
     spec: ParsedSpec,
-    usage: Usage,
+    fig: Figures,
     ledger: LedgerStatus,
     *,
-    by_kind: Mapping[str, Fraction] | None = None,
     over_since: int | None,
     last: LastEnforcement | None,
     degraded: tuple[str, str] | None,
     running: int,
     now: int,
 ) -> BudgetStatus:
-    """The status for `usage` at counting instant `now`; computedAt stays as it is (`write_status` sets it when
-    anything else changed)."""
+    """The status for the figures at counting instant `now`; computedAt stays as it is (`write_status` sets it
+    when anything else changed)."""
     period = period_of(spec.window, now)
+    gpu, usage, priced = fig.gpu_hours, fig.quota, fig.priced
+    in_gpu_hours = spec.unit == "GPUHours"
+    carried = format_gpu_hours(spec.carried) if spec.carried is not None else None
     return BudgetStatus(
         observed_generation=budget.metadata.generation,
-        consumed_gpu_hours=format_gpu_hours(usage.consumed),
-        remaining_gpu_hours=format_gpu_hours(usage.remaining),
-        quota_gpu_hours=format_gpu_hours(spec.quota),
-        burn_rate_gpus=usage_quantity(usage.burn_rate),
-        tracked_pods=usage.pods_in_window,
+        consumed_gpu_hours=format_gpu_hours(gpu.consumed),
+        remaining_gpu_hours=format_gpu_hours(usage.remaining) if in_gpu_hours else "",
+        quota_gpu_hours=format_gpu_hours(spec.quota) if in_gpu_hours else "",
+        burn_rate_gpus=usage_quantity(gpu.burn_rate),
+        tracked_pods=gpu.pods_in_window,
         running_pods=running,
         computed_at=budget.status.computed_at,
         period_start=format_time(period.start) if period is not None else None,
         period_end=format_time(period.end) if period is not None else None,
-        carried_over_gpu_hours=format_gpu_hours(spec.carried) if spec.carried is not None else None,
+        carried_over_gpu_hours=carried if in_gpu_hours else None,
         over_quota_since=format_time(over_since) if over_since is not None else None,
         exhausts_at=format_time(usage.exhausted_at) if usage.exhausted_at is not None else None,
-        usage=_usage_by_kind(by_kind) if by_kind is not None else budget.status.usage,
+        allowance=None if in_gpu_hours else Allowance(
+            unit=spec.unit, currency=spec.currency, quota=format_gpu_hours(spec.quota),
+            consumed=format_gpu_hours(usage.consumed), remaining=format_gpu_hours(usage.remaining),
+            carried_over=carried),
+        price_list=priced.name if priced is not None else None,
+        currency=priced.currency if priced is not None else None,
+        cost_so_far=format_gpu_hours(fig.cost) if priced is not None else None,
+        consumed_weighted_gpu_hours=format_gpu_hours(fig.weighted) if priced is not None else None,
+        usage=_usage_by_kind(fig),
         ledger=ledger,
         last_enforcement=last,
         conditions=_conditions(_accounted(budget, spec, usage.over_quota, over_since, degraded, now)),
     )
 
 
-def _usage_by_kind(by_kind: Mapping[str, Fraction]) -> tuple[UsageByKind, ...] | None:
+def _usage_by_kind(fig: Figures) -> tuple[UsageByKind, ...] | None:
     items = []
-    for key, used in sorted(by_kind.items()):
+    priced = fig.priced is not None
+    for key, totals in sorted(fig.by_kind.items()):
         model, capacity = split(key)
-        items.append(UsageByKind(model=model or "", capacity_type=capacity or "", gpu_hours=format_gpu_hours(used)))
+        items.append(UsageByKind(
+            model=model or "", capacity_type=capacity or "", gpu_hours=format_gpu_hours(totals.gpu_hours),
+            weighted_gpu_hours=format_gpu_hours(totals.weighted_gpu_hours) if priced else None,
+            cost=format_gpu_hours(totals.cost) if priced else None))
     return tuple(items) or None
 
 
@@ -103,19 +117,19 @@ def _accounted(budget: GPUWorkloadBudget, spec: ParsedSpec, over: bool, over_sin
                degraded: tuple[str, str] | None, now: int) -> list[dict[str, Any]]:
     """Ready, QuotaExceeded and Degraded of a budget whose usage was accounted."""
     gen, stamp = budget.metadata.generation, _stamp(now)
-    quota, window = format_gpu_hours(spec.quota), spec.per
+    quota, window = spec.amount(spec.quota), spec.per
     items = cond.set_condition(
         budget.status.conditions, "Ready", "True", "Accounted",
         f"usage of {spec.resource} by the selected pods is accounted {spec.accounted_over}", gen, now=stamp,
     )
     if over:
-        msg = f"consumption reached the quota of {quota} GPU-hours per {window}"
+        msg = f"consumption reached the quota of {quota} per {window}"
         if over_since is not None:
             msg += f" (since {format_time(over_since)}); action {spec.action}"
         items = cond.set_condition(items, "QuotaExceeded", "True", "QuotaReached", msg, gen, now=stamp)
     else:
         items = cond.set_condition(items, "QuotaExceeded", "False", "WithinBudget",
-                                   f"consumption is below the quota of {quota} GPU-hours per {window}",
+                                   f"consumption is below the quota of {quota} per {window}",
                                    gen, now=stamp)
     if degraded is None:
         return cond.set_condition(items, "Degraded", "False", "AsExpected",

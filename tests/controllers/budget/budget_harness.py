@@ -20,6 +20,7 @@ import yaml
 from waiting import until
 
 from gpuops.controllers.budget.api import BUDGETS, GPUWorkloadBudget, format_time
+from gpuops.controllers.budget.pricelist import PRICE_LISTS
 from gpuops.controllers.budget.reconciler import BudgetReconciler, Options, wall_clock
 from gpuops.controllers.budget.setup import BudgetController, install
 from gpuops.kube.client import Client
@@ -36,6 +37,7 @@ T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[3]
 CRD = ROOT / "manifests" / "crds" / "gpuworkloadbudgets.gpuops.io.yaml"
+PRICE_CRD = ROOT / "manifests" / "crds" / "gpupricelists.gpuops.io.yaml"
 NS = "team-a"
 RUNTIME = "sim.gpuops.io/runtime-seconds"
 BUDGETS_STORED = ("gpuops.io", "gpuworkloadbudgets")
@@ -273,15 +275,18 @@ class Env:
 
 
 async def install_crd(client: Client) -> None:
-    crd = yaml.safe_load(CRD.read_text())
-    await client.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-                         body=json.dumps(crd).encode(), content_type="application/json")
+    """The budget controller's CRDs: budgets and the price lists it reads."""
+    for path in (CRD, PRICE_CRD):
+        crd = yaml.safe_load(path.read_text())
+        await client.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+                             body=json.dumps(crd).encode(), content_type="application/json")
 
     async def served() -> bool:  # once established
         await client.list(BUDGETS, NS)
+        await client.list(PRICE_LISTS)
         return True
 
-    await until("the budget CRD served", served, 10, every=0.02, ignoring=(ApiError,))
+    await until("the budget CRDs served", served, 10, every=0.02, ignoring=(ApiError,))
 
 
 @asynccontextmanager

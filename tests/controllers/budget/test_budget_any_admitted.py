@@ -18,6 +18,7 @@ from live_controller import ANY_ADMITTED, Expect, Live, handles_admitted
 from schema_strategies import for_schema
 
 from gpuops.controllers.budget.api import BUDGETS
+from gpuops.controllers.budget.pricelist import PRICE_LISTS
 from gpuops.controllers.budget.setup import install
 from gpuops.kube.manager import Manager
 from gpuops.kube.resources import PODS
@@ -35,7 +36,8 @@ def _install(manager: Manager, _cluster: SimCluster) -> Any:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    with Live(tmp_path_factory.mktemp("budget-any"), SCENARIO, ["gpuworkloadbudgets"], [BUDGETS], _install) as lv:
+    crds = ["gpuworkloadbudgets", "gpupricelists"]
+    with Live(tmp_path_factory.mktemp("budget-any"), SCENARIO, crds, [BUDGETS, PRICE_LISTS], _install) as lv:
 
         async def workload() -> None:
             for i, (gpus, labels) in enumerate([(1, {"team": "a"}), ("500m", {"team": "b", "tier": "x"}),

@@ -25,6 +25,7 @@ from gpuops_sim.scenario import parse
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[3]
 CRD = ROOT / "manifests" / "crds" / "gpuworkloadbudgets.gpuops.io.yaml"
+PRICE_CRD = ROOT / "manifests" / "crds" / "gpupricelists.gpuops.io.yaml"
 NS = "team"
 BUDGETS_PATH = f"/apis/gpuops.io/v1alpha1/namespaces/{NS}/gpuworkloadbudgets"
 SCENARIO = {
@@ -62,7 +63,8 @@ async def induce(rig: OperatorHarness, case: str) -> dict[str, Any]:
 
 async def test_every_budget_failure_shows_as_condition_event_metric_and_log(tmp_path: Path) -> None:
     cluster = SimCluster(parse(SCENARIO), workload=False)
-    async with OperatorHarness(cluster, tmp_path, crds=[CRD], controllers=["budget"], log_level="INFO") as rig:
+    async with OperatorHarness(cluster, tmp_path, crds=[CRD, PRICE_CRD], controllers=["budget"],
+                               log_level="INFO") as rig:
         failed = []
         for case, seen in BUDGET.items():
             name = f"b-{case}"

@@ -13,9 +13,10 @@ import pytest
 from budget_harness import NS, S, held_reconciler
 
 from gpuops.accounting.gpuhours import Interval, Ledger
-from gpuops.accounting.windows import RollingWindow
+from gpuops.controllers.budget.api import BudgetSpec, Quota, parse_spec
 from gpuops.controllers.budget.metrics import Published, Snapshot
 from gpuops.controllers.budget.reconciler import BudgetReconciler
+from gpuops.kube.objects import LabelSelector
 
 pytestmark = pytest.mark.anyio
 KEY = f"{NS}/one"
@@ -29,8 +30,9 @@ def anyio_backend() -> str:
 def publish(rec: BudgetReconciler, at: float) -> None:
     """A snapshot of two running pods (u1: 2 GPUs, u2: 1 GPU, both from 100 s), reported through `at` s."""
     live = (Interval(uid="u1", start=100 * S, gpus=Fraction(2)), Interval(uid="u2", start=100 * S, gpus=Fraction(1)))
-    rec._snapshots[(NS, "one")] = Snapshot(live, Ledger(), RollingWindow(3600 * S), Fraction(1),
-                                           Published(round(at * S)))
+    spec = parse_spec(BudgetSpec(selector=LabelSelector(match_labels={"team": "a"}),
+                                 quota=Quota(gpu_hours="1", window_hours=1)))
+    rec._snapshots[(NS, "one")] = Snapshot(live, Ledger(), spec, Published(round(at * S)))
 
 
 def ends(rec: BudgetReconciler) -> dict[str, int | None]:
