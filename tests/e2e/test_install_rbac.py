@@ -16,8 +16,8 @@ What it proves:
    unreachable path needs; it is empty):
    - the API server answers like a kube-apiserver with the WatchList feature gate off, so every informer is
      refused its streaming list and falls back to a paginated one (the `list` verbs), then watches;
-   - budget: Evict, Pause, and an AlertOnly budget that goes under quota and over again (the same
-     QuotaExceeded Event twice: the recorder patches it);
+   - budget: a price list's history; Evict, Pause, and an AlertOnly budget that goes under quota and over
+     again (the same QuotaExceeded Event twice: the recorder patches it);
    - autoprovision: powers gng-0 on for a pending pod, then drains it (taint, evicts the CPU pod left on it)
      and powers it off; a machine the power API does not know is refused twice (WebhookFailed patched);
    - spot pool: launches an instance that joins, then scales in (cordon: nodes patch; drain: an eviction);
@@ -363,6 +363,8 @@ async def test_install_with_rbac_runs_every_controller_and_every_rule_is_needed(
                       "template": {"instanceTypes": ["sim.l4"], "gpusPerInstance": 1,
                                    "labels": {"gpuops.io/capacity-type": "spot"},
                                    "taints": [{"key": "gpuops.io/spot", "value": "true", "effect": "NoSchedule"}]}}},
+            {"apiVersion": "gpuops.io/v1alpha1", "kind": "GPUPriceList", "metadata": {"name": "cloud"},
+             "spec": {"currency": "EUR", "default": True, "fallback": {"onDemand": "2.5"}}},
             {"apiVersion": "gpuops.io/v1alpha1", "kind": "GPUWorkloadBudget",
              "metadata": {"name": "evict", "namespace": "team-a"},
              "spec": {"selector": {"matchLabels": {"team": "a"}}, "quota": {"gpuHours": "0.0001", "windowHours": 1},
@@ -611,7 +613,12 @@ async def test_install_with_rbac_runs_every_controller_and_every_rule_is_needed(
                     and events_about(env, "Node", MIG_NODE, "MigManagerOnNode"))
                 await merge_patch("node", MIG_NODE, {"metadata": {"labels": {state: None}}})
 
+            def price_history() -> bool:
+                found = stored_one(env, "gpuops.io", "gpupricelists", "", "cloud") or {}
+                return bool(status_of(found).get("history"))
+
             await asyncio.gather(
+                done("the budget controller records the price list's history", price_history),
                 done("the budget controller evicts over quota", budget_evicted),
                 done("the budget controller pauses the Job", job_paused),
                 budget_alert(), autoprovision(), ghost(), spot_scale_in(), broken_pool(), mig())

@@ -14,6 +14,7 @@ import pytest
 import yaml
 from budget_harness import NS, SCENARIO, pod
 from hypothesis import event, given, reject
+from hypothesis import strategies as st
 from live_controller import ANY_ADMITTED, Expect, Live, handles_admitted
 from schema_strategies import for_schema
 
@@ -43,13 +44,31 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             for i, (gpus, labels) in enumerate([(1, {"team": "a"}), ("500m", {"team": "b", "tier": "x"}),
                                                 (2, {})]):
                 await lv.client.create(PODS, pod(f"w{i}", gpus, 0.5 if i == 0 else None, labels), NS)
+            await lv.client.create(PRICE_LISTS, {  # the default: budgets naming no list, with a EUR cost quota, count
+                "apiVersion": "gpuops.io/v1alpha1", "kind": "GPUPriceList", "metadata": {"name": "default"},
+                "spec": {"currency": "EUR", "default": True, "fallback": {"onDemand": "2.5", "weight": "2"}}})
 
         lv.run(workload())
         yield lv
 
 
+QUOTA = SPEC["properties"]["quota"]
+AMOUNTS = ("gpuHours", "weightedGpuHours", "cost")
+WINDOWS = ("windowHours", "window")
+
+
+@st.composite
+def quotas(draw: st.DrawFn) -> dict[str, Any]:
+    """A quota drawn from its schema with one amount and one window kept (a CEL rule admits exactly one of each,
+    which a draw of every optional field would rarely meet); the currency is mostly the default list's."""
+    over = {"spec.quota.cost.currency": st.sampled_from(["EUR", "EUR", "USD"])}
+    drawn = {name: draw(for_schema(sub, f"spec.quota.{name}", over)) for name, sub in QUOTA["properties"].items()}
+    keep = {draw(st.sampled_from(AMOUNTS)), draw(st.sampled_from(WINDOWS))}
+    return {k: v for k, v in drawn.items() if k in keep or k not in (*AMOUNTS, *WINDOWS)}
+
+
 @ANY_ADMITTED
-@given(spec=for_schema(SPEC, "spec"))
+@given(spec=for_schema(SPEC, "spec", {"spec.quota": quotas(), "spec.priceList": st.sampled_from(["default", "gone"])}))
 def test_any_admitted_budget_is_reconciled_without_raising_or_looping(live: Live, spec: dict[str, Any]) -> None:
     body = {"apiVersion": "gpuops.io/v1alpha1", "kind": "GPUWorkloadBudget",
             "metadata": {"name": f"any-{next(NAMES)}"}, "spec": spec}
