@@ -64,6 +64,15 @@ def build_parser(controllers: ControllerRegistry = CONTROLLERS) -> argparse.Argu
     plan = mig_sub.add_parser("plan", add_help=False, prefix_chars="+",
                               help="where MIG slices would go on one GPU, as JSON (see: gpuops mig plan --help)")
     plan.add_argument("plan_argv", nargs="*")
+    budget = sub.add_parser("budget", help="GPU budget tools")
+    budget_sub = budget.add_subparsers(dest="budget_command", metavar="BUDGET_COMMAND")
+    report = budget_sub.add_parser(
+        "report", help="usage and cost per budget, namespace, GPU model and capacity type (table, CSV, JSON)",
+        description="Usage and cost per budget, namespace, GPU model and capacity type, from the budgets' status: "
+                    "the current window, or the calendar period that ended last.")
+    from .controllers.budget.report import add_arguments as _report_args
+
+    _report_args(report)
     _add_contributed_commands(sub)
     return parser
 
@@ -165,6 +174,12 @@ def main(argv: Sequence[str] | None = None, controllers: ControllerRegistry = CO
         return migplan.main(args.plan_argv)
     if args.command == "mig":
         parser.parse_args(["mig", "--help"])
+    if args.command == "budget" and args.budget_command == "report":
+        from .controllers.budget import report
+
+        return report.main(args)
+    if args.command == "budget":
+        parser.parse_args(["budget", "--help"])
     parser.print_help()
     return 0 if args.command is None else 2
 

@@ -92,7 +92,8 @@ def test_dashboard_queries_use_only_exported_metrics_and_labels(exported: dict[s
     # the views the dashboard exists for
     wanted = {
         "gpuops_budget_consumed_gpu_seconds", "gpuops_budget_quota_gpu_seconds", "gpuops_budget_remaining_gpu_seconds",
-        "gpuops_budget_over_quota", "gpuops_autoprovision_node_groups", "gpuops_spotpool_size",
+        "gpuops_budget_over_quota", "gpuops_budget_usage_cost", "gpuops_autoprovision_node_groups",
+        "gpuops_spotpool_size",
         "gpuops_spotpool_ready_instances", "gpuops_spotpool_desired_instances", "gpuops_spotpool_launches_total",
         "gpuops_spotpool_capacity_error", "gpuops_migslicer_slices", "gpuops_migslicer_pods_waiting",
         "gpuops_migslicer_gpu_fragmentation", "workqueue_depth", "workqueue_queue_duration_seconds_bucket",

@@ -59,6 +59,7 @@ __all__ = [
     "LedgerEntryStatus",
     "LedgerStatus",
     "ParsedSpec",
+    "PeriodSummary",
     "Quota",
     "Selector",
     "SpecError",
@@ -305,6 +306,25 @@ class Allowance(ApiStruct):
     """With a calendar window: what the previous period left unused that the quota includes."""
 
 
+class PeriodSummary(ApiStruct):
+    """What a calendar budget's previous period used, frozen when the next one began (for chargeback)."""
+
+    start: Annotated[str, crd(format="date-time")] = ""
+    """When the period began."""
+    end: Annotated[str, crd(format="date-time")] = ""
+    """When it ended."""
+    gpu_hours: str = "0"
+    """GPU-hours used in it, 6 decimals."""
+    weighted_gpu_hours: str | None = None
+    """Weighted GPU-hours (with a price list)."""
+    cost: str | None = None
+    """What they cost (with a price list), in `currency`."""
+    currency: str | None = None
+    """Of the cost."""
+    usage: tuple[UsageByKind, ...] | None = None
+    """By GPU model and capacity type."""
+
+
 class BudgetStatus(ApiStruct):
     observed_generation: Annotated[int, crd(format="int64")] = 0
     """The spec generation this status describes."""
@@ -349,6 +369,9 @@ class BudgetStatus(ApiStruct):
     usage: tuple[UsageByKind, ...] | None = None
     """consumedGpuHours (and with a price list weighted GPU-hours and cost) by GPU model and capacity type (the
     kinds add up to the totals before rounding)."""
+    previous_period: PeriodSummary | None = None
+    """With a calendar window: what the previous period used, by GPU model and capacity type, as it ended (kept
+    through the current period; only a period this budget accounted to its end)."""
     ledger: LedgerStatus | None = None
     """Usage of finished and deleted pods still inside the window, so it keeps counting after the pods are gone.
     Bounded: beyond maxEntries the oldest entries merge into buckets of bucketSeconds. consumedGpuHours exceeds

@@ -49,9 +49,10 @@ from gpuops.kube.resources import PODS
 from gpuops.kube.times import parse_time_or_none as _t
 from gpuops.kube.times import wall_clock
 
-from .api import FINALIZER, PAUSED_BY, BudgetStatus, GPUWorkloadBudget, ParsedSpec, SpecError
+from .api import FINALIZER, PAUSED_BY, BudgetStatus, GPUWorkloadBudget, ParsedSpec, PeriodSummary, SpecError
 from .caches import PodFacts, SpecCache, facts_of
 from .carryover import in_period
+from .closing import previous_period
 from .enforcement import EnforcementOptions, Enforcer, Outcome, Situation, Target
 from .kinds import key_of_node, model_of
 from .ledger import Book, LedgerMemo, compact, ledger_from_status, ledger_to_status, recorded
@@ -335,8 +336,9 @@ class BudgetReconciler:
         tally = self._count_pods(budget.metadata.namespace, spec, prev_book, counted)
         departed = self._count_departed(key, spec, prev_book, counted, tally)
         before = Ledger(entries=(*prev_book.ledger.entries, *tally.fresh), buckets=prev_book.ledger.buckets)
-        spec = in_period(spec, budget.status, *in_unit(spec, priced, _live_by_kind(tally.members, prev_book), before),
-                         (), at)
+        live_before = _live_by_kind(tally.members, prev_book)
+        closed = previous_period(spec, budget.status, priced, live_before, before, at)
+        spec = in_period(spec, budget.status, *in_unit(spec, priced, live_before, before), (), at)
         book = self._compact(prev_book, tally, spec, at, cuts(priced))
         live = _live(tally.members, book)
         fig = figures(spec, priced, _live_by_kind(tally.members, book), book.ledger, at=at)
@@ -347,7 +349,7 @@ class BudgetReconciler:
         over_since = _over_since(budget.status, usage.over_quota, at)
         due_at = over_since + spec.delay if over_since is not None else None
         outcome = await self._enforce(budget, spec, usage, tally.members, over_since, due_at, now)
-        if not await self._write_status(budget, spec, fig, book, tally.members, over_since, outcome, at):
+        if not await self._write_status(budget, spec, fig, book, tally.members, (over_since, closed), outcome, at):
             return None
         self._forget_recorded(key, departed)
         released = await self._release(budget, spec, tally.members, book, spec.edge_at(at), at)
@@ -431,7 +433,8 @@ class BudgetReconciler:
         return await self.enforcer.apply(budget, spec, situation, targets, prev.last_enforcement, over_since)
 
     async def _write_status(self, budget: GPUWorkloadBudget, spec: ParsedSpec, fig: Figures, book: Book,
-                            members: list[_Member], over_since: int | None, outcome: Outcome, at: int) -> bool:
+                            members: list[_Member], since_and_closed: tuple[int | None, PeriodSummary | None],
+                            outcome: Outcome, at: int) -> bool:
         """Write the status (one merge patch of what changed); False if the budget is gone. Then the Warning Event
         of a conflict that is news: once per change of what Pause leaves alone, not once per reconcile."""
         key = _key(budget)
@@ -439,7 +442,8 @@ class BudgetReconciler:
                                   bucket_width=self._bucket_width(spec), error=fig.gpu_hours.error_bound,
                                   memo=self._ledgers.get(key))
         running = sum(1 for m in members if m.interval is not None and m.span.end is None)
-        desired = desired_status(budget, spec, fig, ledger, over_since=over_since,
+        over_since, closed = since_and_closed
+        desired = desired_status(budget, spec, fig, ledger, over_since=over_since, previous=closed,
                                  last=outcome.last or budget.status.last_enforcement, degraded=outcome.degraded,
                                  running=running, now=at)
         desired, conflict_news = with_conflict(budget, desired, outcome.left_alone, at)

@@ -7,11 +7,13 @@ did not change costs no write, and a budget changed meanwhile is reconciled agai
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
 from gpuops.accounting.gpuhours import format_gpu_hours
+from gpuops.accounting.pricing import Totals
 from gpuops.accounting.reporting import counting_instant
 from gpuops.accounting.windows import period_of
 from gpuops.controllers.coexistence import CONDITION, NO_CONFLICT
@@ -29,6 +31,7 @@ from .api import (
     LastEnforcement,
     LedgerStatus,
     ParsedSpec,
+    PeriodSummary,
     SpecError,
     UsageByKind,
     format_time,
@@ -37,7 +40,7 @@ from .kinds import split
 from .ledger import usage_quantity
 from .units import Figures
 
-__all__ = ["JOBS_LEFT_ALONE", "desired_status", "invalid_status", "with_conflict", "write_status"]
+__all__ = ["JOBS_LEFT_ALONE", "desired_status", "invalid_status", "usage_items", "with_conflict", "write_status"]
 
 _SECOND = 1_000_000
 
@@ -61,6 +64,7 @@ def desired_status(
     ledger: LedgerStatus,
     *,
     over_since: int | None,
+    previous: PeriodSummary | None = None,
     last: LastEnforcement | None,
     degraded: tuple[str, str] | None,
     running: int,
@@ -94,17 +98,18 @@ def desired_status(
         currency=priced.currency if priced is not None else None,
         cost_so_far=format_gpu_hours(fig.cost) if priced is not None else None,
         consumed_weighted_gpu_hours=format_gpu_hours(fig.weighted) if priced is not None else None,
-        usage=_usage_by_kind(fig),
+        usage=usage_items(fig.by_kind, priced is not None),
+        previous_period=previous,
         ledger=ledger,
         last_enforcement=last,
         conditions=_conditions(_accounted(budget, spec, usage.over_quota, over_since, degraded, now)),
     )
 
 
-def _usage_by_kind(fig: Figures) -> tuple[UsageByKind, ...] | None:
+def usage_items(by_kind: Mapping[str, Totals], priced: bool) -> tuple[UsageByKind, ...] | None:
+    """status.usage (and previousPeriod.usage): one item per kind, weighted and cost only with a price list."""
     items = []
-    priced = fig.priced is not None
-    for key, totals in sorted(fig.by_kind.items()):
+    for key, totals in sorted(by_kind.items()):
         model, capacity = split(key)
         items.append(UsageByKind(
             model=model or "", capacity_type=capacity or "", gpu_hours=format_gpu_hours(totals.gpu_hours),

@@ -20,7 +20,7 @@ from .api import ParsedSpec
 from .kinds import split
 from .pricebook import Priced
 
-__all__ = ["Figures", "attribution_of", "cuts", "figures", "in_unit"]
+__all__ = ["Figures", "attribution_of", "cuts", "figures", "in_unit", "totals"]
 
 
 def attribution_of(kind: str) -> Attribution:
@@ -40,6 +40,16 @@ def in_unit(spec: ParsedSpec, priced: Priced | None, live: Mapping[str, Iterable
     if spec.unit == "GPUHours" or priced is None:
         return [i for items in live.values() for i in items], ledger
     return ledger_in_unit(live, ledger, attribution_of, priced.versions, spec.unit)
+
+
+def totals(priced: Priced | None, live: Mapping[str, Iterable[Interval]], ledger: Ledger, *, now: int,
+           window: int) -> dict[str, Totals]:
+    """GPU-hours, weighted GPU-hours and cost inside `[now - window, now)` by kind (the last two 0 without a
+    price list)."""
+    if priced is None:
+        plain = consumed_by_key(live, ledger, now=now, window=window)
+        return {k: Totals(v, Fraction(0), Fraction(0)) for k, v in plain.items()}
+    return totals_by_key(live, ledger, attribution_of, priced.versions, now=now, window=window)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,12 +78,8 @@ def figures(spec: ParsedSpec, priced: Priced | None, live: Mapping[str, Iterable
     """The budget's figures at counting instant `at` from its live intervals (by kind) and ledger."""
     flat = [i for items in live.values() for i in items]
     gpu = reported_usage(flat, ledger, now=at, window=spec.window, quota=spec.quota)
-    length = spec.length_at(at)
-    if priced is None:
-        plain = consumed_by_key(live, ledger, now=at, window=length)
-        return Figures(gpu, gpu, {k: Totals(v, Fraction(0), Fraction(0)) for k, v in plain.items()}, None)
-    by_kind = totals_by_key(live, ledger, attribution_of, priced.versions, now=at, window=length)
-    if spec.unit == "GPUHours":
+    by_kind = totals(priced, live, ledger, now=at, window=spec.length_at(at))
+    if priced is None or spec.unit == "GPUHours":
         return Figures(gpu, gpu, by_kind, priced)
     pieces, scaled = in_unit(spec, priced, live, ledger)
     return Figures(gpu, reported_usage(pieces, scaled, now=at, window=spec.window, quota=spec.quota), by_kind,

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from budget_harness import NS, Clock, Reconciles, at, budget, environment, pod, running_since
 
+from gpuops.accounting.gpuhours import format_gpu_hours
 from gpuops.kube import conditions as cond
 from gpuops.kube.controller import Request
 
@@ -69,6 +70,11 @@ async def test_a_daily_budget_counts_from_local_midnight_and_renews_at_the_next(
         assert not cond.is_true(st.conditions, "QuotaExceeded") and st.over_quota_since is None
         assert st.exhausts_at == at(midnight + 1_800)
         assert after.result is not None and after.result.requeue_after == pytest.approx(900.001, abs=1e-9)
+        closed = st.previous_period  # the day that ended, frozen for chargeback: the pod's hours up to midnight
+        day = Fraction(2 * (midnight - max(t0, day_start)), 3_600)
+        assert closed is not None and (closed.start, closed.end, closed.gpu_hours) == (
+            at(day_start), at(midnight), format_gpu_hours(day))
+        assert [(u.capacity_type, u.gpu_hours) for u in closed.usage or ()] == [("OnDemand", format_gpu_hours(day))]
 
 
 async def test_unused_quota_carries_into_the_next_day_at_most_one_quota(tmp_path: Path) -> None:
@@ -104,3 +110,4 @@ async def test_unused_quota_carries_into_the_next_day_at_most_one_quota(tmp_path
         await Reconciles(handle).after(env, req, lambda: clock.set(midnight + 120))
         st = (await env.budget("rolls")).status
         assert (st.carried_over_gpu_hours, st.consumed_gpu_hours) == (frozen, f"{2 / 60:.6f}")
+        assert st.previous_period is not None and st.previous_period.gpu_hours == format_gpu_hours(used_before)
