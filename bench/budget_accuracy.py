@@ -48,6 +48,15 @@ container timestamps are whole seconds, so each pod starting or ending near the 
 uncertain by up to 1 GPU-second (deltas of 0.3-1.5 GPU-s seen), more than 0.1 % until the budget has used a few
 thousand GPU-seconds. The script exits 1 when this scenario fails; the other targets are reported only.
 
+Priced (figures under `priced`, bench/_budget_priced.py): pods of 1 or 2 GPUs on H100 (on-demand and spot), A100
+(spot), L4 and T4 nodes (T4 priced at the list's fallback), two budgets over the same pods: cost per calendar day
+of a zone whose local midnight falls inside the run, and weighted GPU-hours per rolling hour; the GPUPriceList's
+prices and weights change mid-run. At every sample the status (costSoFar, consumedWeightedGpuHours) and the metrics
+(gpuops_budget_usage_cost, gpuops_budget_usage_weighted_gpu_seconds, summed over the kinds) are compared with the
+truth computed in the bench from the pods' container timestamps, their nodes' labels and the two price tables,
+the change taking effect at the API server's time of the write. Pass: >= 0.999 at every sample with a truth above
+0, with samples after the boundary and after the change.
+
 Scale: B budgets in one namespace (the worst case for finding a pod's budgets), each selecting 1/B of the pods
 (`gpuResourceName: cpu`, 100m pods that run for an hour), pods created in-process. First a fill phase (not
 measured) grows the cluster and every budget's pod set; then pods are created at a fixed rate and timed; one
@@ -68,12 +77,14 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _budget_common import BUDGETS_PATH, CRDS, METRIC, NS, TARGET, ratio
+from _budget_priced import PRICED_FULL, PRICED_QUICK, judge_priced, priced, priced_failures, priced_markdown
 from _budget_retained import (
     RETAINED_FULL,
     RETAINED_QUICK,
@@ -337,6 +348,9 @@ def main() -> int:
     parser.add_argument("--retained-only", action="store_true",
                         help="run the retained-finished-pods scenario only")
     parser.add_argument("--no-retained", action="store_true", help="skip the retained-finished-pods scenario")
+    parser.add_argument("--priced-only", action="store_true",
+                        help="run the priced scenario only (cost and weighted GPU-hours)")
+    parser.add_argument("--no-priced", action="store_true", help="skip the priced scenario")
     args = parser.parse_args()
     logs.configure(json=False, level="WARNING")
     # --quick runs the seed's scenario 3x faster (50 pods at 30/s, 10 s each, snapshots at 5, 10, 15 s); figures
@@ -350,22 +364,26 @@ def main() -> int:
     fill_rate = args.scale_fill_rate if args.scale_fill_rate is not None else fill_rate
     rates = args.scale_rates if args.scale_rates is not None else rates
     secs = args.scale_seconds if args.scale_seconds is not None else secs
-    rate_list = [float(x) for x in rates.split(",") if x.strip()] if secs > 0 and not args.retained_only else []
+    only = args.scale_only or args.retained_only or args.priced_only
+    rate_list = [float(x) for x in rates.split(",") if x.strip()] \
+        if secs > 0 and not (args.retained_only or args.priced_only) else []
     plan = RETAINED_QUICK if args.quick else RETAINED_FULL
-    with_retained = not (args.scale_only or args.no_retained)
+    with_retained = not (args.scale_only or args.priced_only or args.no_retained)
+    with_priced = not (args.scale_only or args.retained_only or args.no_priced)
 
-    async def go() -> tuple[list[dict[str, Any]], dict[str, Any] | None, list[dict[str, Any]]]:
+    async def go() -> tuple[list[dict[str, Any]], dict[str, Any] | None, Any, list[dict[str, Any]]]:
         # the two seed variants side by side (concurrently: each has its own cluster and operator)
-        variants = [] if args.scale_only or args.retained_only else await asyncio.gather(
+        variants = [] if only else await asyncio.gather(
             accuracy("nvidia.com/gpu", "1", 50, compress), accuracy("cpu", "100m", 50, compress))
         kept = await retained(plan) if with_retained else None  # alone: its samples list thousands of pods
+        cost = await priced(PRICED_QUICK if args.quick else PRICED_FULL) if with_priced else None
         runs = []
         for r in rate_list:
             p = max(1, round(r * secs))
             runs.append(await scale(b, fill, fill_rate, p, r, within=30.0 + p / 100))
-        return list(variants), kept, runs
+        return list(variants), kept, cost, runs
 
-    variants, kept, scales = asyncio.run(go())
+    variants, kept, cost, scales = asyncio.run(go())
     figures: dict[str, Any] = {}
     ok = True
     for v in variants:
@@ -386,6 +404,11 @@ def main() -> int:
         kept_figures, kept_ok = judge_retained(kept)
         figures["retained_finished_pods"] = kept_figures
         kept_md = retained_markdown(kept, kept_figures)
+    priced_ok, priced_md = True, "Priced scenario skipped."
+    if cost is not None:
+        priced_figures, priced_ok = judge_priced(cost)
+        figures["priced"] = priced_figures
+        priced_md = priced_markdown(cost, priced_figures)
     for sc in scales:
         k = f"scale_r{sc['rate']:g}_"
         figures.update({
@@ -460,17 +483,22 @@ Accuracy target (>= 0.999 at every snapshot, status and metric): \
 
 {kept_md}
 
+{priced_md}
+
 {scale_md.rstrip()}
 
 Command: `python {" ".join(["bench/budget_accuracy.py", *sys.argv[1:]])}` ({os.cpu_count()} cores).
 """
     path = write_results("budget_accuracy", figures, md, {"mode": mode, "variants": variants, "retained": kept,
+                                                         "priced": None if cost is None else asdict(cost),
                                                          "scale": scales})
     print(md)
     print(f"wrote {path}")
     if kept is not None and not kept_ok:  # last, so that a CI log's tail names what failed
         print("\n".join(["Retained-finished-pods scenario FAILED:", *retained_failures(kept, kept_figures)]))
-    return 0 if kept_ok else 1
+    if cost is not None and not priced_ok:
+        print("\n".join(["Priced scenario FAILED:", *priced_failures(cost)]))
+    return 0 if kept_ok and priced_ok else 1
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -83,8 +83,11 @@ class OperatorHarness:
         controllers: Sequence[str] = ("budget",),
         log_level: str = "WARNING",
         extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.cluster = cluster
+        self.env = dict(env or {})
+        """Added to the operator process's environment (e.g. PYTHONTZPATH for a time zone of the test's own)."""
         self.workdir = workdir
         self.kubeconfig = workdir / "kubeconfig"
         self.crds = list(crds)
@@ -136,7 +139,7 @@ class OperatorHarness:
                  "--kubeconfig", str(self.kubeconfig), "--metrics-bind-address", f"127.0.0.1:{self.port}",
                  "--health-probe-bind-address", "0", "--log-level", self.log_level, "--log-format", "json",
                  *self.extra_args],
-                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **self.env} if self.env else None)
         await until("the operator's /metrics", self._metrics_up, 30)
 
     def kill(self) -> None:
