@@ -54,8 +54,9 @@ of a zone whose local midnight falls inside the run, and weighted GPU-hours per 
 prices and weights change mid-run. At every sample the status (costSoFar, consumedWeightedGpuHours) and the metrics
 (gpuops_budget_usage_cost, gpuops_budget_usage_weighted_gpu_seconds, summed over the kinds) are compared with the
 truth computed in the bench from the pods' container timestamps, their nodes' labels and the two price tables,
-the change taking effect at the API server's time of the write. Pass: >= 0.999 at every sample with a truth above
-0, with samples after the boundary and after the change.
+the change taking effect at the API server's time of the write. Pass: >= 0.999 at every sample from 30 s into the
+run (and, for the daily budget, into its new day; earlier ones are reported), with judged samples after the
+boundary and after the change.
 
 Scale: B budgets in one namespace (the worst case for finding a pod's budgets), each selecting 1/B of the pods
 (`gpuResourceName: cpu`, 100m pods that run for an hour), pods created in-process. First a fill phase (not
