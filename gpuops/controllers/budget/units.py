@@ -78,7 +78,12 @@ def figures(spec: ParsedSpec, priced: Priced | None, live: Mapping[str, Iterable
     """The budget's figures at counting instant `at` from its live intervals (by kind) and ledger."""
     flat = [i for items in live.values() for i in items]
     gpu = reported_usage(flat, ledger, now=at, window=spec.window, quota=spec.quota)
-    by_kind = totals(priced, live, ledger, now=at, window=spec.length_at(at))
+    kinds = {k for k, items in live.items() if items} | {e.key for e in ledger.entries}
+    kinds.update(b.key for b in ledger.buckets)
+    if priced is None and len(kinds) <= 1:  # one kind has the whole figure: no second pass over the records
+        by_kind = {k: Totals(gpu.consumed, Fraction(0), Fraction(0)) for k in kinds}
+    else:
+        by_kind = totals(priced, live, ledger, now=at, window=spec.length_at(at))
     if priced is None or spec.unit == "GPUHours":
         return Figures(gpu, gpu, by_kind, priced)
     pieces, scaled = in_unit(spec, priced, live, ledger)
