@@ -19,7 +19,7 @@ from gpuops.accounting.pricing import PriceVersion
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
 from gpuops.kube.controller import Request, Result
-from gpuops.kube.errors import Conflict, NotFound
+from gpuops.kube.errors import NotFound
 from gpuops.kube.informer import Informer
 from gpuops.kube.times import format_time, wall_clock
 
@@ -119,5 +119,5 @@ class PriceBook:
             await self.client.patch(PRICE_LISTS, meta.name,
                                     {"metadata": {"resourceVersion": meta.resource_version}, "status": status},
                                     subresource="status")
-        except (Conflict, NotFound) as e:  # changed or gone: its event brings us back
+        except NotFound as e:  # gone: nothing to record (a Conflict raises: the reconcile is retried)
             log.debug("price list history not written", price_list=meta.name, error=str(e))

@@ -9,7 +9,9 @@ fields entry that owns `spec`, in whole seconds); without one, the first time th
 generation. The first version also holds before its own `since`. Versions older than any window can reach (their
 successor began more than 367 days ago) are dropped; nothing a budget still counts is priced differently.
 
-The currency cannot change (a cost figure would add up two currencies): create a new price list instead.
+The currency cannot change (a cost figure would add up two currencies): create a new price list instead. A spec
+replaced before the operator saw it (two edits while it was down) leaves no version: the API server keeps only
+the latest spec, so the hours between the two edits are charged at the prices before them.
 """
 
 from __future__ import annotations
