@@ -291,13 +291,14 @@ class SpotPoolReconciler:
         Reclaimed Event for each newly doomed one; what the cloud no longer lists is forgotten."""
         known = set(self._doomed)
         views = [self._view(pool, i, now) for i in instances]
-        for v in views:
+        for v in views:  # every Event first: a node write failing below must not lose a later instance's notice
             if v.inst.id in self._doomed and v.inst.id not in known:
                 where = f" (node {v.node.metadata.name})" if v.node is not None else ""
                 when = f" at {format_time(v.doomed_at)}" if v.doomed_at and v.doomed_at > now else ""
                 step.event("Warning", "Reclaimed", f"the cloud is taking {v.inst.id}{where} back{when}; a "
                            "replacement is launched now and the node drained")
             self._owner_of[v.inst.id] = pool.metadata.name
+        for v in views:
             if v.node is not None:
                 t = pool.spec.template
                 await nd.join(self.client, v.node, pool.metadata.name, t.labels or {}, t.taints or ())
