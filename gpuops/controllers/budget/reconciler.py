@@ -349,7 +349,8 @@ class BudgetReconciler:
         over_since = _over_since(budget.status, usage.over_quota, at)
         due_at = over_since + spec.delay if over_since is not None else None
         outcome = await self._enforce(budget, spec, usage, tally.members, over_since, due_at, now)
-        if not await self._write_status(budget, spec, fig, book, tally.members, (over_since, closed), outcome, at):
+        if not await self._write_status(budget, spec, fig, book, tally.members, outcome, at, over_since=over_since,
+                                        closed=closed):
             return None
         self._forget_recorded(key, departed)
         released = await self._release(budget, spec, tally.members, book, spec.edge_at(at), at)
@@ -433,8 +434,8 @@ class BudgetReconciler:
         return await self.enforcer.apply(budget, spec, situation, targets, prev.last_enforcement, over_since)
 
     async def _write_status(self, budget: GPUWorkloadBudget, spec: ParsedSpec, fig: Figures, book: Book,
-                            members: list[_Member], since_and_closed: tuple[int | None, PeriodSummary | None],
-                            outcome: Outcome, at: int) -> bool:
+                            members: list[_Member], outcome: Outcome, at: int, *, over_since: int | None,
+                            closed: PeriodSummary | None) -> bool:
         """Write the status (one merge patch of what changed); False if the budget is gone. Then the Warning Event
         of a conflict that is news: once per change of what Pause leaves alone, not once per reconcile."""
         key = _key(budget)
@@ -442,7 +443,6 @@ class BudgetReconciler:
                                   bucket_width=self._bucket_width(spec), error=fig.gpu_hours.error_bound,
                                   memo=self._ledgers.get(key))
         running = sum(1 for m in members if m.interval is not None and m.span.end is None)
-        over_since, closed = since_and_closed
         desired = desired_status(budget, spec, fig, ledger, over_since=over_since, previous=closed,
                                  last=outcome.last or budget.status.last_enforcement, degraded=outcome.degraded,
                                  running=running, now=at)
