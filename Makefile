@@ -36,8 +36,12 @@ lint: install
 typecheck: install
 	$(BIN)/mypy --strict gpuops sim/gpuops_sim
 
+# Two workers, grouped by tests/conftest.py. A worker that crashes (a C extension's segfault) ends the run with that
+# test failed: pytest-xdist's replacement of a crashed worker can leave a grouped run waiting forever. The timeout
+# (SIGINT: pytest still prints its summary) is the last guard against any other hang.
+XDIST := -n 2 --dist loadgroup --max-worker-restart=0
 unit: install
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=30 -n 2 --dist loadgroup
+	timeout --signal=INT --kill-after=60 1500 $(BIN)/python -m pytest -q -p no:cacheprovider --durations=30 $(XDIST)
 
 test: lint typecheck unit
 

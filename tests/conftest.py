@@ -29,11 +29,15 @@ HOST_PROCESS_TESTS = ("tests/e2e/", "tests/sim/test_demo_report.py", "tests/sim/
 """Tests that run the operator, or the emulator's process pods, as real processes of this machine."""
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`make test` runs two pytest-xdist workers (--dist loadgroup). Each file's tests stay in one worker, in
     order, as they would run alone; the tests in HOST_PROCESS_TESTS all run in one worker, one after another, so
     they never contend with each other for host ports (a process pod listens where its manifest says) or for the
-    CPU their timing assumes. Without xdist the marks change nothing."""
+    CPU their timing assumes. Without xdist the marks change nothing.
+
+    First among the hooks: pytest-xdist's worker reads the marks in its own implementation of this hook, so marks
+    added after it would group nothing (tests/test_parallel_runs.py checks that they take effect)."""
     for item in items:
         path = item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group("host-processes" if path.startswith(HOST_PROCESS_TESTS) else path))

@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from prometheus_client import REGISTRY
 from waiting import install_crds, until, until_holds
@@ -347,6 +348,35 @@ async def test_reclaimed_event_survives_a_failed_status_write(tmp_path: Path) ->
         await until("a replacement launch", lambda: _true(cluster.cloud.spot.launched == 2), 5)
         assert cluster.server.faults.injected == 1
         await until("the Reclaimed Event", reclaimed_event, 5)
+
+
+async def test_every_reclaimed_event_goes_out_while_node_writes_fail(tmp_path: Path) -> None:
+    """Both instances get their notice in one reconcile while every node write fails (their nodes lost a
+    template label, so the reconcile re-labels them first): each still gets its Reclaimed Event. A failing
+    node write used to end the step before a later instance's Event, and the retry no longer took that
+    notice for new."""
+    async with running(tmp_path) as (cluster, client):
+        await client.create(POOLS, pool_body(cluster, minimum=2, maximum=3))
+        pool = await until("2 Ready instances", lambda: ready_pool(client, "gpus", 2))
+        rule = cluster.server.faults.add_error(500, verbs=["patch"], resources=["nodes"])
+        for inst in pool.status.instances:
+            node = await client.get(NODES, inst.node_name or "")
+            labels = {k: v for k, v in (node.metadata.labels or {}).items() if k != "team"}
+            # a PUT (verb update): only patches fail
+            await client.replace(NODES, msgspec.structs.replace(
+                node, metadata=msgspec.structs.replace(node.metadata, labels=labels)))
+        await until("the re-labelling refused twice", lambda: _true(cluster.server.faults.injected >= 2), 10)
+        ids = sorted(i.id for i in pool.status.instances)
+        cluster.cloud.reclaim(ids, notice_seconds=5.0)
+
+        async def both_events() -> bool:
+            _, events = await client.list(EVENTS)
+            told = {i for e in events if e.reason == "Reclaimed" for i in ids if i in (e.message or "")}
+            return told == set(ids)
+
+        await until("a Reclaimed Event for each instance", both_events, 10)
+        cluster.server.faults.rules.remove(rule)
+        await until("back to 2 Ready", lambda: ready_pool(client, "gpus", 2), 30)
 
 
 async def test_a_deletion_the_cloud_blocks_says_so_and_how_to_let_the_pool_go(tmp_path: Path) -> None:
