@@ -85,6 +85,7 @@ __all__ = [
     "compaction_error_bound",
     "consumed_by_key",
     "counted_intervals",
+    "first_at_or_below",
     "format_gpu_hours",
     "gpu_hours",
     "keyed_records",
@@ -379,6 +380,16 @@ def _exhaustion(
     spans: list[_Span], steps: list[_Step], now: int, window: int, used: int, slope: int, quota: int
 ) -> int | None:
     """Walk the breakpoints after `now` in time order until the consumption reaches `quota` (ints on one scale)."""
+    slopes, jumps = _window_breakpoints(spans, steps, now, window)
+    # past the last breakpoint every record is wholly in or out of the window: the slope is 0, the value stays
+    return _walk(slopes, jumps, now, used, slope, quota)
+
+
+def _window_breakpoints(
+    spans: list[_Span], steps: list[_Step], now: int, window: int
+) -> tuple[dict[int, int], dict[int, int]]:
+    """Slope changes and jumps of a rolling window's consumption after `now` in the known future (ints on one
+    scale): records starting or ending at either edge, buckets entering or leaving."""
     slopes: dict[int, int] = {}
     get = slopes.get
     for start, end, gpus in spans:
@@ -399,8 +410,33 @@ def _exhaustion(
             if at > now:
                 jumps[at] = jumps.get(at, 0) + jump
                 slopes.setdefault(at, 0)
-    # past the last breakpoint every record is wholly in or out of the window: the slope is 0, the value stays
-    return _walk(slopes, jumps, now, used, slope, quota)
+    return slopes, jumps
+
+
+def first_at_or_below(
+    live: Iterable[Interval],
+    ledger: Ledger = Ledger(),  # noqa: B008 - immutable frozen Struct
+    *,
+    now: int,
+    window: int,
+    level: Fraction | int,
+) -> int | None:
+    """The first microsecond at or after `now` at which the consumption in the rolling window is at most `level`
+    GPU-hours in the known future (open intervals keep running, nothing new starts, the ledger does not change);
+    None if it never is (running pods keep it above, or `level` is below zero).
+
+    Why: a budget holding pods back says until when; with pods still running the consumption may keep rising,
+    so this walks the same breakpoints as `exhausted_at` rather than waiting for old usage to leave."""
+    now = _instant(now, "now")
+    window = _window(window)
+    level = Fraction(level)
+    if level < 0:
+        return None
+    _, scaled, edges = _evaluate(live, ledger, level, now, window)
+    if edges.used <= scaled.quota:
+        return now
+    slopes, jumps = _window_breakpoints(scaled.spans, scaled.steps, now, window)
+    return _walk_down(slopes, jumps, now, edges.used, edges.burn - edges.leaving, scaled.quota)
 
 
 def compaction_error_bound(ledger: Ledger, *, now: int, window: int) -> Fraction:
@@ -542,6 +578,24 @@ def _walk(slopes: dict[int, int], jumps: dict[int, int], now: int, used: int, sl
         if value >= quota:
             return t
     return t - (value - quota) // slope if slope > 0 else None
+
+
+def _walk_down(slopes: dict[int, int], jumps: dict[int, int], now: int, used: int, slope: int,
+               level: int) -> int | None:
+    """The first microsecond the consumption (above `level` at `now`), moving along `slope` and changing at the
+    breakpoints, is at most `level`; None if it stays above past the last breakpoint."""
+    t, value = now, used
+    for at in sorted(slopes):
+        if slope < 0:
+            hit = t - (level - value) // -slope  # t + ceil((value - level) / -slope)
+            if hit < at:
+                return hit
+        value += slope * (at - t) + jumps.get(at, 0)
+        slope += slopes[at]
+        t = at
+        if value <= level:
+            return t
+    return None  # past the last breakpoint the slope is 0: every record is wholly in or out of the window
 
 
 class _Scaled(NamedTuple):

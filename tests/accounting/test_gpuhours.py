@@ -21,6 +21,7 @@ from gpuops.accounting.gpuhours import (
     compact_ledger,
     compaction_error_bound,
     counted_intervals,
+    first_at_or_below,
     format_gpu_hours,
     gpu_hours,
     late_error_bound,
@@ -808,3 +809,51 @@ def test_exhaustion_instant_is_exact_at_shared_breakpoints_and_quota_equalities(
         return
     assert hit > now and over(hit) and not over(hit - 1)
     assert not any(over(t) for t in points if now < t < hit)
+
+
+@st.composite
+def drain_scenarios(draw: st.DrawFn) -> tuple[list[Interval], Ledger, int, int, Fraction, list[int]]:
+    """The edge scenarios with a level the usage may fall to: a value it takes at a later breakpoint (often
+    lower: old usage leaves), or the current usage minus up to a GPU-hour, or a level below zero."""
+    live, ledger, now, window, _, points = draw(edge_scenarios())
+
+    def value(t: int) -> Fraction:
+        return window_usage(live, ledger, now=t, window=window, quota=0).consumed
+
+    later = [value(t) for t in points if t > now]
+    choice = draw(st.integers(0, 3))
+    if later and choice < 2:
+        level = draw(st.sampled_from(later))
+    elif choice == 2:
+        level = value(now) - F(draw(st.integers(0, 3_000)), H)
+    else:
+        level = F(-1, H)
+    return live, ledger, now, window, level, points
+
+
+@settings(max_examples=300, deadline=None)
+@given(scenario=drain_scenarios())
+# a bucket leaving (t = 1100) is what brings the usage down to the level, while an open pod keeps it rising
+@example(scenario=([iv("o", 500, None)], _LEAVING, 600, 1000, F(500, H), [1, 500, 1100, 1500]))
+# a pod that ended: its usage slides out between end + W... start + W, so the level is met inside that piece
+@example(scenario=([iv("a", 0, 100, 2)], Ledger(), 500, 1000, F(50, H), [0, 100, 1000, 1100]))
+def test_first_instant_at_or_below_a_level_is_exact(
+    scenario: tuple[list[Interval], Ledger, int, int, Fraction, list[int]],
+) -> None:
+    """The usage is affine between breakpoints, so checking the answer, the microsecond before it and every
+    breakpoint in between checks that it is the first instant at or below the level; None means no breakpoint
+    after now (and no instant past the last) gets there."""
+    live, ledger, now, window, level, points = scenario
+
+    def below(t: int) -> bool:
+        return window_usage(live, ledger, now=t, window=window, quota=0).consumed <= level
+
+    hit = first_at_or_below(live, ledger, now=now, window=window, level=level)
+    event(f"hit={'now' if hit == now else hit is not None} level<0={level < 0}")
+    if hit is None:
+        assert not below(now) and not any(below(t) for t in points if t > now)
+        assert not below(max([now, *points]) + window + 1)
+        return
+    assert hit >= now and below(hit)
+    assert hit == now or not below(hit - 1)
+    assert not any(below(t) for t in points if now <= t < hit)
