@@ -15,37 +15,23 @@ in the apiserver's validation with names the user never wrote.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Final
 
 from gpuops.accounting.mig import KNOWN_MODELS, geometry
 from gpuops.accounting.quantity import parse_quantity
+from gpuops.kube.admission.review import JSONPatchOp, MutationResult
 
 from .api import GATE, NVIDIA_PREFIX, OUR_PREFIX, profile_of_resource, resource_of_profile
 
 __all__ = ["WHOLE_GPU", "JSONPatchOp", "MutationResult", "escape_pointer", "known_profiles", "mutate"]
 
 WHOLE_GPU: Final = "nvidia.com/gpu"
-JSONPatchOp = dict[str, Any]
 _CONTAINER_KINDS: Final = ("initContainers", "containers")
 _EXPECTED: Final = (
     f"expected {NVIDIA_PREFIX}<compute>g.<memory>gb, optionally with -me for a media-extension profile "
     f"(e.g. {NVIDIA_PREFIX}1g.10gb, {NVIDIA_PREFIX}3g.40gb, {NVIDIA_PREFIX}1g.10gb-me)"
 )
-
-
-@dataclass(frozen=True, slots=True)
-class MutationResult:
-    """`patch` applies to the pod as given; `denied` (when set) is the message the user sees instead."""
-
-    patch: list[JSONPatchOp] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    denied: str | None = None
-
-    @property
-    def changed(self) -> bool:
-        return bool(self.patch)
 
 
 def escape_pointer(token: str) -> str:

@@ -1,6 +1,6 @@
 """The webhook's own PKI: a CA (10 years) and a serving certificate (1 year) it signs, so the operator needs no
 cert-manager. The apiserver trusts the CA through the MutatingWebhookConfiguration's caBundle, which the
-operator patches in (see webhook.CABundlePatcher).
+operator patches in (`cabundle.CABundlePatcher`).
 
 Keys never have to touch a disk: without a directory everything lives in memory (Python's `ssl` loads keys
 only from paths; `load_into` hands it anonymous memory files on Linux, a private temporary directory
@@ -16,7 +16,7 @@ import ipaddress
 import os
 import ssl
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -33,6 +33,7 @@ __all__ = [
     "CA_VALIDITY",
     "ROTATION_MARGIN",
     "SERVING_VALIDITY",
+    "CertKeeper",
     "KeyPair",
     "ServingCerts",
     "create_ca",
@@ -50,7 +51,7 @@ ROTATION_MARGIN: Final = datetime.timedelta(days=30)
 """Renew this long before expiry: a month of slack for a stuck rollout or a missed check."""
 CA_CERT, CA_KEY, TLS_CERT, TLS_KEY = "ca.crt", "ca.key", "tls.crt", "tls.key"
 
-log = structlog.get_logger("gpuops.controllers.migslicer.certs")
+log = structlog.get_logger("gpuops.kube.admission.certs")
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -269,3 +270,39 @@ def server_ssl_context(serving: KeyPair) -> ssl.SSLContext:
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     load_into(ctx, serving)
     return ctx
+
+
+class CertKeeper:
+    """The replica's current certificates, renewed in place before they expire.
+
+    `before_new_ca` hooks run (awaited) after a CA rotation and before the server presents a certificate of the
+    new CA, so the caBundle already trusts it when the first handshake uses it."""
+
+    def __init__(self, names: Sequence[str], directory: str | None = None, *,
+                 margin: datetime.timedelta = ROTATION_MARGIN) -> None:
+        self.names = list(names)
+        self.directory = directory
+        self.margin = margin
+        self.current: ServingCerts = load_or_create(self.names, directory, margin=margin)
+        self.before_new_ca: list[Callable[[], Awaitable[object]]] = []
+        self._ca_pending = False
+
+    def ca_pem(self) -> bytes:
+        return self.current.ca_bundle_pem
+
+    @property
+    def ca_pending(self) -> bool:
+        """A new CA whose `before_new_ca` hooks have not all succeeded yet: keep presenting the old certificate."""
+        return self._ca_pending
+
+    async def refresh(self, now: datetime.datetime | None = None) -> bool:
+        """Renew what is due (True if anything was), then run the new-CA hooks until they have succeeded."""
+        fresh = renew(self.current, self.names, self.directory, now=now, margin=self.margin)
+        if fresh is not None:
+            self._ca_pending = self._ca_pending or fresh.ca.cert_pem != self.current.ca.cert_pem
+            self.current = fresh
+        if self._ca_pending:
+            for hook in self.before_new_ca:
+                await hook()
+            self._ca_pending = False
+        return fresh is not None

@@ -6,8 +6,8 @@ server waits at most the webhook's timeoutSeconds (5 s) for an answer. So every 
 deadline (TLS handshake, request head, body, idle keep-alive), heads and bodies have size caps (431, 413), a
 body must declare its length (411: the API server always does), and connections beyond a cap are closed at
 once. The server runs on an event loop of its own, in its own thread: neither slow clients nor large reviews
-touch the loop the controllers run on. The handler decides where the work on a body happens (the webhook sends
-large reviews to a worker process, so that many small ones never wait behind a few large ones).
+touch the loop the controllers run on. The handler decides where the work on a body happens (`server.py` may
+send large reviews to a worker process, so that many small ones never wait behind a few large ones).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from prometheus_client import Counter
 
 __all__ = ["REFUSED", "Answer", "HttpServer", "Limits"]
 
-log = structlog.get_logger("gpuops.controllers.migslicer.webhook")
+log = structlog.get_logger("gpuops.kube.admission")
 
 REFUSED: Final = Counter(
-    "gpuops_migslicer_webhook_connections_refused_total",
+    "gpuops_webhook_connections_refused_total",
     "Webhook connections or requests cut short, by reason (handshake_timeout, header_timeout, body_timeout, "
     "idle_timeout, header_too_large, body_too_large, length_required, bad_request, connection_limit).",
     ["reason"],

@@ -24,24 +24,19 @@ from prometheus_client import REGISTRY
 from waiting import until_holds
 
 from gpuops.controllers.migslicer.api import GATE
-from gpuops.controllers.migslicer.certs import (
+from gpuops.controllers.migslicer.webhook import FIELD_MANAGER, MUTATE_PATH, install, mig_server
+from gpuops.kube.admission.cabundle import MUTATING_WEBHOOK_CONFIGURATIONS as MWC
+from gpuops.kube.admission.cabundle import CABundlePatcher, merge_ca_bundle
+from gpuops.kube.admission.certs import (
+    CertKeeper,
     create_ca,
     issue_serving_cert,
     load_or_create,
     needs_rotation,
     service_dns_names,
 )
-from gpuops.controllers.migslicer.mutation import JSONPatchOp, MutationResult
-from gpuops.controllers.migslicer.webhook import (
-    MUTATING_WEBHOOK_CONFIGURATIONS as MWC,
-)
-from gpuops.controllers.migslicer.webhook import (
-    CABundlePatcher,
-    CertKeeper,
-    WebhookServer,
-    install,
-    merge_ca_bundle,
-)
+from gpuops.kube.admission.review import JSONPatchOp, MutationResult
+from gpuops.kube.admission.server import WebhookServer
 from gpuops.kube.client import Client
 from gpuops.kube.errors import ApiError, Forbidden
 from gpuops.kube.manager import Manager, ManagerOptions
@@ -72,7 +67,7 @@ class Env:
     server: WebhookServer
 
     def patcher(self, **kw: Any) -> CABundlePatcher:
-        return CABundlePatcher(self.client, CONFIG, self.keeper.ca_pem, **kw)
+        return CABundlePatcher(self.client, CONFIG, self.keeper.ca_pem, FIELD_MANAGER, **kw)
 
     async def config(self) -> dict[str, Any]:
         return await self.client.get(MWC, CONFIG)
@@ -96,13 +91,13 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
         api.write_kubeconfig(tmp_path / "kubeconfig")
         client = await Client.from_kubeconfig(str(tmp_path / "kubeconfig"))
         keeper = CertKeeper(NAMES)
-        server = WebhookServer(keeper, host="127.0.0.1", port=0)
+        server = mig_server(keeper, host="127.0.0.1", port=0)
         await server.start()
         try:
             for ns in ("ml", "gpuops-system"):
                 await client.create(NAMESPACES, {"metadata": {"name": ns}})
             # as shipped, except that the apiserver reaches the webhook by URL (no cluster DNS here)
-            await client.create(MWC, manifest_config({"url": server.url}))
+            await client.create(MWC, manifest_config({"url": server.url(MUTATE_PATH)}))
             yield Env(api, client, keeper, server)
         finally:
             await server.stop()
@@ -205,7 +200,8 @@ async def test_a_reset_ca_bundle_is_repatched(env: Env) -> None:
     task = asyncio.create_task(patcher.run())
     try:
         await until_holds("1 CA bundle writes", lambda: patcher.writes == 1)
-        await env.set_hook(clientConfig={"url": env.server.url, "caBundle": ""})  # `kubectl apply` of an old copy
+        # `kubectl apply` of an old copy
+        await env.set_hook(clientConfig={"url": env.server.url(MUTATE_PATH), "caBundle": ""})
         await until_holds("2 CA bundle writes", lambda: patcher.writes == 2)
         got = await env.client.create(PODS, mig_pod("after-reset"))
         assert gates_of(got) == [GATE]
@@ -246,10 +242,10 @@ async def test_reinvocation_after_a_later_webhook_adds_a_mig_container(env: Env,
         return MutationResult(patch=ops)
 
     injector_certs = load_or_create(["127.0.0.1"])
-    injector = WebhookServer(injector_certs, host="127.0.0.1", port=0, mutate_pod=inject)
+    injector = mig_server(injector_certs, host="127.0.0.1", port=0, mutate_pod=inject)
     await injector.start()
     try:
-        second = manifest_config({"url": injector.url,
+        second = manifest_config({"url": injector.url(MUTATE_PATH),
                                   "caBundle": base64.b64encode(injector_certs.ca_bundle_pem).decode()})
         second["metadata"]["name"] = "zz-sidecar-injector"
         second["webhooks"][0]["name"] = "sidecar.example.com"
@@ -275,7 +271,7 @@ async def test_service_client_config_as_shipped_verifies_the_service_name(env: E
 
 async def test_replicas_with_their_own_cas_share_the_bundle(env: Env) -> None:
     other = CertKeeper(NAMES)
-    mine, theirs = env.patcher(), CABundlePatcher(env.client, CONFIG, other.ca_pem)
+    mine, theirs = env.patcher(), CABundlePatcher(env.client, CONFIG, other.ca_pem, FIELD_MANAGER)
     assert await mine.sync() and await theirs.sync()
     assert not await mine.sync() and not await theirs.sync(), "replicas must not fight over the order"
     bundle = base64.b64decode((await env.config())["webhooks"][0]["clientConfig"]["caBundle"])
@@ -302,7 +298,7 @@ def review(obj: Any, uid: str = "u-1", **request: Any) -> dict[str, Any]:
 
 
 async def test_endpoint_answers_reviews_and_rejects_garbage(env: Env, raw: aiohttp.ClientSession) -> None:
-    url = env.server.url
+    url = env.server.url(MUTATE_PATH)
     async with raw.post(url, json=review(mig_pod("p"), uid="abc")) as resp:
         assert resp.status == 200
         body = await resp.json()
@@ -450,7 +446,7 @@ async def test_install_adds_both_runnables_without_leadership(env: Env) -> None:
         assert hook.patcher is not None
         await until_holds("the first CA bundle write", lambda: hook.patcher is not None and hook.patcher.writes == 1)
         assert (await manager.readyz.run_one("mig-webhook")).ok
-        await env.set_hook(clientConfig={"url": hook.server.url,
+        await env.set_hook(clientConfig={"url": hook.server.url(MUTATE_PATH),
                                          "caBundle": (await env.config())["webhooks"][0]["clientConfig"]["caBundle"]})
         got = await env.client.create(PODS, mig_pod("installed"))
         assert gates_of(got) == [GATE]

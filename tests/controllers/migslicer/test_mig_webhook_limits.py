@@ -21,9 +21,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gpuops.controllers.migslicer.certs import load_or_create
-from gpuops.controllers.migslicer.webhook import WebhookServer
-from gpuops.controllers.migslicer.webhook_http import Limits
+from gpuops.controllers.migslicer.webhook import MUTATE_PATH, mig_server
+from gpuops.kube.admission.certs import load_or_create
+from gpuops.kube.admission.http import Limits
+from gpuops.kube.admission.server import WebhookServer
 
 pytestmark = pytest.mark.anyio
 
@@ -48,7 +49,7 @@ SMALL = review({"metadata": {"name": "p", "namespace": "work"},
 @contextlib.asynccontextmanager
 async def serving(limits: Limits | None = None) -> AsyncIterator[WebhookServer]:
     certs = load_or_create(["127.0.0.1"])
-    async with WebhookServer(certs, host="127.0.0.1", port=0, limits=limits) as server:
+    async with mig_server(certs, host="127.0.0.1", port=0, limits=limits) as server:
         yield server
 
 
@@ -103,7 +104,7 @@ async def test_each_phase_has_a_deadline_and_each_part_a_size() -> None:
 
 async def test_json_too_deep_or_broken_is_a_400_naming_the_problem() -> None:
     async with serving() as server, aiohttp.ClientSession() as http:
-        url = server.url
+        url = server.url(MUTATE_PATH)
         for body, words in ((b"[" * 100_000 + b"]" * 100_000, "nested deeper than 64"),
                             (json.dumps(review({"metadata": _nested(80)})).encode(), "nested deeper than 64"),
                             (b'{"apiVersion": ', "not JSON")):
