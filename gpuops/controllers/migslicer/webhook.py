@@ -8,14 +8,14 @@ not answer fails MIG pod creations, so readiness waits until it serves and until
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Final
 
 from prometheus_client import Counter, Histogram
 
-from gpuops.kube.admission.cabundle import CABundlePatcher
-from gpuops.kube.admission.certs import CertKeeper, ServingCerts, service_dns_names
+from gpuops.kube.admission import install as admission
+from gpuops.kube.admission.certs import CertKeeper, ServingCerts
 from gpuops.kube.admission.http import Limits
+from gpuops.kube.admission.install import Webhook
 from gpuops.kube.admission.review import MutationResult
 from gpuops.kube.admission.server import Route, WebhookServer
 from gpuops.kube.manager import Manager
@@ -31,7 +31,6 @@ __all__ = [
     "MUTATE_PATH",
     "REQUESTS",
     "REQUEST_SECONDS",
-    "MigWebhook",
     "install",
     "mig_route",
     "mig_server",
@@ -65,13 +64,6 @@ def mig_server(certs: CertKeeper | ServingCerts, *, host: str | None = None, por
                          cert_check_interval=cert_check_interval, limits=limits)
 
 
-@dataclass(frozen=True, slots=True)
-class MigWebhook:
-    certs: CertKeeper
-    server: WebhookServer
-    patcher: CABundlePatcher | None
-
-
 def install(
     manager: Manager,
     *,
@@ -85,31 +77,12 @@ def install(
     patch_ca_bundle: bool = True,
     ca_check_interval: float = 60.0,
     cert_check_interval: float = 3600.0,
-) -> MigWebhook:
-    """Add the webhook server and the caBundle patcher to `manager`, both on every replica (no leadership).
-
-    `service`/`namespace` name the Service the configuration points at (the certificate covers
-    `<service>.<namespace>.svc[.cluster.local]` plus `extra_names`, DNS names or IPs); `port` is the pod port
-    the Service targets; `cert_dir` keeps the CA across restarts when it is a writable volume. Set
-    `patch_ca_bundle=False` when something else (cert-manager's cainjector) owns the caBundle."""
-    keeper = CertKeeper([*service_dns_names(service, namespace), *extra_names], cert_dir)
-    server = mig_server(keeper, host=host, port=port, cert_check_interval=cert_check_interval)
-    patcher: CABundlePatcher | None = None
-    if patch_ca_bundle:
-        patcher = CABundlePatcher(manager.client, config_name, keeper.ca_pem, FIELD_MANAGER,
-                                  interval=ca_check_interval)
-        keeper.before_new_ca.append(patcher.sync)
-        manager.add_runnable("migslicer-webhook-cabundle", patcher.run, need_leader_election=False)
-    manager.add_runnable("migslicer-webhook", server.run, need_leader_election=False)
-
-    def ready() -> str | None:
-        """With `failurePolicy: Fail`, a replica the Service routes to before it serves, or before the API server
-        trusts its CA, refuses MIG pods: keep it out of the endpoints until both hold."""
-        if not server.listening:
-            return "the webhook server is not listening yet"
-        if patcher is not None and not patcher.trusted:
-            return f"our CA is not yet in the caBundle of {config_name}"
-        return None
-
-    manager.readyz.add("mig-webhook", ready)
-    return MigWebhook(keeper, server, patcher)
+) -> Webhook:
+    """The MIG slicer's webhook on `manager` (`gpuops.kube.admission.install.install` says what each argument
+    does). Readiness waits for it: with `failurePolicy: Fail`, a replica the Service routes to before it serves,
+    or before the API server trusts its CA, refuses MIG pods."""
+    return admission.install(
+        manager, "migslicer-webhook", {MUTATE_PATH: mig_route()}, service=service, namespace=namespace, port=port,
+        config_name=config_name, field_manager=FIELD_MANAGER, host=host, cert_dir=cert_dir, extra_names=extra_names,
+        patch_ca_bundle=patch_ca_bundle, ca_check_interval=ca_check_interval,
+        cert_check_interval=cert_check_interval)

@@ -438,14 +438,14 @@ async def test_install_adds_both_runnables_without_leadership(env: Env) -> None:
     assert not any(r.need_leader_election for r in runnables.values())
     # not ready before it serves and before the API server trusts its CA (failurePolicy Fail: the Service would
     # route pod creations to a replica that refuses them)
-    before = await manager.readyz.run_one("mig-webhook")
+    before = await manager.readyz.run_one("migslicer-webhook")
     assert not before.ok and "not listening" in before.reason
     tasks = [asyncio.create_task(r.run()) for r in runnables.values()]
     try:
         await hook.server.wait_started()
         assert hook.patcher is not None
         await until_holds("the first CA bundle write", lambda: hook.patcher is not None and hook.patcher.writes == 1)
-        assert (await manager.readyz.run_one("mig-webhook")).ok
+        assert (await manager.readyz.run_one("migslicer-webhook")).ok
         await env.set_hook(clientConfig={"url": hook.server.url(MUTATE_PATH),
                                          "caBundle": (await env.config())["webhooks"][0]["clientConfig"]["caBundle"]})
         got = await env.client.create(PODS, mig_pod("installed"))
