@@ -15,7 +15,7 @@ from gpuops.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 PORT_FLAGS = {"metrics": "--metrics-bind-address", "probes": "--health-probe-bind-address",
-              "webhook": "--mig-webhook-port"}
+              "webhook": "--mig-webhook-port", "budget-webhook": "--budget-webhook-port"}
 """containerPort name -> the flag that sets that port."""
 
 
@@ -44,7 +44,8 @@ def listening(command: str, args: list[str]) -> dict[str, int]:
 
 def test_the_agent_defaults_collide_with_none_of_the_operators() -> None:
     operator, agent = listening("run", []), listening("agent", [])
-    assert set(agent) == {"metrics", "probes"} and set(operator) == {"metrics", "probes", "webhook"}
+    assert set(agent) == {"metrics", "probes"} and set(operator) == {"metrics", "probes", "webhook", "budget-webhook"}
+    assert operator["budget-webhook"] == 0  # off unless asked for (the Deployment does)
     assert not set(agent.values()) & set(operator.values()), (agent, operator)
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "Unit",
     "bucket_in_unit",
     "factor",
+    "highest_factor",
     "in_unit",
     "ledger_in_unit",
     "mig_share",
@@ -117,6 +118,12 @@ def factor(rates: Rates, capacity: Capacity, unit: Unit) -> Fraction:
     if unit == "Cost":
         return rates.spot if capacity == "Spot" else rates.on_demand
     raise AccountingError(f"unknown unit {unit!r}: use GPUHours, WeightedGPUHours or Cost")
+
+
+def highest_factor(table: PriceTable, unit: Unit) -> Fraction:
+    """The most one GPU-hour can count for in `unit` under `table`, on any model and either capacity type: what
+    a pod not yet placed may cost per GPU-hour at worst."""
+    return max(factor(r, c, unit) for r in (table.fallback, *table.rates.values()) for c in CAPACITIES)
 
 
 def mig_share(model: str, profile: str) -> Fraction:

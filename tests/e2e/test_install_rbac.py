@@ -16,8 +16,8 @@ What it proves:
    unreachable path needs; it is empty):
    - the API server answers like a kube-apiserver with the WatchList feature gate off, so every informer is
      refused its streaming list and falls back to a paginated one (the `list` verbs), then watches;
-   - budget: a price list's history; Evict, Pause, and an AlertOnly budget that goes under quota and over
-     again (the same QuotaExceeded Event twice: the recorder patches it);
+   - budget: a price list's history; Evict, Pause, Gate (a pod held, then released), and an AlertOnly budget
+     that goes under quota and over again (the same QuotaExceeded Event twice: the recorder patches it);
    - autoprovision: powers gng-0 on for a pending pod, then drains it (taint, evicts the CPU pod left on it)
      and powers it off; a machine the power API does not know is refused twice (WebhookFailed patched);
    - spot pool: launches an instance that joins, then scales in (cordon: nodes patch; drain: an eviction);
@@ -336,6 +336,7 @@ def anyio_backend() -> str:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.apiserver_warnings("held by GPUWorkloadBudget")
 async def test_install_with_rbac_runs_every_controller_and_every_rule_is_needed(tmp_path: Path) -> None:
     started = time.monotonic()
     async with environment(tmp_path) as env:
@@ -402,8 +403,9 @@ async def test_install_with_rbac_runs_every_controller_and_every_rule_is_needed(
         )
 
         # --------------------------------------------------------------------------------- processes
-        metrics_port, webhook_port = free_port(), free_port()
+        metrics_port, webhook_port, gate_port = free_port(), free_port(), free_port()
         env.cluster.server.service_endpoints[("gpuops-system", "gpuops-webhook")] = f"127.0.0.1:{webhook_port}"
+        env.cluster.server.service_endpoints[("gpuops-system", "gpuops-budget-webhook")] = f"127.0.0.1:{gate_port}"
         probes: dict[str, int] = {}
         for name in CONTROLLERS:
             kc = await env.token_kubeconfig(name, "gpuops-system", "gpuops-controller-manager")
@@ -414,7 +416,8 @@ async def test_install_with_rbac_runs_every_controller_and_every_rule_is_needed(
             extra_env: dict[str, str] = {}
             if name == "budget":  # the one that leads through the Lease and serves /metrics as installed
                 args += ["--leader-elect", "--leader-elect-retry-period", "0.5",
-                         "--metrics-bind-address", f"127.0.0.1:{metrics_port}", "--metrics-secure"]
+                         "--metrics-bind-address", f"127.0.0.1:{metrics_port}", "--metrics-secure",
+                         "--budget-webhook-port", str(gate_port), "--budget-webhook-host", "127.0.0.1"]
             if name == "migslicer":
                 args += ["--mig-webhook-port", str(webhook_port), "--mig-webhook-host", "127.0.0.1"]
             if name == "autoprovision":  # the seed's environment variables become a GPUNodeGroup at start
@@ -541,6 +544,32 @@ async def test_install_with_rbac_runs_every_controller_and_every_rule_is_needed(
                 await done("the same QuotaExceeded alert again (Event patched)",
                            lambda: repeated(env, "GPUWorkloadBudget", "alert", "QuotaExceeded"))
 
+            async def budget_gate() -> None:
+                """Gate over the finished wake pod: a new pod it selects is held (the webhook's caBundle patched, the
+                pod's condition written), then released once the quota is raised (gate and annotation removed)."""
+                await done("the wake pod finished", lambda: phase("batch", "wake") == "Succeeded")
+                await env.apply({"apiVersion": "gpuops.io/v1alpha1", "kind": "GPUWorkloadBudget",
+                                 "metadata": {"name": "gate", "namespace": "batch"},
+                                 "spec": {"selector": {"matchLabels": {"app": "wake"}},
+                                          "quota": {"gpuHours": "0.0001", "windowHours": 1},
+                                          "enforcement": {"action": "Gate", "delaySeconds": 0,
+                                                          "gateHorizonMinutes": 0}}})
+                await done("the Gate budget over quota", lambda: has_condition(
+                    stored_one(env, "gpuops.io", "gpuworkloadbudgets", "batch", "gate"), "QuotaExceeded"))
+                config = await env.get("mutatingwebhookconfiguration", "gpuops-budget-gate")
+                assert config is not None
+                await done("the Gate webhook's CA in its caBundle", lambda: bool(
+                    ((stored_one(env, "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "",
+                                 "gpuops-budget-gate") or {}).get("webhooks") or [{}])[0]
+                    .get("clientConfig", {}).get("caBundle")))
+                await env.apply(pod("held", "batch", labels={"app": "wake"}, limits={"nvidia.com/gpu": "1"},
+                                    node_group="ghost"))
+                await done("the new pod held and told why", lambda: has_condition(
+                    stored_one(env, "", "pods", "batch", "held"), "gpuops.io/BudgetGate"))
+                await merge_patch("gwb", "gate", {"spec": {"quota": {"gpuHours": "1000"}}}, "-n", "batch")
+                await done("the held pod released", lambda: not (
+                    (stored_one(env, "", "pods", "batch", "held") or {}).get("spec", {}).get("schedulingGates")))
+
             async def autoprovision() -> None:
                 await done("autoprovision powers gng-0 on for the pending pod", machine_woken)
                 # idle again: tainted, drained (the filler pod evicted), powered off
@@ -621,7 +650,7 @@ async def test_install_with_rbac_runs_every_controller_and_every_rule_is_needed(
                 done("the budget controller records the price list's history", price_history),
                 done("the budget controller evicts over quota", budget_evicted),
                 done("the budget controller pauses the Job", job_paused),
-                budget_alert(), autoprovision(), ghost(), spot_scale_in(), broken_pool(), mig())
+                budget_alert(), budget_gate(), autoprovision(), ghost(), spot_scale_in(), broken_pool(), mig())
 
             # metrics: HTTPS, and only for a token allowed to GET /metrics (TokenReview + SubjectAccessReview)
             await env.apply({"apiVersion": "v1", "kind": "Namespace",

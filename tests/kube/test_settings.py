@@ -48,6 +48,8 @@ def test_the_operator_flags_are_the_documented_ones() -> None:
         "--autoprovision-min-warm-gpus", "--autoprovision-max-concurrent-power-offs", "--secret-namespaces",
         "--spotpool-resync", "--spotpool-call-timeout", "--mig-advertise-timeout", "--mig-webhook-port",
         "--mig-webhook-host", "--mig-webhook-service", "--mig-webhook-namespace", "--mig-webhook-cert-dir",
+        "--budget-webhook-port", "--budget-webhook-host", "--budget-webhook-service", "--budget-webhook-namespace",
+        "--budget-webhook-cert-dir",
     }
 
 

@@ -41,6 +41,9 @@ __all__ = [
     "BUDGETS",
     "DEFAULT_RESOURCE",
     "FINALIZER",
+    "GATE",
+    "GATED_BY",
+    "GATE_CONDITION",
     "KIND",
     "PAUSED_AT",
     "PAUSED_BY",
@@ -80,13 +83,21 @@ FINALIZER: Final = "gpuops.io/budget-accounting"
 PAUSED_BY: Final = "gpuops.io/paused-by"
 """`<namespace>/<budget>` on Jobs we suspended and pods we marked, so we resume only what we paused."""
 PAUSED_AT: Final = "gpuops.io/paused-at"
+GATE: Final = "gpuops.io/budget"
+"""The scheduling gate a Gate budget's admission webhook puts on the new pods it holds back."""
+GATED_BY: Final = "gpuops.io/gated-by"
+"""On a held pod: the names of the budgets (in its namespace, comma-separated) holding it; the gate goes once
+none is left."""
+GATE_CONDITION: Final = "gpuops.io/BudgetGate"
+"""The held pod's condition: True while a budget holds it (the message names which and until when), False once
+released."""
 
 CARRY_OVER: Final = ("None", "Unused")
 _ZONE_NAME: Final = r"^[A-Za-z0-9_+-]+(/[A-Za-z0-9_+-]+)*$"
 """The shape of an IANA time zone name: relative, without "." or "..", so it can only name a zone."""
 
-Action = Literal["AlertOnly", "Pause", "Evict"]
-ACTIONS: Final[tuple[Action, ...]] = ("AlertOnly", "Pause", "Evict")
+Action = Literal["AlertOnly", "Pause", "Evict", "Gate"]
+ACTIONS: Final[tuple[Action, ...]] = ("AlertOnly", "Pause", "Evict", "Gate")
 
 
 # ---------------------------------------------------------------------------------------------- spec
@@ -141,17 +152,26 @@ class Quota(ApiStruct):
 
 
 class Enforcement(ApiStruct):
-    action: Annotated[str, crd(default=USE_DEFAULT, enum=("AlertOnly", "Pause", "Evict"))] = "AlertOnly"
+    action: Annotated[str, crd(default=USE_DEFAULT, enum=ACTIONS)] = "AlertOnly"
     """AlertOnly emits a Warning Event QuotaExceeded (then at most one reminder per 10 minutes) and touches
     nothing. Pause suspends the batch/v1 Jobs owning matched pods (and annotates other matched pods with
     gpuops.io/paused-by), and resumes them once under quota. Evict evicts running matched pods through the
-    Eviction API (PodDisruptionBudgets respected), largest in-window usage first; their usage keeps counting."""
+    Eviction API (PodDisruptionBudgets respected), largest in-window usage first; their usage keeps counting.
+    Gate alerts as AlertOnly and holds back new matched pods that request GPUs: the operator's admission webhook
+    admits them with the scheduling gate gpuops.io/budget and the pod condition gpuops.io/BudgetGate says which
+    budget holds them and until when; they are released oldest first as the budget allows (see
+    gateHorizonMinutes). Running pods and Jobs are never touched."""
     delay_seconds: Annotated[int, crd(default=USE_DEFAULT, minimum=0, maximum=2592000)] = 60
     """Seconds the budget must stay over quota before the action runs, measured from the QuotaExceeded transition
     (an operator restart does not reset it)."""
     eviction_grace_period_seconds: Annotated[int | None, crd(minimum=0, maximum=86400)] = None
     """Termination grace period for evicted pods (Eviction deleteOptions); unset uses each pod's own
     terminationGracePeriodSeconds."""
+    gate_horizon_minutes: Annotated[int, crd(default=USE_DEFAULT, minimum=0, maximum=44640)] = 60
+    """Gate: a held pod is released when the remaining quota covers this many minutes of its GPUs, of the running
+    pods' and of the pods released before it, each GPU-hour at the highest rate the quota's unit charges (1 for
+    GPU-hours; the price list's highest weight or price otherwise). 0 releases every held pod as soon as the
+    budget is under quota."""
 
 
 class Accounting(ApiStruct):
@@ -459,6 +479,8 @@ class ParsedSpec:
     delay: int
     eviction_grace: int | None
     retain: bool
+    gate_horizon: int = 3_600_000_000
+    """Gate: microseconds of GPUs the remaining quota must cover for a held pod to go (`gpuops.accounting.gate`)."""
     unit: Unit = "GPUHours"
     """What the quota counts: GPU-hours, weighted GPU-hours or money (the price list's)."""
     currency: str | None = None
@@ -522,13 +544,17 @@ def parse_spec(spec: BudgetSpec) -> ParsedSpec:
                                                        "None or Unused")
     action = spec.enforcement.action or "AlertOnly"
     if action not in ACTIONS:
-        raise SpecError("spec.enforcement.action", f"unsupported value {action!r}: use Evict, Pause or AlertOnly")
+        raise SpecError("spec.enforcement.action", f"unsupported value {action!r}: use Evict, Pause, Gate or "
+                                                   "AlertOnly")
     delay = spec.enforcement.delay_seconds
     if delay < 0:
         raise SpecError("spec.enforcement.delaySeconds", f"must be >= 0, got {delay}")
     grace = spec.enforcement.eviction_grace_period_seconds
     if grace is not None and grace < 0:
         raise SpecError("spec.enforcement.evictionGracePeriodSeconds", f"must be >= 0, got {grace}")
+    horizon = spec.enforcement.gate_horizon_minutes
+    if horizon < 0:
+        raise SpecError("spec.enforcement.gateHorizonMinutes", f"must be >= 0, got {horizon}")
     return ParsedSpec(
         selector=selector,
         resource=resource,
@@ -539,6 +565,7 @@ def parse_spec(spec: BudgetSpec) -> ParsedSpec:
         delay=delay * 1_000_000,
         eviction_grace=grace,
         retain=spec.accounting.retain_finished_pods,
+        gate_horizon=horizon * 60 * 1_000_000,
         unit=unit,
         currency=currency,
         price_list=spec.price_list or None,

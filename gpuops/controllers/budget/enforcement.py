@@ -1,4 +1,4 @@
-"""What a budget does once it has been over quota for `delaySeconds`: AlertOnly, Pause or Evict.
+"""What a budget does once it has been over quota for `delaySeconds`: AlertOnly, Pause, Evict or Gate.
 
 Every action is idempotent and checks state before acting, so a retried reconcile never doubles it:
 * AlertOnly: a Warning Event `QuotaExceeded` when enforcement starts, then at most one reminder per
@@ -14,6 +14,7 @@ Every action is idempotent and checks state before acting, so a retried reconcil
   `evictions_per_batch` every `eviction_interval`. A PodDisruptionBudget's 429 backs that pod off
   exponentially (never a hot loop) and shows as Degraded/EvictionBlocked plus an Event. Evicted pods keep
   counting: the reconciler puts their final usage in the ledger.
+* Gate: alerts as AlertOnly; holding new pods back and releasing them is `gating.py`'s.
 Backoff state is in memory: after a restart blocked evictions are simply tried again, once.
 """
 
@@ -229,8 +230,8 @@ class Enforcer:
         if not situation.due:
             return out
         ranked = sorted(targets(), key=lambda t: (-t.usage, t.pod.metadata.name))
-        if spec.action == "AlertOnly":
-            self._alert(budget, situation, ranked, previous, over_since, out)
+        if spec.action in ("AlertOnly", "Gate"):  # Gate's holding back is the reconciler's (gating.py)
+            self._alert(budget, spec.action, situation, ranked, previous, over_since, out)
         elif spec.action == "Pause":
             await self._pause(budget, situation, ranked, out)
         else:
@@ -242,6 +243,7 @@ class Enforcer:
     def _alert(
         self,
         budget: GPUWorkloadBudget,
+        action: str,
         sit: Situation,
         ranked: list[Target],
         previous: LastEnforcement | None,
@@ -249,7 +251,7 @@ class Enforcer:
         out: Outcome,
     ) -> None:
         reminder = round(self.options.alert_reminder * _SECOND)
-        last = _time_of(previous) if previous is not None and previous.action == "AlertOnly" else None
+        last = _time_of(previous) if previous is not None and previous.action == action else None
         same_episode = not sit.crossed and (over_since is None or last is None or last >= over_since)
         if last is not None and same_episode and sit.now < last + reminder:
             out.wake(last + reminder)
@@ -258,12 +260,15 @@ class Enforcer:
         who = f"; largest consumer {top.pod.metadata.name} ({format_gpu_hours(top.usage)} GPU-hours)" if top else ""
         message = (
             f"GPU budget exceeded: {sit.used} used"
-            f" {sit.during}{who}. Action AlertOnly: no pod is touched."
+            f" {sit.during}{who}. "
+            + ("Action AlertOnly: no pod is touched." if action == "AlertOnly" else
+               "Action Gate: new pods it selects are held (scheduling gate gpuops.io/budget); running pods are not "
+               "touched.")
         )
         self.event(budget, "Warning", "QuotaExceeded", message)
-        _count(f"{budget.metadata.namespace}/{budget.metadata.name}", "AlertOnly", "Alerted")
+        _count(f"{budget.metadata.namespace}/{budget.metadata.name}", action, "Alerted")
         out.last = LastEnforcement(
-            action="AlertOnly", pod=top.pod.metadata.name if top else "", time=format_time(sit.now),
+            action=action, pod=top.pod.metadata.name if top else "", time=format_time(sit.now),
             result="Alerted", message=message,
         )
         out.wake(sit.now + reminder)

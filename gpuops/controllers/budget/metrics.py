@@ -36,8 +36,8 @@ __all__ = [
     "count_enforcement", "forget_enforcement",
 ]
 
-ACTIONS = ("AlertOnly", "Pause", "Evict")
-RESULTS = ("Alerted", "Suspended", "Marked", "Resumed", "Unmarked", "Evicted", "Blocked", "Error")
+ACTIONS = ("AlertOnly", "Pause", "Evict", "Gate")
+RESULTS = ("Alerted", "Suspended", "Marked", "Resumed", "Unmarked", "Evicted", "Blocked", "Released", "Error")
 
 ENFORCEMENT_ACTIONS = Counter(
     "gpuops_budget_enforcement_actions",

@@ -54,6 +54,7 @@ from .caches import PodFacts, SpecCache, facts_of
 from .carryover import in_period
 from .closing import previous_period
 from .enforcement import EnforcementOptions, Enforcer, Outcome, Situation, Target
+from .gating import Gatekeeper, GateView, gated_by
 from .kinds import key_of_node, model_of
 from .ledger import Book, LedgerMemo, compact, ledger_from_status, ledger_to_status, recorded
 from .metrics import Published, Snapshot
@@ -134,6 +135,8 @@ class BudgetReconciler:
     """Where pods ran: their kind (GPU model, capacity type) comes from their node's labels."""
     prices: PriceBook | None = None
     """The price lists: weighted and cost figures, and the quotas in those units."""
+    gatekeeper: Gatekeeper | None = None
+    """Gate budgets' held pods (`gating.py`); None: Gate holds nothing back (no admission webhook installed)."""
     clock: Callable[[], int] = wall_clock
     options: Options = field(default_factory=Options)
     controller: Controller | None = field(default=None, init=False)
@@ -294,6 +297,8 @@ class BudgetReconciler:
         if invalid is not None or isinstance(spec, SpecError) or isinstance(priced, SpecError):
             self._forget(req.key)
             await self._write_invalid(budget, invalid or SpecError("spec", "invalid"), now)
+            if self.gatekeeper is not None:
+                await self.gatekeeper.let_all_go(req.namespace, req.name, f"budget {req.name}'s spec is invalid")
             return None
         return await self._reconcile(budget, spec, priced, now)
 
@@ -349,6 +354,12 @@ class BudgetReconciler:
         over_since = _over_since(budget.status, usage.over_quota, at)
         due_at = over_since + spec.delay if over_since is not None else None
         outcome = await self._enforce(budget, spec, usage, tally.members, over_since, due_at, now)
+        if spec.action == "Gate" and outcome.degraded is None and not (self.gatekeeper and self.gatekeeper.webhook):
+            outcome.degraded = ("GateWebhookOff", "action Gate holds no new pod back: this operator runs without its "
+                                "admission webhook (gpuops run --budget-webhook-port; manifests/webhook)")
+        # before the status write: once the status says over quota, the webhook already holds new pods
+        gate_wake = await self._gate(budget, spec, priced, fig, tally.members, book,
+                                     due=due_at is not None and at >= due_at, at=at)
         if not await self._write_status(budget, spec, fig, book, tally.members, outcome, at, over_since=over_since,
                                         closed=closed):
             return None
@@ -356,7 +367,8 @@ class BudgetReconciler:
         released = await self._release(budget, spec, tally.members, book, spec.edge_at(at), at)
         log.debug("budget reconciled", budget=key, consumed=format_gpu_hours(usage.consumed),
                   over=usage.over_quota, members=len(tally.members), ledger=len(book.ledger.entries))
-        return requeue_at(now, [*self._wake_at(usage, outcome, due_at, released, now), fig.gpu_hours.next_change])
+        return requeue_at(now, [*self._wake_at(usage, outcome, due_at, released, now), fig.gpu_hours.next_change,
+                                gate_wake])
 
     def _counted(self, budget: GPUWorkloadBudget) -> dict[str, int]:
         """Through which instant the budget's last reported figure (its snapshot) counted each pod."""
@@ -453,6 +465,25 @@ class BudgetReconciler:
             self.enforcer.event(budget, "Warning", JOBS_LEFT_ALONE, conflict_news)
             log.warning("pause left jobs to another controller", budget=key, message=conflict_news)
         return True
+
+    async def _gate(self, budget: GPUWorkloadBudget, spec: ParsedSpec, priced: Priced | None, fig: Figures,
+                    members: list[_Member], book: Book, *, due: bool, at: int) -> int | None:
+        """Gate: release the held pods the budget has room for, tell the others until when (`gating.py`); any
+        other action lets go what this budget still holds."""
+        keeper = self.gatekeeper
+        if keeper is None:
+            return None
+        meta = budget.metadata
+        if spec.action != "Gate":
+            await keeper.let_all_go(meta.namespace, meta.name, f"budget {meta.name}'s action is {spec.action}")
+            return None
+        unit_live, unit_ledger = in_unit(spec, priced, _live_by_kind(members, book), book.ledger)
+        # the reserve covers every admitted pod not finished: running, and released or admitted but not started
+        admitted = sum((m.gpus for m in members if not m.span.final and not m.pod.metadata.deletion_timestamp
+                        and not gated_by(m.pod)), Fraction(0))
+        return await keeper.reconcile(GateView(
+            budget=budget, spec=spec, priced=priced, consumed=fig.quota.consumed, running_gpus=admitted,
+            live=unit_live, ledger=unit_ledger, over=fig.quota.over_quota, due=due, at=at))
 
     def _forget_recorded(self, key: str, departed: Departed) -> None:
         """After a successful status write: the deleted pods it recorded are forgotten, unless they were
@@ -559,9 +590,14 @@ class BudgetReconciler:
                 await self._set_finalizers(pod, [f for f in pod.metadata.finalizers or () if f != FINALIZER])
             elif span.final:
                 self._ask(needers, now, None)
-        alive = {b.metadata.name for b in self.budgets.store.by_index(INDEX_NAMESPACE, namespace)
-                 if not b.metadata.deletion_timestamp}
+        budgets = [b for b in self.budgets.store.by_index(INDEX_NAMESPACE, namespace)
+                   if not b.metadata.deletion_timestamp]
+        alive = {b.metadata.name for b in budgets}
         await self.enforcer.resume_orphans(namespace, alive)
+        if self.gatekeeper is not None:
+            gating = [b.metadata.name for b in budgets
+                      if not isinstance(spec := self.spec_of(b), SpecError) and spec.action == "Gate"]
+            await self.gatekeeper.sweep(namespace, gating)
 
     async def _set_finalizers(self, pod: Pod, finalizers: list[str]) -> None:
         meta = pod.metadata

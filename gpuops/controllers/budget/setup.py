@@ -11,15 +11,17 @@ from gpuops.kube.controller import Controller, Predicate, Request, generation_ch
 from gpuops.kube.events import EventRecorder
 from gpuops.kube.manager import Manager
 from gpuops.kube.objects import Job, Pod
+from gpuops.kube.ownnamespace import own_namespace
 from gpuops.kube.resources import JOBS, NODES, PODS
 
 from .api import BUDGETS, PAUSED_BY, GPUWorkloadBudget
 from .enforcement import Enforcer
+from .gating import Gatekeeper
 from .metrics import COLLECTOR
 from .pricebook import PriceBook
 from .pricelist import PRICE_LISTS
 from .reconciler import BudgetReconciler, Options, wall_clock
-from .settings import Settings
+from .settings import DEFAULT_NAMESPACE, Settings
 
 __all__ = ["COMPONENT", "CONTROLLER_NAME", "BudgetController", "install", "setup"]
 
@@ -66,7 +68,7 @@ def install(
     enforcer = Enforcer(manager.client, pods, jobs, recorder, opts.enforcement, clock=clock)
     prices = PriceBook(manager.client, manager.informer(PRICE_LISTS), clock=clock)
     reconciler = BudgetReconciler(manager.client, pods, budgets, jobs, enforcer, nodes=nodes, prices=prices,
-                                  clock=clock, options=opts)
+                                  gatekeeper=Gatekeeper(manager.client, pods), clock=clock, options=opts)
     controller = Controller(CONTROLLER_NAME, reconciler.reconcile, client=manager.client, **controller_options)
     controller.watch(budgets, predicates=[Predicate(update=_spec_or_meta_changed)])
     # A price list's new spec reprices every budget that may count with it; its history writes change nothing.
@@ -95,6 +97,13 @@ def install(
 
 
 def setup(manager: Manager, settings: Settings) -> None:
-    """The registry's entry (settings.CONTROLLER)."""
-    install(manager, options=Options(status_refresh=settings.status_refresh or None),
-            max_concurrent_reconciles=settings.max_concurrent_reconciles)
+    """The registry's entry (settings.CONTROLLER): the controller and, with a webhook port, the Gate webhook."""
+    parts = install(manager, options=Options(status_refresh=settings.status_refresh or None),
+                    max_concurrent_reconciles=settings.max_concurrent_reconciles)
+    if settings.webhook_port:
+        from . import gatewebhook  # the webhook's certificates need the cryptography package
+
+        gatewebhook.install(manager, parts.reconciler, service=settings.webhook_service,
+                            namespace=settings.webhook_namespace or own_namespace() or DEFAULT_NAMESPACE,
+                            port=settings.webhook_port, host=settings.webhook_host or None,
+                            cert_dir=settings.webhook_cert_dir)

@@ -99,7 +99,7 @@ def review(body: bytes, mutate_pod: Callable[[Mapping[str, Any]], MutationResult
     if not _is_pod_create(req):  # a misconfigured rule: never block what we do not handle
         return Reviewed(_json({"uid": uid, "allowed": True}), "unchanged")
     try:
-        outcome = mutate_pod(req["object"])
+        outcome = mutate_pod(_with_namespace(req))
     except Exception:
         return Reviewed(text_answer(500, "internal error while mutating the pod"), "error",
                         (("error", "mutating a pod failed", {"pod": _pod_ref(req), "error": traceback.format_exc()}),))
@@ -118,6 +118,17 @@ def review(body: bytes, mutate_pod: Callable[[Mapping[str, Any]], MutationResult
     if outcome.warnings:
         response["warnings"] = list(outcome.warnings)
     return Reviewed(_json(response), result, tuple(notes))
+
+
+def _with_namespace(request: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The pod as the mutation sees it: a pod created without metadata.namespace (the usual case: it is in the
+    URL) gets the request's, so the mutation knows where the pod is. The patch paths stay valid either way."""
+    obj: Mapping[str, Any] = request["object"]
+    meta = obj.get("metadata")
+    namespace = request.get("namespace")
+    if not namespace or (isinstance(meta, Mapping) and meta.get("namespace")):
+        return obj
+    return {**obj, "metadata": {**(meta if isinstance(meta, Mapping) else {}), "namespace": namespace}}
 
 
 MAX_DEPTH: Final = 64
