@@ -61,6 +61,13 @@ HEADLINES: dict[str, tuple[str, list[Headline]]] = {
         Headline("1,000 budgets, 50,000 pods: event to status p99", "scale_r100_latency_p99_seconds", unit=" s"),
         Headline("1,000 budgets, 50,000 pods: operator memory", "scale_r100_operator_rss_mib", unit=" MiB"),
     ]),
+    "budget_gate": ("its target: p99 <= 1 s from the moment the budget allows again", [
+        Headline("held pod released after its budget allows: p99, all triggers", "release_latency_p99_seconds",
+                 unit=" s"),
+        Headline("the same, quota raised", "quota.p99_seconds", unit=" s"),
+        Headline("the same, usage leaving a rolling hour", "window.p99_seconds", unit=" s"),
+        Headline("the same, a new calendar day", "period.p99_seconds", unit=" s"),
+    ]),
     "autoprovision": ("the seed's algorithm (main.go of dseif0x/k8s-gpu-autoprovision, polling every 10 s; "
                       "`SeedAutoprovisioner` in bench/autoprovision.py), same workload, run concurrently", [
         Headline("pending pod to power-on decision p99", "ours_decision_latency_p99_s",

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+import msgspec
 import structlog
 
 from gpuops.accounting.gate import HeldPod, queue, releasable, release_level
@@ -26,7 +27,7 @@ from gpuops.accounting.pricing import highest_factor, version_at
 from gpuops.accounting.windows import RollingWindow, period_of
 from gpuops.kube import conditions as cond
 from gpuops.kube.client import Client
-from gpuops.kube.errors import ApiError, Conflict, NotFound
+from gpuops.kube.errors import ApiError, Conflict, Invalid, NotFound
 from gpuops.kube.informer import INDEX_NAMESPACE, Informer
 from gpuops.kube.objects import Pod
 from gpuops.kube.resources import PODS
@@ -202,18 +203,26 @@ class Gatekeeper:
     # ------------------------------------------------------------------------------------------ pod writes
 
     async def _let_go(self, pod: Pod, name: str, why: str) -> bool:
-        """Take `name` off the pod's gpuops.io/gated-by; with the last name, the gate goes too. False if the pod
-        changed or went meanwhile."""
+        """Take `name` off the pod's gpuops.io/gated-by; with the last name, the gate goes too. A JSON patch that
+        tests exactly the fields it changes (not the resourceVersion: our own condition write in the same
+        reconcile, or the kubelet's, must not make it wait for the next event). False if those fields changed
+        meanwhile, or the pod went."""
         meta = pod.metadata
+        raw = (meta.annotations or {}).get(GATED_BY)
         names = [n for n in gate_names(meta.annotations) if n != name]
-        patch: dict[str, object] = {"metadata": {"annotations": {GATED_BY: ",".join(names) or None},
-                                                 "resourceVersion": meta.resource_version}}
+        where = f"/metadata/annotations/{GATED_BY.replace('~', '~0').replace('/', '~1')}"
+        ops: list[dict[str, object]] = [{"op": "test", "path": where, "value": raw}]
+        ops.append({"op": "replace", "path": where, "value": ",".join(names)} if names else
+                   {"op": "remove", "path": where})
         if not names:
-            gates = [{"name": g.name} for g in pod.spec.scheduling_gates or () if g.name != GATE]
-            patch["spec"] = {"schedulingGates": gates or None}
+            current = [msgspec.to_builtins(g) for g in pod.spec.scheduling_gates or ()]
+            others = [g for g in current if g.get("name") != GATE]
+            ops.append({"op": "test", "path": "/spec/schedulingGates", "value": current})
+            ops.append({"op": "replace", "path": "/spec/schedulingGates", "value": others} if others else
+                       {"op": "remove", "path": "/spec/schedulingGates"})
         try:
-            await self.client.patch(PODS, meta.name, patch, namespace=meta.namespace)
-        except (Conflict, NotFound) as e:  # it changed or went: its event brings us back
+            await self.client.patch(PODS, meta.name, ops, namespace=meta.namespace, patch_type="json")
+        except (Conflict, NotFound, Invalid) as e:  # it changed or went: its event brings us back
             log.debug("held pod not released", pod=f"{meta.namespace}/{meta.name}", error=str(e))
             return False
         if not names:

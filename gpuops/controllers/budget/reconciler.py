@@ -14,7 +14,8 @@ running made us report more than its finishedAt says, and that figure stands. So
 window, no figure is lower than one reported before it, whether a pod finishes, is evicted or is deleted.
 
 Requeue: at the earliest of the accounting's next change (quota crossing, an interval entering or leaving the
-window), the end of the enforcement delay, and enforcement's own timers; events do the rest.
+window, a held pod's turn), taken at the first counting instant that sees it, the end of the enforcement delay,
+and enforcement's own timers; events do the rest.
 """
 
 from __future__ import annotations
@@ -367,8 +368,8 @@ class BudgetReconciler:
         released = await self._release(budget, spec, tally.members, book, spec.edge_at(at), at)
         log.debug("budget reconciled", budget=key, consumed=format_gpu_hours(usage.consumed),
                   over=usage.over_quota, members=len(tally.members), ledger=len(book.ledger.entries))
-        return requeue_at(now, [*self._wake_at(usage, outcome, due_at, released, now), fig.gpu_hours.next_change,
-                                gate_wake])
+        return requeue_at(now, [*self._wake_at(usage, outcome, due_at, released, now),
+                                _counted_from(fig.gpu_hours.next_change), _counted_from(gate_wake)])
 
     def _counted(self, budget: GPUWorkloadBudget) -> dict[str, int]:
         """Through which instant the budget's last reported figure (its snapshot) counted each pod."""
@@ -495,7 +496,7 @@ class BudgetReconciler:
     def _wake_at(self, usage: Usage, outcome: Outcome, due_at: int | None, released: int | None,
                  now: int) -> list[int | None]:
         """When to reconcile again, events aside (see the module docstring)."""
-        wake = [outcome.wake_at, usage.next_change, released]
+        wake = [outcome.wake_at, _counted_from(usage.next_change), released]
         if due_at is not None and counting_instant(now) < due_at:
             wake.append(next_counting_instant(due_at))  # the first counting instant it is due at
         if self.options.status_refresh and usage.burn_rate > 0:
@@ -622,6 +623,13 @@ def _live_by_kind(members: list[_Member], book: Book) -> dict[str, list[Interval
         if m.interval is not None and not (m.interval.end is not None and book.covers(m.interval.end)):
             out.setdefault(m.kind, []).append(m.interval)
     return out
+
+
+def _counted_from(change: int | None) -> int | None:
+    """When a reconcile first sees a change the accounting says happens at `change`: figures are computed at whole
+    seconds, so at the first counting instant at or after it. Waking earlier (the change lies between this
+    reconcile's counting instant and its clock) would only find the same answer, again and again."""
+    return None if change is None else next_counting_instant(change)
 
 
 def _over_since(prev: BudgetStatus, over: bool, at: int) -> int | None:

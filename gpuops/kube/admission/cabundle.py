@@ -31,6 +31,8 @@ __all__ = ["MAX_CAS", "MUTATING_WEBHOOK_CONFIGURATIONS", "CABundlePatcher", "mer
 log = structlog.get_logger("gpuops.kube.admission.cabundle")
 
 MAX_CAS: Final = 8
+MISSING_RECHECK: Final = 5.0
+"""Seconds between checks while the configuration does not exist (yet: it may be applied after the operator)."""
 
 MUTATING_WEBHOOK_CONFIGURATIONS: Final[ResourceType[dict[str, Any]]] = ResourceType(
     "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations", "MutatingWebhookConfiguration",
@@ -148,6 +150,7 @@ class CABundlePatcher:
                 self.trusted = True
             except NotFound:
                 self.trusted = True  # nothing calls the webhook until the configuration exists
+                delay = min(self.interval, MISSING_RECHECK)  # once it does, it needs our CA soon
                 if not self._missing_logged:
                     log.warning("MutatingWebhookConfiguration not found; the webhook is not called until it "
                                 "exists", configuration=self.config_name)

@@ -96,6 +96,25 @@ def assert_whole_seconds(versions: list[GPUWorkloadBudget]) -> None:
         assert b.status.computed_at is not None and parse_time(b.status.computed_at) % S == 0, b.status.computed_at
 
 
+def finishes_arriving(env: Env) -> dict[str, tuple[int, float]]:
+    """Pod name -> (its latest finishedAt, whole seconds; when the API server's store took it, wall seconds), filled
+    as the store writes pods (a listener on the emulator in this process)."""
+    arrived: dict[str, tuple[int, float]] = {}
+
+    def on_event(ev: Any) -> None:
+        if ev.gr != ("", "pods") or ev.new is None:
+            return
+        obj = ev.new.obj
+        name = obj["metadata"]["name"]
+        ends = [seconds(t["finishedAt"]) for c in (obj.get("status") or {}).get("containerStatuses") or ()
+                if (t := (c.get("state") or {}).get("terminated")) and t.get("finishedAt")]
+        if ends and name not in arrived:
+            arrived[name] = (max(ends), time.time())
+
+    env.cluster.access.listen(on_event)
+    return arrived
+
+
 def assert_never_decreases(versions: list[GPUWorkloadBudget]) -> None:
     figures = [consumed(b) for b in versions]
     assert figures == sorted(figures), [b.status.consumed_gpu_hours for b in versions]
@@ -253,6 +272,7 @@ async def test_a_controller_clock_ahead_of_the_cluster_takes_nothing_back(
     finishing on its own and for one evicted with a grace period. Without a status refresh, only scrapes count
     the running pods between reconciles: those figures stand too."""
     async with environment(tmp_path) as env, StatusLog(env) as log:
+        arrived = finishes_arriving(env)
         await env.start(clock=lambda: wall_clock() + 900_000, options=Options(status_refresh=refresh))
         await env.create_budget(budget("own", "10", labels={"set": "own"}))
         await env.create_budget(budget("ev", "0.001", labels={"set": "ev"}, enforcement={  # 3.6 GPU-seconds
@@ -271,7 +291,12 @@ async def test_a_controller_clock_ahead_of_the_cluster_takes_nothing_back(
             return all(idle) and await env.all_finished(["own-1", "own-2"]) and await env.pod_gone("hog")
 
         await env.until("own pods finished, hog evicted, all accounted", done, within=20)
+        # A finish that reached the API server more than a second past its finishedAt may lower an earlier figure
+        # to the exact one (the documented exception): on a loaded machine the emulated kubelet can be that late.
+        late = {n for n, (finished, at) in arrived.items() if at - finished > 1.0}
         for name, series in scraped.items():
+            if any(n.startswith("hog" if name == "ev" else "own") for n in late):
+                continue
             versions = await log.caught_up(name)
             assert_never_decreases(versions)
             assert series == sorted(series), (name, series)
