@@ -157,10 +157,11 @@ class Enforcement(ApiStruct):
     nothing. Pause suspends the batch/v1 Jobs owning matched pods (and annotates other matched pods with
     gpuops.io/paused-by), and resumes them once under quota. Evict evicts running matched pods through the
     Eviction API (PodDisruptionBudgets respected), largest in-window usage first; their usage keeps counting.
-    Gate alerts as AlertOnly and holds back new matched pods that request GPUs: the operator's admission webhook
-    admits them with the scheduling gate gpuops.io/budget and the pod condition gpuops.io/BudgetGate says which
-    budget holds them and until when; they are released oldest first as the budget allows (see
-    gateHorizonMinutes). Running pods and Jobs are never touched."""
+    Gate alerts as AlertOnly and, from delaySeconds after the budget went over quota, holds back new matched pods
+    that request its resource: the operator's admission webhook admits them with the scheduling gate
+    gpuops.io/budget and the pod condition gpuops.io/BudgetGate says which budget holds them and until when; they
+    are released oldest first as the budget allows (see gateHorizonMinutes). Running pods and Jobs are never
+    touched."""
     delay_seconds: Annotated[int, crd(default=USE_DEFAULT, minimum=0, maximum=2592000)] = 60
     """Seconds the budget must stay over quota before the action runs, measured from the QuotaExceeded transition
     (an operator restart does not reset it)."""
@@ -362,6 +363,8 @@ class BudgetStatus(ApiStruct):
     """Pods (live or in the ledger) whose GPU usage overlaps the window."""
     running_pods: Annotated[int | None, crd(format="int32")] = None
     """Matched pods holding GPUs now."""
+    held_pods: Annotated[int | None, crd(format="int32")] = None
+    """Gate: pods this budget holds back now, waiting for its quota (absent for other actions)."""
     computed_at: Annotated[str | None, crd(format="date-time")] = None
     """The whole second these numbers were computed at (written only when one of them changed)."""
     period_start: Annotated[str | None, crd(format="date-time")] = None
@@ -447,6 +450,7 @@ CRD: Final = custom_resource(
     Column("Cost", "string", ".status.costSoFar", "What the GPU-hours in the window cost (with a price list).",
            priority=1),
     Column("Currency", "string", ".status.currency", "Of the cost.", priority=1),
+    Column("Held", "integer", ".status.heldPods", "Gate: pods held back, waiting for the quota.", priority=1),
     short_names=("gwb",),
 )
 

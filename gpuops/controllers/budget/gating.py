@@ -97,8 +97,9 @@ class Gatekeeper:
     def held_by(self, key: str) -> list[Pod]:
         return [p for p in self.pods.store.by_index(INDEX_GATED_BY, key) if not p.metadata.deletion_timestamp]
 
-    async def reconcile(self, view: GateView) -> int | None:
-        """Release what fits, tell the rest, publish whether the budget is closed; when to look again."""
+    async def reconcile(self, view: GateView) -> tuple[int | None, int]:
+        """Release what fits, tell the rest, publish whether the budget is closed; when to look again, and how
+        many pods it still holds."""
         meta = view.budget.metadata
         key = f"{meta.namespace}/{meta.name}"
         held: list[tuple[Pod, HeldPod]] = []
@@ -130,7 +131,7 @@ class Gatekeeper:
             self.book.open(meta.namespace, meta.name)
         if going:
             log.info("held pods released", budget=key, released=len(going), waiting=len(waiting))
-        return until
+        return until, len(waiting)
 
     async def let_all_go(self, namespace: str, name: str, why: str) -> None:
         """The budget no longer gates (another action, an invalid spec, deleted): its pods go."""

@@ -359,10 +359,10 @@ class BudgetReconciler:
             outcome.degraded = ("GateWebhookOff", "action Gate holds no new pod back: this operator runs without its "
                                 "admission webhook (gpuops run --budget-webhook-port; manifests/webhook)")
         # before the status write: once the status says over quota, the webhook already holds new pods
-        gate_wake = await self._gate(budget, spec, priced, fig, tally.members, book,
-                                     due=due_at is not None and at >= due_at, at=at)
+        gate_wake, held = await self._gate(budget, spec, priced, fig, tally.members, book,
+                                           due=due_at is not None and at >= due_at, at=at)
         if not await self._write_status(budget, spec, fig, book, tally.members, outcome, at, over_since=over_since,
-                                        closed=closed):
+                                        closed=closed, held=held):
             return None
         self._forget_recorded(key, departed)
         released = await self._release(budget, spec, tally.members, book, spec.edge_at(at), at)
@@ -448,7 +448,7 @@ class BudgetReconciler:
 
     async def _write_status(self, budget: GPUWorkloadBudget, spec: ParsedSpec, fig: Figures, book: Book,
                             members: list[_Member], outcome: Outcome, at: int, *, over_since: int | None,
-                            closed: PeriodSummary | None) -> bool:
+                            closed: PeriodSummary | None, held: int | None = None) -> bool:
         """Write the status (one merge patch of what changed); False if the budget is gone. Then the Warning Event
         of a conflict that is news: once per change of what Pause leaves alone, not once per reconcile."""
         key = _key(budget)
@@ -458,7 +458,7 @@ class BudgetReconciler:
         running = sum(1 for m in members if m.interval is not None and m.span.end is None)
         desired = desired_status(budget, spec, fig, ledger, over_since=over_since, previous=closed,
                                  last=outcome.last or budget.status.last_enforcement, degraded=outcome.degraded,
-                                 running=running, now=at)
+                                 running=running, held=held, now=at)
         desired, conflict_news = with_conflict(budget, desired, outcome.left_alone, at)
         if not await write_status(self.client, budget, desired, at):
             return False
@@ -468,16 +468,16 @@ class BudgetReconciler:
         return True
 
     async def _gate(self, budget: GPUWorkloadBudget, spec: ParsedSpec, priced: Priced | None, fig: Figures,
-                    members: list[_Member], book: Book, *, due: bool, at: int) -> int | None:
+                    members: list[_Member], book: Book, *, due: bool, at: int) -> tuple[int | None, int | None]:
         """Gate: release the held pods the budget has room for, tell the others until when (`gating.py`); any
-        other action lets go what this budget still holds."""
+        other action lets go what this budget still holds. When to look again, and how many pods it holds (None:
+        not a Gate budget)."""
         keeper = self.gatekeeper
-        if keeper is None:
-            return None
         meta = budget.metadata
-        if spec.action != "Gate":
-            await keeper.let_all_go(meta.namespace, meta.name, f"budget {meta.name}'s action is {spec.action}")
-            return None
+        if keeper is None or spec.action != "Gate":
+            if keeper is not None:
+                await keeper.let_all_go(meta.namespace, meta.name, f"budget {meta.name}'s action is {spec.action}")
+            return None, None
         unit_live, unit_ledger = in_unit(spec, priced, _live_by_kind(members, book), book.ledger)
         # the reserve covers every admitted pod not finished: running, and released or admitted but not started
         admitted = sum((m.gpus for m in members if not m.span.final and not m.pod.metadata.deletion_timestamp

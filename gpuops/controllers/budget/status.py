@@ -68,6 +68,7 @@ def desired_status(
     last: LastEnforcement | None,
     degraded: tuple[str, str] | None,
     running: int,
+    held: int | None = None,
     now: int,
 ) -> BudgetStatus:
     """The status for the figures at counting instant `now`; computedAt stays as it is (`write_status` sets it
@@ -84,6 +85,7 @@ def desired_status(
         burn_rate_gpus=usage_quantity(gpu.burn_rate),
         tracked_pods=gpu.pods_in_window,
         running_pods=running,
+        held_pods=held,
         computed_at=budget.status.computed_at,
         period_start=format_time(period.start) if period is not None else None,
         period_end=format_time(period.end) if period is not None else None,

@@ -95,6 +95,7 @@ async def test_new_pods_are_held_told_why_and_released_oldest_first_within_the_q
             assert c.message.startswith("held by GPUWorkloadBudget gate: its quota of 0.001400 GPU-hours per 1h is "
                                         "smaller than 10 minutes"), c.message
             assert "gateHorizonMinutes" in c.message
+        await env.until("status.heldPods 3", lambda: _held_in_status(env, 3))
         # 0.35 GPU-hours: room for 10 minutes of two 1-GPU pods (1/3 GPU-hour), not of three (1/2)
         await set_quota(env, "0.35")
 
@@ -110,8 +111,10 @@ async def test_new_pods_are_held_told_why_and_released_oldest_first_within_the_q
             assert GATED_BY not in (p.metadata.annotations or {})
         await env.until("the released pods running", lambda: _phases(env, ["p1", "p2"], "Running"), 15)
         assert is_gated(await env.client.get(PODS, "p3", NS))
+        await env.until("status.heldPods 1", lambda: _held_in_status(env, 1))
         await set_quota(env, "10")
         await env.until("the third released", lambda: _ungated(env, "p3"), 15)
+        await env.until("status.heldPods 0", lambda: _held_in_status(env, 0))
 
 
 async def test_job_pods_are_held_without_suspending_the_job(tmp_path: Path) -> None:
@@ -170,6 +173,10 @@ async def test_pods_the_budget_does_not_select_or_that_request_no_gpu_are_admitt
         reviews = gatewebhook.REQUESTS.labels("mutated")._value.get()
         assert reviews >= 1
         assert handle.reconciler.gatekeeper is not None
+
+
+async def _held_in_status(env: Env, count: int) -> bool:
+    return (await env.budget("gate")).status.held_pods == count
 
 
 async def _phases(env: Env, names: list[str], phase: str) -> bool:
