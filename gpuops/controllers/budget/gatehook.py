@@ -6,10 +6,11 @@ the pod in the annotation `gpuops.io/gated-by`; the reconciler (`gating.py`) wri
 removes the gate when the budgets allow. Whatever creates the pod (a bare pod, a Job, a JobSet, Kueue once it
 admits a workload) is held the same way, and nobody's Job is suspended.
 
-Which budgets are closed is the reconciler's decision, published here (`GateBook`): the webhook answers from
-memory, on its own thread, without a call to the API server. A budget is closed while it is over quota past its
-delay, and while pods it holds wait, so a new pod never overtakes older held ones. `failurePolicy: Ignore`: an
-operator outage admits pods ungated rather than blocking them.
+Which budgets are closed is the leader's decision, written as each budget's Gating condition; every replica
+follows the conditions into its `GateBook` (`follow`), so the webhook answers from memory, on its own thread,
+without a call to the API server, whichever replica the Service sends the call to. A budget is closed while it
+is over quota past its delay, and while pods it holds wait, so a new pod never overtakes older held ones.
+`failurePolicy: Ignore`: an operator outage admits pods ungated rather than blocking them.
 """
 
 from __future__ import annotations
@@ -18,19 +19,21 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import structlog
 
+from gpuops.kube import conditions as cond
 from gpuops.kube.admission.review import JSONPatchOp, MutationResult
+from gpuops.kube.informer import Informer
 from gpuops.kube.objects import Pod
 from gpuops.kube.selectors import Selector
 
-from .api import GATE, GATED_BY
+from .api import GATE, GATED_BY, GPUWorkloadBudget, ParsedSpec, SpecError
 from .podcontract import pod_gpus
 
-__all__ = ["Closed", "GateBook", "gate_names", "gating_mutation"]
+__all__ = ["GATING", "Closed", "GateBook", "closed_of", "follow", "gate_names", "gating_mutation"]
 
 log = structlog.get_logger("gpuops.controllers.budget.gate")
 
@@ -80,6 +83,37 @@ class GateBook:
         else:
             everything.pop(namespace, None)
         self._by_namespace = MappingProxyType(everything)
+
+
+GATING: Final = "Gating"
+"""The Gate budget's condition: True while it holds new pods (its message says why and until when)."""
+
+
+def closed_of(budget: GPUWorkloadBudget, spec: ParsedSpec | SpecError) -> Closed | None:
+    """What the webhook must know of `budget`: None unless it is a valid Gate budget whose Gating is True."""
+    if isinstance(spec, SpecError) or spec.action != "Gate" or budget.metadata.deletion_timestamp:
+        return None
+    gating = cond.get_condition(budget.status.conditions, GATING)
+    if gating is None or gating.status != "True":
+        return None
+    return Closed(budget.metadata.name, spec.selector, spec.resource, gating.message)
+
+
+def follow(budgets: Informer[GPUWorkloadBudget], book: GateBook,
+           spec_of: Callable[[GPUWorkloadBudget], ParsedSpec | SpecError]) -> None:
+    """Keep `book` as the budgets' Gating conditions say, on every replica (a standby's informers run too): the
+    leader decides, each replica's webhook answers from its own cache."""
+
+    def seen(budget: GPUWorkloadBudget) -> None:
+        meta = budget.metadata
+        entry = closed_of(budget, spec_of(budget))
+        if entry is None:
+            book.open(meta.namespace, meta.name)
+        else:
+            book.close(meta.namespace, entry)
+
+    budgets.add_handler(on_add=lambda budget, _initial: seen(budget), on_update=lambda _old, new: seen(new),
+                        on_delete=lambda gone: book.open(gone.metadata.namespace, gone.metadata.name))
 
 
 def gate_names(annotations: Mapping[str, str] | None) -> list[str]:

@@ -1,13 +1,15 @@
 """Gate budgets, on the controller's side: which held pods go, what the held ones are told, who is closed.
 
-The webhook (`gatehook.py`) holds new pods while a Gate budget is closed; every reconcile of the budget then
+The webhook (`gatehook.py`) holds new pods while a Gate budget is closed; every reconcile of the budget (on the
+leader) then
 - lets go, oldest first, the held pods the remaining quota has room for (`gpuops.accounting.gate`): our name
   leaves the pod's gpuops.io/gated-by annotation, and the gate goes with the last name;
 - tells each pod still held why and until when (its gpuops.io/BudgetGate condition): the period's end for a
   calendar window, else the instant the usage falls far enough in the known future (running pods keep
   running), or that the running pods keep it over quota;
-- publishes whether the budget is closed (over quota past its delay, or pods still held) for the webhook, and
-  returns when to look again (that instant: a release is due then).
+- says whether the budget is closed (over quota past its delay, or pods still held): the status's Gating
+  condition, which every replica's webhook follows (a standby's too, so the Service may send the API server's
+  call to any replica), and when to look again (that instant: a release is due then).
 A budget that is no longer Gate, is invalid or deleted lets all its pods go. Running pods are never touched: a
 pod with a scheduling gate has never been scheduled.
 """
@@ -34,12 +36,12 @@ from gpuops.kube.resources import PODS
 from gpuops.kube.times import parse_time_or_none, wall_clock
 
 from .api import GATE, GATE_CONDITION, GATED_BY, GPUWorkloadBudget, ParsedSpec, format_time
-from .gatehook import Closed, GateBook, gate_names
+from .gatehook import GateBook, gate_names
 from .metrics import count_enforcement
 from .podcontract import pod_gpus
 from .pricebook import Priced
 
-__all__ = ["INDEX_GATED_BY", "GateView", "Gatekeeper", "gated_by"]
+__all__ = ["INDEX_GATED_BY", "GateOutcome", "GateView", "Gatekeeper", "gated_by"]
 
 log = structlog.get_logger("gpuops.controllers.budget.gating")
 
@@ -83,11 +85,23 @@ class GateView:
     at: int
 
 
+@dataclass(frozen=True, slots=True)
+class GateOutcome:
+    until: int | None
+    """When the first held pod's turn comes in the known future (None: nobody waits, or not foreseeable)."""
+    held: int
+    closed: bool
+    """The budget holds new pods: over quota past its delay, or pods still wait."""
+    message: str
+    """Why and until when (the Gating condition's message, and what held pods are told)."""
+
+
 @dataclass(eq=False)
 class Gatekeeper:
     client: Client
     pods: Informer[Pod]
     book: GateBook = field(default_factory=GateBook)
+    """What this replica's webhook reads: fed from every budget's Gating condition (`gatehook.follow`)."""
     webhook: bool = False
     """The admission webhook that reads `book` is installed: without it a Gate budget holds nothing back."""
 
@@ -97,9 +111,9 @@ class Gatekeeper:
     def held_by(self, key: str) -> list[Pod]:
         return [p for p in self.pods.store.by_index(INDEX_GATED_BY, key) if not p.metadata.deletion_timestamp]
 
-    async def reconcile(self, view: GateView) -> tuple[int | None, int]:
-        """Release what fits, tell the rest, publish whether the budget is closed; when to look again, and how
-        many pods it still holds."""
+    async def reconcile(self, view: GateView) -> GateOutcome:
+        """Release what fits and tell the rest; whether the budget holds new pods (its Gating condition, which
+        every replica's webhook reads), when to look again and how many pods it still holds."""
         meta = view.budget.metadata
         key = f"{meta.namespace}/{meta.name}"
         held: list[tuple[Pod, HeldPod]] = []
@@ -119,23 +133,22 @@ class Gatekeeper:
             if h.key in gone and await self._let_go(pod, meta.name, f"budget {meta.name} has room for it"):
                 count_enforcement(meta.namespace, meta.name, "Gate", "Released")
         waiting = queue(h for _, h in held if h.key not in gone)
-        level = self._level(view, waiting[0], rate) if waiting else None
-        until = self._until(view, level) if level is not None and level >= 0 else None
-        message = self._message(view, until, too_small=level is not None and level < 0)
+        if going:
+            log.info("held pods released", budget=key, released=len(going), waiting=len(waiting))
+        if not (view.over and view.due) and not waiting:
+            return GateOutcome(None, 0, False, "new pods it selects are admitted")
+        # until when the first in line waits; with nobody waiting, a new 1-GPU pod would
+        head = waiting[0] if waiting else HeldPod("", view.at, Fraction(1))
+        level = self._level(view, head, rate)
+        until = self._until(view, level) if level >= 0 else None
+        message = self._message(view, until, too_small=level < 0)
         for pod, h in held:
             if h.key not in gone:
                 await self._tell(pod, meta.name, message)
-        if (view.over and view.due) or waiting:
-            self.book.close(meta.namespace, Closed(meta.name, spec.selector, spec.resource, message))
-        else:
-            self.book.open(meta.namespace, meta.name)
-        if going:
-            log.info("held pods released", budget=key, released=len(going), waiting=len(waiting))
-        return until, len(waiting)
+        return GateOutcome(until if waiting else None, len(waiting), True, message)
 
     async def let_all_go(self, namespace: str, name: str, why: str) -> None:
         """The budget no longer gates (another action, an invalid spec, deleted): its pods go."""
-        self.book.open(namespace, name)
         for pod in self.held_by(f"{namespace}/{name}"):
             await self._let_go(pod, name, why)
 

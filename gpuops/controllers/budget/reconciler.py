@@ -55,7 +55,7 @@ from .caches import PodFacts, SpecCache, facts_of
 from .carryover import in_period
 from .closing import previous_period
 from .enforcement import EnforcementOptions, Enforcer, Outcome, Situation, Target
-from .gating import Gatekeeper, GateView, gated_by
+from .gating import Gatekeeper, GateOutcome, GateView, gated_by
 from .kinds import key_of_node, model_of
 from .ledger import Book, LedgerMemo, compact, ledger_from_status, ledger_to_status, recorded
 from .metrics import Published, Snapshot
@@ -359,17 +359,18 @@ class BudgetReconciler:
             outcome.degraded = ("GateWebhookOff", "action Gate holds no new pod back: this operator runs without its "
                                 "admission webhook (gpuops run --budget-webhook-port; manifests/webhook)")
         # before the status write: once the status says over quota, the webhook already holds new pods
-        gate_wake, held = await self._gate(budget, spec, priced, fig, tally.members, book,
-                                           due=due_at is not None and at >= due_at, at=at)
+        gate = await self._gate(budget, spec, priced, fig, tally.members, book,
+                                due=due_at is not None and at >= due_at, at=at)
         if not await self._write_status(budget, spec, fig, book, tally.members, outcome, at, over_since=over_since,
-                                        closed=closed, held=held):
+                                        closed=closed, gate=gate):
             return None
         self._forget_recorded(key, departed)
         released = await self._release(budget, spec, tally.members, book, spec.edge_at(at), at)
         log.debug("budget reconciled", budget=key, consumed=format_gpu_hours(usage.consumed),
                   over=usage.over_quota, members=len(tally.members), ledger=len(book.ledger.entries))
         return requeue_at(now, [*self._wake_at(usage, outcome, due_at, released, now),
-                                _counted_from(fig.gpu_hours.next_change), _counted_from(gate_wake)])
+                                _counted_from(fig.gpu_hours.next_change),
+                                _counted_from(gate.until if gate is not None else None)])
 
     def _counted(self, budget: GPUWorkloadBudget) -> dict[str, int]:
         """Through which instant the budget's last reported figure (its snapshot) counted each pod."""
@@ -448,7 +449,7 @@ class BudgetReconciler:
 
     async def _write_status(self, budget: GPUWorkloadBudget, spec: ParsedSpec, fig: Figures, book: Book,
                             members: list[_Member], outcome: Outcome, at: int, *, over_since: int | None,
-                            closed: PeriodSummary | None, held: int | None = None) -> bool:
+                            closed: PeriodSummary | None, gate: GateOutcome | None = None) -> bool:
         """Write the status (one merge patch of what changed); False if the budget is gone. Then the Warning Event
         of a conflict that is news: once per change of what Pause leaves alone, not once per reconcile."""
         key = _key(budget)
@@ -458,7 +459,8 @@ class BudgetReconciler:
         running = sum(1 for m in members if m.interval is not None and m.span.end is None)
         desired = desired_status(budget, spec, fig, ledger, over_since=over_since, previous=closed,
                                  last=outcome.last or budget.status.last_enforcement, degraded=outcome.degraded,
-                                 running=running, held=held, now=at)
+                                 running=running, held=gate.held if gate is not None else None,
+                                 gating=(gate.closed, gate.message) if gate is not None else None, now=at)
         desired, conflict_news = with_conflict(budget, desired, outcome.left_alone, at)
         if not await write_status(self.client, budget, desired, at):
             return False
@@ -468,16 +470,15 @@ class BudgetReconciler:
         return True
 
     async def _gate(self, budget: GPUWorkloadBudget, spec: ParsedSpec, priced: Priced | None, fig: Figures,
-                    members: list[_Member], book: Book, *, due: bool, at: int) -> tuple[int | None, int | None]:
+                    members: list[_Member], book: Book, *, due: bool, at: int) -> GateOutcome | None:
         """Gate: release the held pods the budget has room for, tell the others until when (`gating.py`); any
-        other action lets go what this budget still holds. When to look again, and how many pods it holds (None:
-        not a Gate budget)."""
+        other action lets go what this budget still holds (None: not a Gate budget)."""
         keeper = self.gatekeeper
         meta = budget.metadata
         if keeper is None or spec.action != "Gate":
             if keeper is not None:
                 await keeper.let_all_go(meta.namespace, meta.name, f"budget {meta.name}'s action is {spec.action}")
-            return None, None
+            return None
         unit_live, unit_ledger = in_unit(spec, priced, _live_by_kind(members, book), book.ledger)
         # the reserve covers every admitted pod not finished: running, and released or admitted but not started
         admitted = sum((m.gpus for m in members if not m.span.final and not m.pod.metadata.deletion_timestamp

@@ -16,6 +16,7 @@ from gpuops.kube.resources import JOBS, NODES, PODS
 
 from .api import BUDGETS, PAUSED_BY, GPUWorkloadBudget
 from .enforcement import Enforcer
+from .gatehook import follow
 from .gating import Gatekeeper
 from .metrics import COLLECTOR
 from .pricebook import PriceBook
@@ -67,8 +68,10 @@ def install(
     recorder = EventRecorder(manager.client, COMPONENT)
     enforcer = Enforcer(manager.client, pods, jobs, recorder, opts.enforcement, clock=clock)
     prices = PriceBook(manager.client, manager.informer(PRICE_LISTS), clock=clock)
+    gatekeeper = Gatekeeper(manager.client, pods)
     reconciler = BudgetReconciler(manager.client, pods, budgets, jobs, enforcer, nodes=nodes, prices=prices,
-                                  gatekeeper=Gatekeeper(manager.client, pods), clock=clock, options=opts)
+                                  gatekeeper=gatekeeper, clock=clock, options=opts)
+    follow(budgets, gatekeeper.book, reconciler.spec_of)  # every replica's webhook answers as the leader decided
     controller = Controller(CONTROLLER_NAME, reconciler.reconcile, client=manager.client, **controller_options)
     controller.watch(budgets, predicates=[Predicate(update=_spec_or_meta_changed)])
     # A price list's new spec reprices every budget that may count with it; its history writes change nothing.

@@ -69,6 +69,7 @@ def desired_status(
     degraded: tuple[str, str] | None,
     running: int,
     held: int | None = None,
+    gating: tuple[bool, str] | None = None,
     now: int,
 ) -> BudgetStatus:
     """The status for the figures at counting instant `now`; computedAt stays as it is (`write_status` sets it
@@ -104,7 +105,8 @@ def desired_status(
         previous_period=previous,
         ledger=ledger,
         last_enforcement=last,
-        conditions=_conditions(_accounted(budget, spec, usage.over_quota, over_since, degraded, now)),
+        conditions=_conditions(_gating(_accounted(budget, spec, usage.over_quota, over_since, degraded, now),
+                                       gating, budget.metadata.generation, now)),
     )
 
 
@@ -144,11 +146,22 @@ def _accounted(budget: GPUWorkloadBudget, spec: ParsedSpec, over: bool, over_sin
     return cond.set_condition(items, "Degraded", "True", degraded[0], degraded[1], gen, now=stamp)
 
 
+def _gating(items: list[dict[str, Any]], gating: tuple[bool, str] | None, gen: int | None,
+            now: int) -> list[dict[str, Any]]:
+    """Gate budgets: the Gating condition (whether new pods are held, why and until when); none otherwise."""
+    if gating is None:
+        return cond.remove_condition(items, "Gating")
+    closed, message = gating
+    return cond.set_condition(items, "Gating", "True" if closed else "False",
+                              "HoldingNewPods" if closed else "AdmittingNewPods", message, gen, now=_stamp(now))
+
+
 def invalid_status(budget: GPUWorkloadBudget, err: SpecError, now: int) -> BudgetStatus:
     """The status of a budget whose spec does not check: not Ready, Degraded, the figures left as they were."""
     gen, stamp = budget.metadata.generation, _stamp(now)
     items = cond.set_condition(budget.status.conditions, "Ready", "False", "InvalidSpec", str(err), gen, now=stamp)
     items = cond.set_condition(items, "Degraded", "True", "InvalidSpec", str(err), gen, now=stamp)
+    items = cond.remove_condition(items, "Gating")  # a budget that does not check holds nothing back
     return msgspec.structs.replace(budget.status, observed_generation=gen, conditions=_conditions(items))
 
 

@@ -18,6 +18,8 @@ from waiting import until_holds
 
 from gpuops.controllers.budget import gatewebhook
 from gpuops.controllers.budget.api import BUDGETS, GATE, GATE_CONDITION, GATED_BY
+from gpuops.controllers.budget.caches import SpecCache
+from gpuops.controllers.budget.gatehook import GateBook, follow, gating_mutation
 from gpuops.controllers.budget.setup import BudgetController, install
 from gpuops.kube import conditions as cond
 from gpuops.kube.manager import Manager, ManagerOptions
@@ -160,6 +162,27 @@ async def test_a_budget_that_stops_gating_lets_its_pods_go(tmp_path: Path) -> No
             return not any(is_gated(p) for p in (await env.client.list(PODS, NS))[1])
 
         await env.until("every pod released once the budget is deleted", none_held, 15)
+
+
+async def test_a_replica_that_does_not_lead_holds_the_same_pods(tmp_path: Path) -> None:
+    """The Service sends the API server's call to any replica: a standby (informers only, no reconciles) follows
+    the leader's Gating condition into its own book, closed and open again as the leader decides."""
+    async with gated(tmp_path) as (env, _):
+        standby = Manager(env.client, ManagerOptions(metrics_bind_address="0", health_probe_bind_address="0"))
+        book = GateBook()
+        follow(standby.informer(BUDGETS), book, SpecCache().get)
+        env.runs.append((standby, asyncio.create_task(standby.run())))
+        await env.create_budget(gate_budget("0.0014"))
+        await exhausted(env)
+        b = await env.budget("gate")
+        gating = cond.get_condition(b.status.conditions, "Gating")
+        assert gating is not None and gating.status == "True" and gating.reason == "HoldingNewPods", gating
+        await until_holds("the standby's book closed", lambda: [c.name for c in book.closed_in(NS)] == ["gate"])
+        held = gating_mutation(book)(pod("via-standby", 1, runtime=5) | {"metadata": {
+            "name": "via-standby", "namespace": NS, "labels": {"team": "a"}}})
+        assert held.patch and held.warnings == [gating.message]
+        await set_quota(env, "10")
+        await until_holds("the standby's book open", lambda: not book.closed_in(NS))
 
 
 async def test_pods_the_budget_does_not_select_or_that_request_no_gpu_are_admitted_ungated(tmp_path: Path) -> None:
