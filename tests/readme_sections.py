@@ -81,6 +81,8 @@ HEADLINES: dict[str, tuple[str, list[Headline]]] = {
                  "`SeedSpotpool` in bench/spotpool.py), same reclaims, run concurrently", [
         Headline("reclaim notice to replacement launched p50", "ours_from_notice_p50_s",
                  "baseline_from_notice_p50_s", "seed loop", " s"),
+        Headline("reclaim observable (node report or cloud answer) to replacement launched p99",
+                 "ours_from_observable_p99_s", "baseline_from_observable_p99_s", "seed loop", " s"),
         Headline("instance-seconds below minimum", "ours_shortfall_instance_seconds",
                  "baseline_shortfall_instance_seconds", "seed loop"),
         Headline("duplicate instances", "ours_duplicates", "baseline_duplicates", "seed loop"),

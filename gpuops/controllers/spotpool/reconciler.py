@@ -7,7 +7,9 @@ One reconcile, in order:
   4. The pending launch (`status.pendingLaunch`): resolved once describe lists what it bought; until the cloud
      has answered, it is resent with the same client token and parameters, so it is bought once.
   5. Plan (`gpuops.accounting.pool.plan_pool`): instances under a reclaim notice or leaving are not capacity,
-     so their replacement is launched in the same reconcile that first sees the notice. A new launch intent
+     so their replacement is launched in the same reconcile that first sees the notice: the first node agent
+     of a wave to report wakes the pool, and where the cloud's describe lists notices (the webhook contract),
+     that describe shows the wave's others before their own agents poll. A new launch intent
      (token derived from the pool's UID and `status.launchSequence`) is written to status before the call.
   6. Scale-in retires the chosen instances after cordon and drain (or drainTimeoutSeconds); LAUNCH_FAILED and
      stopped instances are terminated; nodes under a reclaim notice are drained.

@@ -20,6 +20,7 @@ from prometheus_client import REGISTRY
 from waiting import install_crds, until, until_holds
 
 from gpuops.controllers.spotpool.api import POOLS, SpotPool
+from gpuops.controllers.spotpool.nodes import NOTICE_ANNOTATION
 from gpuops.controllers.spotpool.settings import Settings
 from gpuops.controllers.spotpool.setup import CONTROLLER_NAME, install
 from gpuops.kube import conditions as cond
@@ -136,6 +137,29 @@ async def test_minimum_reached_reclaim_replaced_scale_in_and_deletion(tmp_path: 
         await until("the pool is gone", gone)
         assert live(cluster) == []
         assert cluster.cloud.spot.launched == 3
+
+
+async def test_a_wave_is_replaced_at_the_first_node_report_not_at_each_nodes_own(tmp_path: Path) -> None:
+    """A reclaim wave takes two instances; only one node agent has reported (agents poll the metadata service
+    every few seconds, each on its own phase). The webhook contract lists every notice in describe, so the
+    describe that the first report triggers shows both, and one launch replaces both: the second notice is
+    observable to the controller from that answer on, not from its own node's report, which never comes here.
+    The resync (60 s) is far beyond the wait, so only that describe can have brought the second replacement."""
+    async with running(tmp_path, resync_seconds=60.0) as (cluster, client):
+        spot = cluster.cloud.spot
+        spot.notice_subscribers.remove(cluster.spot_agent.on_notice)  # this test reports as the agent would
+        await client.create(POOLS, pool_body(cluster))
+        pool = await until("2 Ready instances", lambda: ready_pool(client, "gpus", 2))
+        first, second = pool.status.instances
+        cluster.cloud.reclaim([first.id, second.id], notice_seconds=30.0)
+        terminate_at = spot.instances[first.id].interruption["terminateTime"]
+        await client.patch(NODES, first.node_name or "",
+                           {"metadata": {"annotations": {NOTICE_ANNOTATION: terminate_at}}})
+        await until("both replacements launched", lambda: _true(spot.launched == 4), 10)
+        pool = await client.get(POOLS, "gpus")
+        assert pool.status.launch_sequence == 2  # one launch for the wave
+        node = await client.get(NODES, second.node_name or "")
+        assert NOTICE_ANNOTATION not in (node.metadata.annotations or {})
 
 
 async def test_lost_answers_never_buy_twice(tmp_path: Path) -> None:
