@@ -421,8 +421,8 @@ class GPUWorkloadBudget(CustomObject):
     finished "at second 10" stopped within [10, 11)); the ledger marks those seconds (recordedEnd) and
     status.ledger.errorBoundGpuHours includes them. Only a finish the operator learned of more than a second
     after its recorded finishedAt, by the operator's clock (a late write, a slow watch, or an operator clock
-    ahead of the cluster's), lowers an earlier figure, to the exact one. The operator remembers reported seconds while it
-    runs; after a restart a pod's recorded finish counts. A pod that starts and stops within the same second
+    ahead of the cluster's), lowers an earlier figure, to the exact one. The operator remembers reported seconds
+    while it runs; after a restart a pod's recorded finish counts. A pod that starts and stops within the same second
     counts zero. A pod that vanishes while still running has no recorded finish: it counts until the operator
     stopped it (an eviction without grace period) or saw it go."""
 
