@@ -8,7 +8,10 @@ What the child measures itself (store listeners: in-process, synchronous, `Watch
   * budget latency: a churn pod's Succeeded write -> the first status write of its budget whose ledger has an
     entry for the pod's uid (the budget controller writes a finished pod into the ledger in the same status
     write that first sees it finished: the status write that reflects the event, unambiguous under churn);
-  * MIG: a gated MIG pod's creation -> the write that removes its scheduling gate (the allocator's decision).
+  * MIG: a gated MIG pod's creation -> the write that removes its scheduling gate (the allocator's decision);
+  * the emulator's own cost from the churn's start to its reply (window and drain): object updates (every event
+    the store emits, of any resource: the operator's writes, the kubelets', the scheduler's, Leases) and this
+    process's CPU seconds (time.process_time), reported as `emulator_cpu_s_per_1000_updates` in the churn reply.
 """
 
 from __future__ import annotations
@@ -184,8 +187,10 @@ class Recorder:
     mig_ungate_latencies: list[float] = field(default_factory=list)
     to_delete: collections.deque[tuple[float, str, str]] = field(default_factory=collections.deque)
     delete_after: float = 3.0
+    updates: collections.Counter[str] = field(default_factory=collections.Counter)  # by resource, all the time
 
     def on_event(self, ev: WatchEvent) -> None:
+        self.updates[ev.gr[1]] += 1
         if ev.gr == PODS:
             self._pod(ev)
         elif ev.gr == BUDGETS and ev.type == "MODIFIED" and self.matching:
@@ -360,6 +365,7 @@ class Emulator:
         rec.pending.clear()
         rec.recording = rec.matching = True
         farm0 = (self.farm.claims_created, self.farm.claims_released) if self.farm else (0, 0)
+        updates0, cpu0 = collections.Counter(rec.updates), time.process_time()
         t0 = time.monotonic()
         i = 0
         late = 0.0
@@ -391,7 +397,13 @@ class Emulator:
             await asyncio.sleep(0.1)
         rec.matching = False
         farm1 = (self.farm.claims_created, self.farm.claims_released) if self.farm else (0, 0)
+        cpu = time.process_time() - cpu0
+        updates = rec.updates - updates0
+        total = sum(updates.values())
         return {
+            "emulator_cpu_seconds": round(cpu, 2), "object_updates": total,
+            "object_updates_by_resource": dict(updates.most_common()),
+            "emulator_cpu_s_per_1000_updates": round(cpu * 1000 / max(1, total), 4),
             "window_seconds": round(window, 2), "creates": rec.window_creates, "completions": rec.window_completions,
             "creator_max_lag_seconds": round(late, 3),
             "pod_events": dict(rec.window_pod_events), "pod_events_total": sum(rec.window_pod_events.values()),

@@ -1,4 +1,5 @@
-"""Emulator throughput: watch fan-out to concurrent watchers, and paged lists of 100,000 pods.
+"""Emulator throughput: watch fan-out to concurrent watchers, paged lists of 100,000 pods, and the CPU cost of
+object updates.
 
 The emulator is what our scale benchmarks stand on, so it must not be the bottleneck: at least 20,000
 watch events/s to each of 4 concurrent watchers, and listing 100,000 pods in pages of 500.
@@ -6,6 +7,11 @@ watch events/s to each of 4 concurrent watchers, and listing 100,000 pods in pag
 Readers run in separate processes over real HTTP on loopback and check what they receive (every event
 arrives once, in resourceVersion order). Side by side in the same run: 1 watcher vs 4 watchers (fan-out
 cost) and one unpaged list vs pages of 500 (paging cost).
+
+Write cost (bench/_writes.py): the emulator's CPU seconds per 1,000 object updates under the pod lifecycle that
+bench/scale.py's churn drives (client creates, scheduler binds, kubelet status writes, budget status patches,
+deletes), with its kubelets and scheduler in-process. `--writes-only` runs that part alone (results in
+apiserver_writes.json) and `--profile FILE` dumps a cProfile of its window.
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import LoopThread, write_results
+from _writes import run as writes_run
 
+from gpuops import logs
 from gpuops.kube.gctune import tune_for_large_heaps
 from gpuops_sim.apiserver import APIServer
 
@@ -225,14 +233,35 @@ def list_run(lt: LoopThread, server: APIServer, n: int) -> dict[str, Any]:
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="small run for CI (< 1 minute)")
-    args = parser.parse_args()
-    tune_for_large_heaps()  # as `gpuops sim apiserver` does: the emulator shares this process
-    events = 20_000 if args.quick else 200_000
-    pods = 10_000 if args.quick else 100_000
+def writes_figures(w: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "writes_pods": w["pods"],
+        "writes_object_updates": w["object_updates"],
+        "writes_cpu_seconds": w["cpu_seconds"],
+        "writes_cpu_share": w["cpu_share"],
+        "writes_cpu_s_per_1000_updates": w["cpu_s_per_1000_updates"],
+    }
 
+
+def writes_md(w: dict[str, Any]) -> str:
+    kinds = ", ".join(f"{k} {v:,}" for k, v in w["updates_by_kind"].items())
+    return f"""## Write cost
+
+{w['pods']:,} pods through their lifecycle at {w['rate']:g} creates/s on a 100-node emulated cluster (its kubelets,
+scheduler and Leases in-process), each completion written into its budget's status, then the pod deleted:
+{w['object_updates']:,} object updates in {w['wall_seconds']} s ({kinds}).
+
+| figure | value |
+|---|---|
+| emulator CPU seconds | {w['cpu_seconds']} ({w['cpu_share']} of a core) |
+| **CPU seconds per 1,000 object updates** | **{w['cpu_s_per_1000_updates']}** |
+"""
+
+
+def throughput(quick: bool) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """Watch fan-out and paged lists: figures, Markdown rows, raw results."""
+    events = 20_000 if quick else 200_000
+    pods = 10_000 if quick else 100_000
     lt = LoopThread()
     server = APIServer(history_size=max(events * 2, 100_000), watcher_buffer=events * 2)
     lt.call(server.start())
@@ -244,7 +273,6 @@ def main() -> int:
     finally:
         lt.call(server.stop())
         lt.close()
-
     figures = {
         "watch_events": events,
         "watch_1_watcher_events_per_s": round(one["min_per_watcher_events_per_s"]),
@@ -263,8 +291,7 @@ def main() -> int:
         "target_watch_events_per_s_each": 20_000,
         "meets_watch_target": int(four["min_per_watcher_events_per_s"] >= 20_000),
     }
-    mode = "quick" if args.quick else "full"
-    md = f"""# Emulator throughput ({mode} run)
+    md = f"""# Emulator throughput ({"quick" if quick else "full"} run)
 
 Server: `gpuops_sim.apiserver` in-process on one event loop; readers: separate processes over HTTP on
 loopback, decoding each event's metadata and checking resourceVersion order. Pods are ~1.5 KiB each.
@@ -284,10 +311,31 @@ The benchmark process raises CPython's GC thresholds as `gpuops sim apiserver` d
 | paged / unpaged time | {figures['list_paged_vs_unpaged_time_ratio']} |
 
 Target: >= 20,000 events/s to each of 4 watchers: {"met" if figures['meets_watch_target'] else "NOT met"}.
-Command: `python bench/apiserver.py{" --quick" if args.quick else ""}` (2 cores, shared by server and readers).
 """
-    path = write_results("apiserver", figures, md, {"mode": mode, "watch": {"one": one, "four": four},
-                                                    "list": lst})
+    return figures, md, {"watch": {"one": one, "four": four}, "list": lst}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small run for CI (< 1 minute)")
+    parser.add_argument("--writes-only", action="store_true", help="only the write-cost part")
+    parser.add_argument("--profile", metavar="FILE", default=None, help="cProfile dump of the write-cost window")
+    args = parser.parse_args()
+    tune_for_large_heaps()  # as `gpuops sim apiserver` does: the emulator shares this process
+    logs.configure(json=False, level="WARNING")
+    mode = "quick" if args.quick or args.profile else "full"
+    figures: dict[str, Any] = {}
+    md = f"# Emulator write cost ({mode} run)\n" if args.writes_only else ""
+    extra: dict[str, Any] = {"mode": mode}
+    if not args.writes_only:
+        figures, md, extra_tp = throughput(args.quick)
+        extra.update(extra_tp)
+    w = asyncio.run(writes_run(1_000 if args.quick else 3_000, profile=args.profile))
+    figures.update(writes_figures(w))
+    extra["writes"] = w
+    flags = (" --quick" if args.quick else "") + (" --writes-only" if args.writes_only else "")
+    md += "\n" + writes_md(w) + f"\nCommand: `python bench/apiserver.py{flags}` (2 cores, shared).\n"
+    path = write_results("apiserver_writes" if args.writes_only else "apiserver", figures, md, extra)
     print(md)
     print(f"wrote {path}")
     return 0

@@ -1,10 +1,8 @@
 """Server-side apply and managedFields, after sigs.k8s.io/structured-merge-diff and the
 apiserver's fieldmanager wrappers.
 
-Field sets are Python sets of paths; a path is a tuple of path elements, each one of
-("f", field name), ("k", ((key field, canonical JSON), ...)), ("v", canonical JSON) or ("i", index),
-the same elements FieldsV1 spells "f:name", 'k:{"name":"x"}', 'v:"x"' and "i:0". A set holds members
-only, as upstream's does; FieldsV1 "." marks a node that is a member and also has children.
+Field sets are Python sets of paths (see fieldsv1.py); an update edits the stored FieldsV1 of the managers
+it touches in place of decoding and re-encoding them (fieldsv1.without / fieldsv1.with_paths).
 
 What the fieldmanager wrappers add is reproduced: managedFields of the request/live object
 (a request `managedFields: [{}]` resets them), the "before-first-apply" manager for objects that had no
@@ -17,16 +15,29 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any, NamedTuple
 
 import msgspec
 
+from . import fieldsv1
 from . import schema as structural
 from .builtin_schemas import kind_schema
 from .errors import Cause, StatusError, bad_request
+from .fieldsv1 import DecodeError as _DecodeError
+from .fieldsv1 import (
+    Path,
+    PathElement,
+    _canon,
+    _go_json,
+    _iterate,
+    _pe_str,
+    _trie,
+    fields_to_set,
+    path_string,
+    set_to_fields,
+)
 from .patch import builtin_always_present, builtin_ssa_shape, is_builtin_kind, json_equal
 from .store import clone
 
@@ -35,8 +46,6 @@ BEFORE_FIRST_APPLY = "before-first-apply"
 ANCIENT_CHANGES = "ancient-changes"
 MAX_UPDATE_MANAGERS = 10
 
-PathElement = tuple[str, Any]
-Path = tuple[PathElement, ...]
 ListKeys = Callable[[tuple[str, ...]], tuple[str, str | tuple[str, ...] | None]]
 
 _M: Any = object()  # a value that is absent (not JSON null)
@@ -70,236 +79,6 @@ class ApplyResult(NamedTuple):
 
 class _TypedError(Exception):
     """The applied configuration does not fit its schema (duplicate or keyless list-map items)."""
-
-
-class _DecodeError(Exception):
-    """managedFields that cannot be read."""
-
-
-# ------------------------------------------------------------------------------ path elements
-
-
-def _norm(v: Any) -> Any:
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    if isinstance(v, dict):
-        return {k: _norm(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_norm(x) for x in v]
-    return v
-
-
-def _canon(v: Any) -> str:
-    return json.dumps(_norm(v), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def _go_json(v: Any) -> str:
-    """Go's encoding/json: sorted keys, compact, HTML-safe escapes."""
-    s = json.dumps(v, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    for ch, esc in (
-        ("<", "\\u003c"),
-        (">", "\\u003e"),
-        ("&", "\\u0026"),
-        ("\u2028", "\\u2028"),
-        ("\u2029", "\\u2029"),
-    ):
-        s = s.replace(ch, esc)
-    return s
-
-
-def _pe_to_fields(pe: PathElement) -> str:
-    kind, val = pe
-    if kind == "f":
-        return "f:" + str(val)
-    if kind == "k":
-        return "k:" + _go_json({name: json.loads(c) for name, c in val})
-    if kind == "v":
-        return "v:" + _go_json(json.loads(val))
-    return f"i:{val}"
-
-
-def _pe_from_fields(s: str) -> PathElement | None:
-    kind, sep, rest = s.partition(":")
-    if not sep or len(kind) != 1:
-        raise _DecodeError(f"missing colon: {s}")
-    try:
-        if kind == "f":
-            return ("f", rest)
-        if kind == "v":
-            return ("v", _canon(json.loads(rest)))
-        if kind == "k":
-            obj = json.loads(rest)
-            if not isinstance(obj, dict):
-                raise _DecodeError(f"bad key: {s}")
-            return ("k", tuple(sorted((k, _canon(v)) for k, v in obj.items())))
-        if kind == "i":
-            return ("i", int(rest))
-    except ValueError as e:
-        raise _DecodeError(str(e)) from e
-    return None  # an element type a newer server knows: ignored, as upstream does
-
-
-def _value_rank(v: Any) -> tuple[Any, ...]:
-    if isinstance(v, bool):
-        return (2, v)
-    if isinstance(v, int | float):
-        return (0, v)
-    if isinstance(v, str):
-        return (1, v)
-    if isinstance(v, list):
-        return (3, [_value_rank(x) for x in v])
-    if isinstance(v, dict):
-        return (4, sorted((k, _value_rank(x)) for k, x in v.items()))
-    return (5,)
-
-
-def _pe_order(pe: PathElement) -> tuple[Any, ...]:
-    kind, val = pe
-    if kind == "f":
-        return (0, val)
-    if kind == "k":
-        return (1, [(name, _value_rank(json.loads(c))) for name, c in val])
-    if kind == "v":
-        return (2, _value_rank(json.loads(val)))
-    return (3, val)
-
-
-def _to_string(v: Any) -> str:
-    """SMD value.ToString, used in conflict paths."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return json.dumps(v, ensure_ascii=False)
-    if isinstance(v, list):
-        return "[" + ",".join(_to_string(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "".join(f"{k}={_to_string(x)}" for k, x in v.items())
-    return str(v)
-
-
-def _pe_str(pe: PathElement) -> str:
-    kind, val = pe
-    if kind == "f":
-        return "." + str(val)
-    if kind == "k":
-        return "[" + ",".join(f"{name}={_to_string(json.loads(c))}" for name, c in val) + "]"
-    if kind == "v":
-        return f"[={_to_string(json.loads(val))}]"
-    return f"[{val}]"
-
-
-def path_string(path: Path) -> str:
-    """A field path as conflict messages print it: `.spec.containers[name="app"].image`."""
-    return "".join(_pe_str(pe) for pe in path)
-
-
-# ----------------------------------------------------------------------------------- field sets
-
-
-def _trie(paths: Iterable[Path]) -> dict[PathElement, list[Any]]:
-    """Nested {element: [is_member, children]}."""
-    root: dict[PathElement, list[Any]] = {}
-    for p in paths:
-        node = root
-        for i, pe in enumerate(p):
-            entry = node.setdefault(pe, [False, {}])
-            if i == len(p) - 1:
-                entry[0] = True
-            node = entry[1]
-    return root
-
-
-# Objects of one kind written by one manager carry the same field sets over and over (every pod's kubelet
-# entry, every Lease's): converting FieldsV1 to sets and back dominates a status write, so both directions
-# are memoized on the content. Bounded; cleared when full.
-_MEMO_MAX = 4096
-_to_set_memo: dict[bytes, frozenset[Path]] = {}
-_to_fields_memo: dict[frozenset[Path], bytes] = {}
-
-
-def fields_to_set(fields: Any) -> set[Path]:
-    """FieldsV1 JSON -> set of paths (a fresh set: callers change it)."""
-    try:
-        key = msgspec.json.encode(fields)
-    except (TypeError, msgspec.EncodeError):
-        return _fields_to_set(fields)
-    got = _to_set_memo.get(key)
-    if got is None:
-        got = frozenset(_fields_to_set(fields))
-        if len(_to_set_memo) >= _MEMO_MAX:
-            _to_set_memo.clear()
-        _to_set_memo[key] = got
-    return set(got)
-
-
-def _fields_to_set(fields: Any) -> set[Path]:
-    out: set[Path] = set()
-
-    def walk(node: Any, prefix: Path) -> None:
-        if not isinstance(node, dict):
-            raise _DecodeError("FieldsV1 nodes must be objects")
-        for key, child in node.items():
-            if key == ".":
-                continue
-            pe = _pe_from_fields(key)
-            if pe is None:
-                continue
-            p = (*prefix, pe)
-            if not isinstance(child, dict):
-                raise _DecodeError("FieldsV1 nodes must be objects")
-            if "." in child or not child:
-                out.add(p)
-            walk(child, p)
-
-    walk(fields, ())
-    return out
-
-
-def set_to_fields(paths: Iterable[Path]) -> dict[str, Any]:
-    """Set of paths -> FieldsV1 JSON, keys in upstream's order (a fresh object each call)."""
-    key = frozenset(paths)
-    raw = _to_fields_memo.get(key)
-    if raw is None:
-        raw = msgspec.json.encode(_set_to_fields(key))
-        if len(_to_fields_memo) >= _MEMO_MAX:
-            _to_fields_memo.clear()
-        _to_fields_memo[key] = raw
-    out: dict[str, Any] = msgspec.json.decode(raw)
-    return out
-
-
-def _set_to_fields(paths: Iterable[Path]) -> dict[str, Any]:
-
-    def emit(node: dict[PathElement, list[Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for pe in sorted(node, key=_pe_order):
-            member, children = node[pe]
-            if children:
-                sub: dict[str, Any] = {".": {}} if member else {}
-                sub.update(emit(children))
-                out[_pe_to_fields(pe)] = sub
-            else:
-                out[_pe_to_fields(pe)] = {}
-        return out
-
-    return emit(_trie(p for p in paths if p))
-
-
-def _iterate(paths: Iterable[Path]) -> Iterator[Path]:
-    """Members in upstream Set.Iterate order: a level's members, then its children's subtrees."""
-
-    def walk(node: dict[PathElement, list[Any]], prefix: Path) -> Iterator[Path]:
-        order = sorted(node, key=_pe_order)
-        for pe in order:
-            if node[pe][0]:
-                yield (*prefix, pe)
-        for pe in order:
-            if node[pe][1]:
-                yield from walk(node[pe][1], (*prefix, pe))
-
-    yield from walk(_trie(paths), ())
 
 
 # --------------------------------------------------------------------------------------- schema
@@ -548,6 +327,8 @@ class _Walker:
             c.modified.add(path)
 
     def _cmp(self, lhs: Any, rhs: Any, path: Path, names: tuple[str, ...], item: bool, c: _Compare) -> None:
+        if _same(lhs, rhs):
+            return  # equal values compare to nothing: a write's unchanged parts are not walked
         lk, rk = _kind(lhs), _kind(rhs)
         orig_l, orig_r = lhs, rhs
         if lk != rk and "missing" not in (lk, rk):
@@ -757,6 +538,19 @@ class _Walker:
         return v
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Certainly equal JSON values (False may still be equal): the same object, or maps or lists that are equal
+    and encode alike (Python's == alone takes True for 1)."""
+    if a is b:
+        return a is not _M
+    if type(a) is not type(b) or type(a) not in (dict, list) or a != b:
+        return False
+    try:
+        return msgspec.json.encode(a) == msgspec.json.encode(b)
+    except (TypeError, msgspec.EncodeError):
+        return False
+
+
 def _kind(v: Any) -> str:
     if v is _M:
         return "missing"
@@ -772,22 +566,40 @@ def _kind(v: Any) -> str:
 Identity = tuple[str, str, str, str]  # manager, operation, apiVersion (Update only), subresource
 
 
-@dataclass
 class _Entry:
-    fields: set[Path]
-    api_version: str
-    time: str | None
-    # The stored FieldsV1 this entry was decoded from, while `fields` still equals it: re-encoding an
-    # unchanged entry (every other manager's, on each write) would cost as much as the rest of the write.
-    raw: Any = None
+    """One manager's field set. `raw` is the stored FieldsV1 the entry came from, or its edit, while it still
+    says what the set does: re-encoding an unchanged entry (every other manager's, on each write) would cost as
+    much as the rest of the write. The set itself is decoded from `raw` only when asked for."""
+
+    __slots__ = ("_fields", "api_version", "raw", "time")
+
+    def __init__(self, fields: set[Path] | None, api_version: str, time: str | None, raw: Any = None) -> None:
+        self._fields = fields
+        self.api_version = api_version
+        self.time = time
+        self.raw = raw
+
+    @property
+    def fields(self) -> set[Path]:
+        if self._fields is None:
+            self._fields = fields_to_set(self.raw or {})
+        return self._fields
+
+    @fields.setter
+    def fields(self, value: set[Path]) -> None:
+        self._fields = value
+
+    def empty(self) -> bool:
+        return not self._fields if self._fields is not None else not self.raw
 
 
 def _identity(manager: str, operation: str, api_version: str, subresource: str) -> Identity:
     return (manager, operation, "" if operation == "Apply" else api_version, subresource)
 
 
-def _decode(managed: Any, keep_raw: bool = False) -> dict[Identity, _Entry]:
-    """`keep_raw` only for stored managedFields, which we encoded ourselves (canonical)."""
+def _decode(managed: Any, keep_raw: bool = False, lazy: bool = False) -> dict[Identity, _Entry]:
+    """`keep_raw` only for stored managedFields, which we encoded ourselves (canonical); `lazy` leaves their
+    field sets undecoded (see _Entry)."""
     out: dict[Identity, _Entry] = {}
     if managed is None:
         return out
@@ -796,12 +608,16 @@ def _decode(managed: Any, keep_raw: bool = False) -> dict[Identity, _Entry]:
     for e in managed:
         if not isinstance(e, dict):
             raise _DecodeError("managedFields entries must be objects")
-        fields = fields_to_set(e.get("fieldsV1") or {})
+        raw = e.get("fieldsV1") or {}
+        if lazy and not isinstance(raw, dict):
+            raise _DecodeError("FieldsV1 nodes must be objects")
+        fields = None if lazy else fields_to_set(raw)
         op = str(e.get("operation") or "")
         av = str(e.get("apiVersion") or "")
         ident = _identity(str(e.get("manager") or ""), op, av, str(e.get("subresource") or ""))
         t = e.get("time")
-        out[ident] = _Entry(fields, av, t if isinstance(t, str) else None, e.get("fieldsV1") if keep_raw else None)
+        out[ident] = _Entry(fields, av, t if isinstance(t, str) else None, raw if lazy else
+                            e.get("fieldsV1") if keep_raw else None)
     return out
 
 
@@ -838,7 +654,7 @@ def _encode(managers: dict[Identity, _Entry]) -> list[dict[str, Any]]:
 
 
 def _finish(obj: dict[str, Any], managers: dict[Identity, _Entry]) -> dict[str, Any]:
-    for ident in [i for i, e in managers.items() if not e.fields]:
+    for ident in [i for i, e in managers.items() if e.empty()]:
         del managers[ident]
     meta = obj.setdefault("metadata", {})
     if managers:
@@ -922,6 +738,74 @@ def _sans_mf(meta: Any) -> Any:
     return meta
 
 
+def _stored_managers(requested: Any, live: Any, subresource: str) -> dict[Identity, _Entry] | None:
+    """The live object's managers, undecoded, when the write keeps them as they are stored: a subresource
+    write, or a request that sends none or the live ones back (a read-modify-write). None otherwise."""
+    if not (subresource or requested is None or requested == [] or requested == live):
+        return None
+    try:
+        return _decode(live, keep_raw=True, lazy=True)
+    except _DecodeError:
+        return None
+
+
+def _edit_stored(
+    managers: dict[Identity, _Entry], c: _Compare, ident: Identity, api_version: str, now: str
+) -> dict[Identity, _Entry]:
+    """The managers after a write that changed `c`, the stored FieldsV1 edited: everyone loses what the write
+    changed or removed and its manager gains what it changed. Fresh entries: the given ones are left as they were."""
+    changed = c.added | c.modified
+    gone = fieldsv1.trie(changed | c.removed)
+    out: dict[Identity, _Entry] = {}
+    for i, e in managers.items():
+        raw = fieldsv1.without(e.raw, gone)
+        if raw:
+            out[i] = _Entry(None, e.api_version, e.time, raw)
+    mine = changed - _STRIP
+    if mine:
+        prev = out.get(ident)
+        raw = fieldsv1.with_paths(prev.raw, fieldsv1.trie(mine)) if prev else set_to_fields(mine)
+        out[ident] = _Entry(None, api_version, now, raw)
+    return out
+
+
+def _recompute(
+    managers: dict[Identity, _Entry], c: _Compare, ident: Identity, api_version: str, now: str
+) -> dict[Identity, _Entry]:
+    """_edit_stored on decoded field sets (managers the request sent)."""
+    changed = c.added | c.modified
+    for e in managers.values():
+        had = len(e.fields)
+        e.fields -= changed
+        e.fields -= c.removed
+        if len(e.fields) != had:
+            e.raw = None
+    mine = changed - _STRIP
+    if mine:
+        prev = managers.get(ident)
+        managers[ident] = _Entry(mine | (prev.fields if prev else set()), api_version, now)
+    for i in [i for i, e in managers.items() if not e.fields]:
+        del managers[i]
+    return managers
+
+
+def _requested_managers(requested: Any, live: Any, subresource: str) -> dict[Identity, _Entry]:
+    """The managers a request sent (`managedFields: [{}]` resets them), else the live ones; a subresource
+    write keeps the live ones whatever it sends."""
+    try:
+        if subresource:
+            return _decode(live, keep_raw=True)
+        if isinstance(requested, list) and len(requested) == 1 and requested[0] == {}:
+            return {}
+        try:
+            managers = _decode(requested)
+        except _DecodeError:
+            managers = {}
+        return managers or _decode(live, keep_raw=True)
+    except _DecodeError:
+        return {}
+
+
 def update_managed_fields(
     old: dict[str, Any] | None,
     new: dict[str, Any],
@@ -935,45 +819,28 @@ def update_managed_fields(
 ) -> dict[str, Any]:
     """managedFields after a create/update/patch by `manager` (old None = create): it gets the fields it
     set or changed, which other managers lose, and everyone loses the fields it removed."""
-    obj = clone(new)
-    meta = obj.setdefault("metadata", {})
+    obj = dict(new)  # only the metadata changes: the rest is shared with `new`
+    meta = obj["metadata"] = dict(obj.get("metadata") or {})
     requested = meta.pop("managedFields", None)
     live = (old or {}).get("metadata", {}).get("managedFields") if isinstance(old, dict) else None
-    managers: dict[Identity, _Entry] = {}
-    try:
-        if subresource:
-            managers = _decode(live, keep_raw=True)
-        elif isinstance(requested, list) and len(requested) == 1 and requested[0] == {}:
-            managers = {}  # `managedFields: [{}]` resets ownership
-        else:
-            try:
-                managers = _decode(requested)
-            except _DecodeError:
-                managers = {}
-            if not managers:
-                managers = _decode(live, keep_raw=True)
-    except _DecodeError:
-        managers = {}
+    stored = _stored_managers(requested, live, subresource)
+    managers = stored if stored is not None else _requested_managers(requested, live, subresource)
     if not managers and old is not None:
         return obj  # objects without managedFields stay untracked until an apply
     schema = _Schema(_group(api_version), str(obj.get("kind") or (old or {}).get("kind") or ""), list_keys)
-    walker = _Walker(schema)
     before_obj, after_obj = _changed_parts(old, obj)
-    c = walker.compare(schema.skeleton(before_obj), schema.skeleton(after_obj))
-    changed = c.added | c.modified
-    for e in managers.values():
-        had = len(e.fields)
-        e.fields -= changed
-        e.fields -= c.removed
-        if len(e.fields) != had:
-            e.raw = None
-    mine = changed - _STRIP
-    if mine:
-        ident = _identity(manager, operation, api_version, subresource)
-        prev = managers.get(ident)
-        managers[ident] = _Entry(mine | (prev.fields if prev else set()), api_version, now)
-    for ident in [i for i, e in managers.items() if not e.fields]:
-        del managers[ident]
+    c = _Walker(schema).compare(schema.skeleton(before_obj), schema.skeleton(after_obj))
+    ident = _identity(manager, operation, api_version, subresource)
+    try:
+        if stored is None:
+            raise _DecodeError("the request's own managedFields")
+        managers = _edit_stored(stored, c, ident, api_version, now)
+    except _DecodeError:
+        if stored is not None:  # stored FieldsV1 the emulator did not write: decoded as a request's
+            managers = _requested_managers(requested, live, subresource)
+            if not managers and old is not None:
+                return obj
+        managers = _recompute(managers, c, ident, api_version, now)
     _cap_updaters(managers)
     return _finish(obj, managers)
 

@@ -70,6 +70,14 @@ class WriteContext:
     warnings: list[str] = field(default_factory=list)
 
 
+def _same_json(a: Any, b: Any) -> bool:
+    """Equal as JSON, for certain: equal and encoding alike."""
+    try:
+        return bool(a == b) and msgspec.json.encode(a) == msgspec.json.encode(b)
+    except (TypeError, msgspec.EncodeError):
+        return False
+
+
 def _ns_and_name(obj: dict[str, Any]) -> tuple[str, str]:
     meta = obj["metadata"]
     return meta.get("namespace", "") or "", meta.get("name", "")
@@ -372,11 +380,15 @@ class ObjectAPI:
         bschema = builtin_schema(info)
         if bschema is not None:
             # Top-level parts equal to the stored object's were checked and pruned when it was written: an
-            # update (a kubelet's status write above all) only pays for what it changes.
+            # update (a kubelet's status write above all) only pays for what it changes. Metadata counts as
+            # equal only when it encodes alike (Python's == takes True for 1).
             if old is None:
                 part = obj
             else:
-                part = {k: v for k, v in obj.items() if k in _ALWAYS_CHECKED or k not in old or old[k] != v}
+                part = {k: v for k, v in obj.items()
+                        if k in _ALWAYS_CHECKED or k not in old or old[k] != v}
+                if "metadata" in part and _same_json(part["metadata"], old.get("metadata")):
+                    del part["metadata"]
             decode_err = builtin.builtin_decode_error(bschema, info.kind, part)
             if decode_err:
                 raise bad_request(

@@ -16,6 +16,8 @@ from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
+
 from .. import quantity
 from .special import APIEXT, META, QUANTITY, SCHEMA
 from .table import Field, Message, table
@@ -124,7 +126,30 @@ def _value(name: str, value: Any) -> Any:
         return _message(table().message(name), value) if isinstance(value, dict) else value
     if name in table().custom or name in _ZERO_SPECIAL:
         return value
-    return _message(table().message(name), value)
+    return _memo_message(name, value)
+
+
+# Objects of a kind repeat their parts (every pod of a template has its containers, tolerations, conditions):
+# each message's Go form is memoized on its JSON encoding, and handed out as a fresh copy. Bounded.
+_MEMO_MAX = 8192
+_memo: dict[tuple[str, bytes], bytes] = {}
+
+
+def _memo_message(name: str, value: Any) -> Any:
+    if not isinstance(value, dict) or not value:
+        return _message(table().message(name), value)
+    try:
+        key = (name, msgspec.json.encode(value))
+    except (TypeError, msgspec.EncodeError):
+        return _message(table().message(name), value)
+    got = _memo.get(key)
+    if got is not None:
+        return msgspec.json.decode(got)
+    out = _message(table().message(name), value)
+    if len(_memo) >= _MEMO_MAX:
+        _memo.clear()
+    _memo[key] = msgspec.json.encode(out)
+    return out
 
 
 def _quantity(value: Any) -> Any:
