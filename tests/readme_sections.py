@@ -77,6 +77,15 @@ HEADLINES: dict[str, tuple[str, list[Headline]]] = {
         Headline("pods left unschedulable", "ours_pods_left_unschedulable", "baseline_pods_left_unschedulable",
                  "seed"),
     ]),
+    "framework_vs_kopf": ("kopf 1.45.2 running the same controller, in its better form at 100,000 pods (index or "
+                          "event handlers), same emulated state and churn", [
+        Headline("100,000 pods: cold start to correct status", "ours_cold_start_s", "kopf_cold_start_s", "kopf",
+                 " s"),
+        Headline("CPU-s per 1,000 pod events", "ours_cpu_s_per_1000_events", "kopf_cpu_s_per_1000_events", "kopf",
+                 " s"),
+        Headline("peak resident memory", "ours_peak_rss_mib", "kopf_peak_rss_mib", "kopf", " MiB"),
+        Headline("pod change to status p99", "ours_latency_p99_s", "kopf_latency_p99_s", "kopf", " s"),
+    ]),
     "spotpool": ("the seed tutorial's polling loop (the kubebuilder Spotpool tutorial's reconciler, every 40 s; "
                  "`SeedSpotpool` in bench/spotpool.py), same reclaims, run concurrently", [
         Headline("reclaim notice to replacement launched p50", "ours_from_notice_p50_s",
