@@ -1,12 +1,12 @@
 """The MIG slicer end to end on the emulated cluster: allocation latency, packing through the controller, orders.
 
-One `SimCluster` (this process) with 7 emulated MIG nodes, `gpuops run --controllers migslicer` as a subprocess
+One `SimCluster` (this process) with 8 emulated MIG nodes, `gpuops run --controllers migslicer` as a subprocess
 (OperatorHarness; webhook on 127.0.0.1, its Service mapped to it, the MutatingWebhookConfiguration of
 manifests/webhook/ applied before the operator starts so its CA patcher finds it) and one
 `gpuops agent --emulated` subprocess per node (device plugins registered with the simulated kubelets). Every
 pod is created in-process with NVIDIA names (`nvidia.com/mig-<p>`), so it goes through the webhook as a
 user's pod would; the kubelet's start latency is START_LATENCY. Three phases, one after the other, each on
-its own nodes (nodeSelector on the node group) so they never share GPUs:
+its own nodes (nodeSelector on the node group, or on one node) so they never share GPUs:
 
   latency   4 nodes x 2 A100-40GB; pods at a steady rate, 1-3 slices from accounting's "small-heavy" mix,
             runtimes drawn uniformly (short, so slices recycle at about half the compute offered).
@@ -20,16 +20,20 @@ its own nodes (nodeSelector on the node group) so they never share GPUs:
             failing order and another one. Placed = ungated within ORDER_DEADLINE, every slice's claim Bound
             (the kubelet's Allocate reached the agent) and the pod Succeeded. `bench_orders` of
             bench/accounting.py (all feasible batches, every order, accounting level) runs alongside.
-  packing   1 node x 8 A100-40GB; the churn sequence `churn(2026, n, 0.8, uniform)` of bench/accounting.py
-            (its headline mix and load), time scaled so the arrivals span `Mode.pack_span` s. One pod per
-            arrival, runtime = its lifetime. Verdict, the same rule as the accounting simulation (a request is
-            judged once, at arrival, and dropped if it does not fit): accepted = the gate is lifted; rejected =
-            the allocator's first answer is NoCapacity, or no gate lift within ACCEPT_WINDOW. Rejected pods are
-            deleted at once. The same events go through accounting's `simulate` with `ours` and with
-            `das_lowest_free_slot`. The end-to-end figure differs from accounting's `ours` only by timing: a
-            pod holds its slices from its plan to the agent destroying them after it finishes, not exactly
-            [arrival, arrival + lifetime). That hold is measured per pod, and a replay of `ours` at accounting
-            level with the measured arrivals and holds shows how much of the gap timing explains.
+  packing   2 nodes x 8 A100-40GB; the churn sequences `churn(seed, n, 0.8, uniform)` of bench/accounting.py (its
+            headline mix and load) for `Mode.pack_seeds` seeds, each on its own empty node, the two nodes side by
+            side; time scaled so a seed's arrivals span `Mode.pack_span` s. One pod per arrival, runtime = its
+            lifetime. Verdict, the same rule as the accounting simulation (a request is judged once, at arrival,
+            and dropped if it does not fit): accepted = the gate is lifted; rejected = the allocator's first answer
+            is NoCapacity, or no gate lift within ACCEPT_WINDOW. Rejected pods are deleted at once; after a seed's
+            last verdict its running pods are deleted and the node must hold no slice before the next seed. The
+            same events go through accounting's `simulate` with `ours` and `das_lowest_free_slot` and through the
+            per-GPU repack bound (`simulate_repack`); the target is accounting's: our gain over DAS end to end
+            >= RATIO_TARGET of the bound's gain, means over the seeds. The end-to-end figure differs from
+            accounting's `ours` only by timing: a pod holds its slices from its plan to the agent destroying them
+            after it finishes, not exactly [arrival, arrival + lifetime). That hold is measured per pod; a replay
+            of `ours` with the measured arrivals and holds shows how much of the gap timing explains, and every
+            policy is also run with the measured arrivals and the mean measured hold extension.
 
 Everything is timed on this process's monotonic clock (store events carry it). Percentiles are nearest-rank.
 """
@@ -60,6 +64,7 @@ from accounting import (
     GEOM,
     MIXES,
     PROFILES,
+    RATIO_TARGET,
     Event,
     Placer,
     _das_single_gpu,
@@ -69,6 +74,7 @@ from accounting import (
     das_lowest_free_slot,
     ours,
     simulate,
+    simulate_repack,
 )
 
 from gpuops.accounting import mig
@@ -90,14 +96,18 @@ MODEL = "A100-40GB"
 GROUP_LABEL = "gpuops.io/node-group"
 HOSTNAME = "kubernetes.io/hostname"
 LAT_NS, ORD_NS, PACK_NS = "lat", "ord", "pack"
-NODE_GROUPS = {"lat": (4, 2), "ord": (2, 1), "pack": (1, 8)}  # group -> (nodes, GPUs per node)
+NODE_GROUPS = {"lat": (4, 2), "ord": (2, 1), "pack": (2, 8)}  # group -> (nodes, GPUs per node)
 START_LATENCY = 0.1  # emulated kubelet: bind -> Running
 SEED = 2026  # bench/accounting.py's seed
 PACK_MIX, PACK_RHO = "uniform", 0.8  # bench/accounting.py's HEADLINE
 ACCEPT_WINDOW = 2.0
+# The allocator's condition reasons that refuse a pod (its `_no_fit`): no placement now, or a plan that failed.
+REFUSALS = frozenset({"NoCapacity", "Unsatisfiable", "InvalidRequest", "DeviceNotAdvertised", "UngateRefused",
+                      "AgentNotReporting", "AgentNotRegistered", "MigDisabled", "MigResetPending", "UnknownGPUModel",
+                      "AgentReportRefused", "MigManagerConflict"})
 ORDER_DEADLINE = 10.0
+DRAIN_DEADLINE = 60.0  # a packing node's slices all gone after its sequence's leftover pods are deleted
 LATENCY_TARGET_MS = 500.0
-GAIN_TARGET = 5.0
 
 
 @dataclass(frozen=True)
@@ -105,17 +115,19 @@ class Mode:
     lat_rate: float  # pods per second
     lat_seconds: float
     lat_runtime: tuple[float, float]
-    pack_events: int
-    pack_span: float  # seconds of wall time the arrivals span
+    pack_events: int  # per seed
+    pack_span: float  # seconds of wall time one seed's arrivals span
+    pack_seeds: int
     order_batches: int
     orders_samples: int  # bench_orders(samples, cap)
     orders_cap: int
-    spread_seeds: int
     headline_20k: bool
 
 
-FULL = Mode(4.0, 45.0, (1.0, 3.0), 400, 200.0, 60, 3000, 720, 20, True)
-QUICK = Mode(3.0, 8.0, (0.5, 1.5), 100, 25.0, 10, 300, 120, 10, False)
+# Packing: 2 nodes side by side at 1 pod/s each (full), so the operator sees 2 pods/s in all and a lifetime (about
+# 13 s) is long against the measured hold extension; the quick run's 2 seeds are a smoke test, not a figure.
+FULL = Mode(4.0, 45.0, (1.0, 3.0), 160, 160.0, 10, 60, 3000, 720, True)
+QUICK = Mode(3.0, 8.0, (0.5, 1.5), 50, 25.0, 2, 10, 300, 120, False)
 
 
 # ---------------------------------------------------------------------------------------------- recording
@@ -213,9 +225,9 @@ class Recorder:
             rec.ungated = t
         if rec.no_fit is None:
             for c in st.get("conditions") or ():
-                # WaitingForNode is the hand-off queue (one pod per node and profile is given its slices at a
-                # time): its slices are planned and made, so it is not a refusal
-                if c.get("type") == CONDITION and c.get("status") == "False" and c.get("reason") != "WaitingForNode":
+                # Only a refusal counts: the allocator also sets False while a planned pod waits (Planned,
+                # CreatingSlices, WaitingForNode: the hand-off queue, the agent, the kubelet), which is progress
+                if c.get("type") == CONDITION and c.get("status") == "False" and c.get("reason") in REFUSALS:
                     rec.no_fit, rec.no_fit_reason = t, str(c.get("reason") or "")
         if spec.get("nodeName") and rec.bound is None:
             rec.bound, rec.node = t, spec["nodeName"]
@@ -630,8 +642,14 @@ def compute(request: Sequence[str]) -> int:
     return sum(PROFILES[p].compute for p in request)
 
 
-async def phase_packing(rig: Rig, mode: Mode) -> dict[str, Any]:
-    events = churn(SEED, mode.pack_events, PACK_RHO, MIXES[PACK_MIX])
+def acceptance(events: list[Event], placer: Placer) -> float:
+    return simulate(events, placer)["compute_weighted_acceptance"]
+
+
+async def pack_sequence(rig: Rig, mode: Mode, node: str, seed: int) -> dict[str, Any]:
+    """One churn sequence through the controller on `node` (empty at the start), then the node drained: the pods
+    still running are deleted once every arrival has its verdict, and the node's slices must all be gone."""
+    events = churn(seed, mode.pack_events, PACK_RHO, MIXES[PACK_MIX])
     scale = mode.pack_span / events[-1][0]  # wall seconds per time unit of the churn
     recs: list[PodRec] = []
     tasks: list[asyncio.Task[None]] = []
@@ -652,26 +670,42 @@ async def phase_packing(rig: Rig, mode: Mode) -> dict[str, Any]:
     for i, (t, life, request) in enumerate(events):
         due = t0 + t * scale
         await sleep_until(due)
-        rec = await rig.create(PACK_NS, f"pack-{i:04d}", request, life * scale, {GROUP_LABEL: "pack"}, due=due)
+        rec = await rig.create(PACK_NS, f"pack-{seed}-{i:04d}", request, life * scale, {HOSTNAME: node}, due=due)
         recs.append(rec)
         tasks.append(asyncio.create_task(decide(rec)))
     await asyncio.gather(*tasks)
     end = time.monotonic()
+    cut = {r.name for r in recs if r.verdict == "accepted" and r.finished is None}
+    for r in recs:
+        if r.name in cut:
+            await rig.delete(r)
+    drained = await wait_on(rig.rec.changed, lambda: not rig.rec.node_devices.get(node) and all(
+        r.deleted is not None or r.finished is not None or r.verdict != "accepted" for r in recs),
+        time.monotonic() + DRAIN_DEADLINE)
+    out = pack_analysis(events, recs, t0, end, scale, cut)
+    return {"seed": seed, "node": node, "drained": drained, **out}
 
+
+def pack_analysis(events: list[Event], recs: list[PodRec], t0: float, end: float, scale: float,
+                  cut: set[str]) -> dict[str, Any]:
+    """Acceptance through the controller beside ours, DAS and the per-GPU repack bound at accounting level on
+    the same events, nominal and with the measured timing (arrivals as created, every lifetime + the mean
+    measured hold extension: policy-neutral), plus the replay of `ours` with each pod's own measured hold."""
     offered = sum(compute(r) for _, _, r in events)
     accepted = [r.verdict == "accepted" for r in recs]
     e2e = sum(compute(r.profiles) for r, ok in zip(recs, accepted, strict=True) if ok) / offered
     acct_decisions: list[bool] = []
-    acct = simulate(events, recording(ours, acct_decisions))
-    das = simulate(events, das_lowest_free_slot)
-
-    # Timing: how long each accepted pod really held its slices, against its lifetime.
-    holds = {r.name: r.released - r.added for r in recs if r.verdict == "accepted" and r.released and r.added}
+    acct = acceptance(events, recording(ours, acct_decisions))
+    # Timing: how long each accepted pod held its slices, against its lifetime (pods cut by the drain excluded).
+    holds = {r.name: r.released - r.added for r in recs
+             if r.verdict == "accepted" and r.released and r.added and r.name not in cut}
     ext = [holds[r.name] - r.runtime for r in recs if r.name in holds]
     mean_ext = statistics.fmean(ext) if ext else 0.0
     replay_events: list[Event] = []
+    matched: list[Event] = []
     for (_, life, request), r in zip(events, recs, strict=True):
         arrival = ((r.added or r.call_start) - t0) / scale
+        matched.append((arrival, life + mean_ext / scale, request))
         if r.name in holds:
             hold = holds[r.name] / scale
         elif r.verdict == "accepted":  # still running at the end: holds past every later arrival
@@ -680,60 +714,71 @@ async def phase_packing(rig: Rig, mode: Mode) -> dict[str, Any]:
             hold = life + mean_ext / scale
         replay_events.append((arrival, hold, request))
     replay_decisions: list[bool] = []
-    replay = simulate(replay_events, recording(ours, replay_decisions))
-    stretched = [(t, life + mean_ext / scale, req) for t, life, req in events]
-    ours_stretched = simulate(stretched, ours)
-    das_stretched = simulate(stretched, das_lowest_free_slot)
-    verdicts = Counter(r.verdict for r in recs)
-    raced = sum(1 for r in recs if r.verdict != "accepted" and r.claims)
+    replay = acceptance(replay_events, recording(ours, replay_decisions))
     acc = [r for r in recs if r.verdict == "accepted"]
-    rej = [r for r in recs if r.verdict != "accepted"]
-    first_diff = next((i for i, (a, b) in enumerate(zip(accepted, acct_decisions, strict=True)) if a != b), -1)
     return {
         "events": len(events),
         "scale_seconds_per_unit": round(scale, 5),
-        "mean_lifetime_s": round(100 * scale, 3),
-        "arrival_span_s": round(events[-1][0] * scale, 1),
         "arrival_lateness_max_ms": ms(max(r.call_start - r.due for r in recs)),
-        "verdicts": dict(verdicts),
+        "verdicts": dict(Counter(r.verdict for r in recs)),
         "e2e_ours": e2e,
-        "e2e_ours_pods": sum(accepted) / len(recs),
-        "acct_ours": acct["compute_weighted_acceptance"],
-        "acct_ours_pods": acct["pod_acceptance"],
-        "acct_das": das["compute_weighted_acceptance"],
-        "acct_das_pods": das["pod_acceptance"],
-        "replay_ours_measured_timing": replay["compute_weighted_acceptance"],
-        "acct_ours_lifetimes_stretched": ours_stretched["compute_weighted_acceptance"],
-        "acct_das_lifetimes_stretched": das_stretched["compute_weighted_acceptance"],
+        "acct_ours": acct,
+        "acct_das": acceptance(events, das_lowest_free_slot),
+        "acct_repack": simulate_repack(events, across_gpus=False),
+        "matched_ours": acceptance(matched, ours),
+        "matched_das": acceptance(matched, das_lowest_free_slot),
+        "matched_repack": simulate_repack(matched, across_gpus=False),
+        "replay_ours_measured_timing": replay,
         "decisions_differing_from_acct": sum(a != b for a, b in zip(accepted, acct_decisions, strict=True)),
-        "first_differing_event": first_diff,
         "decisions_differing_from_replay": sum(a != b for a, b in zip(accepted, replay_decisions, strict=True)),
-        "rejected_but_planned_before_deletion": raced,
-        "anomalies": anomalies(recs),
+        "rejected_but_planned_before_deletion": sum(1 for r in recs if r.verdict != "accepted" and r.claims),
+        "cut_by_drain": len(cut),
+        "anomalies": anomalies(r for r in recs if r.name not in cut),
         "hold_extension": dist(ext),
         "hold_extension_mean_ms": ms(mean_ext),
         "accepted_to_ungated": dist(spans(acc, lambda r: r.added, lambda r: r.ungated)),
-        "rejected_to_verdict": dist(spans([r for r in rej if r.no_fit], lambda r: r.added, lambda r: r.no_fit)),
-        "running_to_finished_minus_runtime": dist([(r.finished - r.running) - r.runtime for r in acc
-                                                  if r.finished and r.running]),
         "start_overhead": dist(spans(acc, lambda r: r.added, lambda r: r.running)),
         "release_after_finish": dist(spans(acc, lambda r: r.finished, lambda r: r.released)),
-        "pods": [{"name": r.name, "profiles": list(r.profiles), "verdict": r.verdict,
-                  "acct_ours": d, "created_s": round((r.added or 0) - t0, 3), "runtime_s": round(r.runtime, 3),
+        "pods": [{"name": r.name, "profiles": list(r.profiles), "verdict": r.verdict, "acct_ours": d,
+                  "created_s": round((r.added or 0) - t0, 3), "runtime_s": round(r.runtime, 3),
                   "hold_s": round(holds[r.name], 3) if r.name in holds else None}
                  for r, d in zip(recs, acct_decisions, strict=True)],
     }
 
 
-def seed_spread(n: int, seeds: int) -> dict[str, float]:
-    """Accounting-level gain (ours - DAS, points) on other seeds with the same length: how noisy one sequence is."""
-    gains = []
-    for s in range(seeds):
-        ev = churn(SEED + 100 + s, n, PACK_RHO, MIXES[PACK_MIX])
-        gains.append(100 * (simulate(ev, ours)["compute_weighted_acceptance"]
-                            - simulate(ev, das_lowest_free_slot)["compute_weighted_acceptance"]))
-    return {"seeds": seeds, "mean": statistics.fmean(gains), "stdev": statistics.stdev(gains),
-            "min": min(gains), "max": max(gains)}
+async def phase_packing(rig: Rig, mode: Mode) -> dict[str, Any]:
+    """`mode.pack_seeds` sequences, as many at once as there are packing nodes (each node runs its share one
+    after the other), then their means."""
+    nodes = [f"pack-{i}" for i in range(NODE_GROUPS["pack"][0])]
+    seeds = [SEED + k for k in range(mode.pack_seeds)]
+
+    async def lane(k: int) -> list[dict[str, Any]]:
+        return [await pack_sequence(rig, mode, nodes[k], s) for s in seeds[k::len(nodes)]]
+
+    runs = sorted((r for lst in await asyncio.gather(*(lane(k) for k in range(len(nodes)))) for r in lst),
+                  key=lambda r: r["seed"])
+    return {"seeds": seeds, "runs": runs, "summary": pack_summary(runs)}
+
+
+def pack_summary(runs: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Means over the seeds, the gains (points) and the share of the bound's gain (ratio of the means)."""
+    mean = {k: statistics.fmean(r[k] for r in runs) for k in (
+        "e2e_ours", "acct_ours", "acct_das", "acct_repack", "matched_ours", "matched_das", "matched_repack",
+        "replay_ours_measured_timing")}
+    gains = [100 * (r["e2e_ours"] - r["acct_das"]) for r in runs]
+    out = {**mean,
+           "gain_e2e": 100 * (mean["e2e_ours"] - mean["acct_das"]),
+           "gain_e2e_stdev": statistics.stdev(gains) if len(gains) > 1 else 0.0,
+           "gain_acct": 100 * (mean["acct_ours"] - mean["acct_das"]),
+           "bound_gain": 100 * (mean["acct_repack"] - mean["acct_das"]),
+           "gain_e2e_matched": 100 * (mean["e2e_ours"] - mean["matched_das"]),
+           "bound_gain_matched": 100 * (mean["matched_repack"] - mean["matched_das"]),
+           "hold_extension_mean_ms": statistics.fmean(r["hold_extension_mean_ms"] for r in runs)}
+    out["ratio_e2e"] = out["gain_e2e"] / out["bound_gain"] if out["bound_gain"] > 0 else math.nan
+    out["ratio_acct"] = out["gain_acct"] / out["bound_gain"] if out["bound_gain"] > 0 else math.nan
+    out["ratio_e2e_matched"] = (out["gain_e2e_matched"] / out["bound_gain_matched"]
+                                if out["bound_gain_matched"] > 0 else math.nan)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- run
@@ -813,29 +858,107 @@ def main() -> int:
     t = time.monotonic()
     orders_acct = bench_orders(mode.orders_samples, mode.orders_cap)
     sequential = sequential_single_slice_context()
-    spread = seed_spread(mode.pack_events, mode.spread_seeds)
     headline: dict[str, float] = {}
     if mode.headline_20k:
         ev = churn(SEED, 20_000, PACK_RHO, MIXES[PACK_MIX])
-        headline = {"ours": simulate(ev, ours)["compute_weighted_acceptance"],
-                    "das": simulate(ev, das_lowest_free_slot)["compute_weighted_acceptance"]}
+        headline = {"ours": acceptance(ev, ours), "das": acceptance(ev, das_lowest_free_slot),
+                    "repack": simulate_repack(ev, across_gpus=False)}
     got["timings"]["accounting_level_s"] = time.monotonic() - t
     got["timings"]["total_s"] = time.monotonic() - started
-    fig = figures(got, orders_acct, sequential, spread, headline)
-    md = markdown(fig, got, orders_acct, sequential, spread, headline, mode, args.quick)
+    fig = figures(got, orders_acct, sequential, headline)
+    md = markdown(fig, got, orders_acct, sequential, headline, mode, args.quick)
     extra = {"mode": "quick" if args.quick else "full", "mode_settings": mode.__dict__, "seed": SEED,
              "start_latency_s": START_LATENCY, "accept_window_s": ACCEPT_WINDOW, **got,
              "orders_accounting": orders_acct, "sequential_single_slice_context": sequential,
-             "seed_spread_gain_points": spread, "accounting_20k_headline": headline}
+             "accounting_20k_headline": headline}
     publish("migslicer", fig, md, extra, args.out)
     return 0
 
 
+def pack_figures(pk: dict[str, Any]) -> dict[str, float | int]:
+    """Section (b)'s figures: means over the seeds (JSON `packing.runs` holds each seed's)."""
+    sm, runs = pk["summary"], pk["runs"]
+    return {
+        "pack_seeds": len(runs),
+        "pack_events_per_seed": runs[0]["events"],
+        "pack_e2e_ours_pct": round(100 * sm["e2e_ours"], 2),
+        "pack_acct_ours_pct": round(100 * sm["acct_ours"], 2),
+        "pack_acct_das_pct": round(100 * sm["acct_das"], 2),
+        "pack_acct_per_gpu_repack_pct": round(100 * sm["acct_repack"], 2),
+        "pack_gain_e2e_vs_das_points": round(sm["gain_e2e"], 2),
+        "pack_gain_e2e_stdev_points": round(sm["gain_e2e_stdev"], 2),
+        "pack_gain_acct_vs_das_points": round(sm["gain_acct"], 2),
+        "pack_bound_gain_points": round(sm["bound_gain"], 2),
+        "pack_gain_e2e_share_of_bound": round(sm["ratio_e2e"], 3),
+        "pack_gain_acct_share_of_bound": round(sm["ratio_acct"], 3),
+        "pack_gain_e2e_share_of_bound_timing_matched": round(sm["ratio_e2e_matched"], 3),
+        "pack_e2e_minus_acct_points": round(100 * (sm["e2e_ours"] - sm["acct_ours"]), 2),
+        "pack_replay_measured_timing_pct": round(100 * sm["replay_ours_measured_timing"], 2),
+        "pack_decisions_differing_from_acct": sum(r["decisions_differing_from_acct"] for r in runs),
+        "pack_decisions_differing_from_replay": sum(r["decisions_differing_from_replay"] for r in runs),
+        "pack_hold_extension_mean_ms": round(sm["hold_extension_mean_ms"], 1),
+        "pack_no_verdict_in_window": sum(r["verdicts"].get("no verdict in window", 0) for r in runs),
+        "pack_rejected_but_planned": sum(r["rejected_but_planned_before_deletion"] for r in runs),
+        "pack_accepted_pods_failed_or_slices_lost": sum(len(r["anomalies"]) for r in runs),
+        "pack_nodes_not_drained": sum(not r["drained"] for r in runs),
+        "pack_accepted_ungate_p99_ms_max": max(r["accepted_to_ungated"]["p99_ms"] for r in runs),
+        "target_gain_share_of_bound": RATIO_TARGET,
+        "meets_gain_target": int(sm["ratio_e2e"] >= RATIO_TARGET),
+    }
+
+
+def pack_markdown(pk: dict[str, Any], mode: Mode, headline: dict[str, float]) -> str:
+    sm, runs = pk["summary"], pk["runs"]
+    rows = "\n".join(
+        f"| {r['seed']} | {r['node']} | {100 * r['e2e_ours']:.1f} | {100 * r['acct_ours']:.1f} | "
+        f"{100 * r['acct_das']:.1f} | {100 * r['acct_repack']:.1f} | {100 * (r['e2e_ours'] - r['acct_das']):+.1f} | "
+        f"{100 * (r['acct_repack'] - r['acct_das']):+.1f} | {r['hold_extension_mean_ms']:.0f} | "
+        f"{r['decisions_differing_from_acct']} | {r['verdicts'].get('accepted', 0)}/{r['events']} |"
+        for r in runs)
+    met = sm["ratio_e2e"] >= RATIO_TARGET
+    head = (f"On the 20,000-event sequence of seed {SEED} at accounting level: ours {100 * headline['ours']:.1f} %, "
+            f"DAS {100 * headline['das']:.1f} %, per-GPU repack {100 * headline['repack']:.1f} %.") if headline else \
+        "(The 20,000-event accounting figures: full run only; bench/accounting.py has them over seeds.)"
+    return f"""## (b) Packing through the controller, {NODE_GROUPS['pack'][0]} nodes x 8 {MODEL}
+
+{len(runs)} seeds ({runs[0]['seed']}-{runs[-1]['seed']}{', quick run: fewer seeds' if mode.pack_seeds < 10 else ''}), \
+each `churn(seed, {mode.pack_events}, {PACK_RHO}, {PACK_MIX})` from
+bench/accounting.py on its own empty node (the {NODE_GROUPS['pack'][0]} nodes run their seeds side by side, each
+node its seeds one after the other), arrivals over {mode.pack_span:g} s per seed (mean lifetime about
+{100 * runs[0]['scale_seconds_per_unit']:.1f} s). Accepted: gate lifted; rejected: the allocator's first answer
+NoCapacity (or nothing within {ACCEPT_WINDOW:g} s), pod deleted at once. After the last verdict the pods still
+running are deleted and the node must hold no slice before its next seed. DAS and the per-GPU repack bound run
+at accounting level on the same events. Compute-weighted acceptance, %:
+
+| seed | node | ours end to end | ours accounting | DAS | per-GPU repack | gain e2e | bound gain | \
+hold ext. ms | decisions != acct | accepted pods |
+|---|---|---|---|---|---|---|---|---|---|---|
+{rows}
+| **mean** | | **{100 * sm['e2e_ours']:.2f}** | {100 * sm['acct_ours']:.2f} | {100 * sm['acct_das']:.2f} | \
+{100 * sm['acct_repack']:.2f} | **{sm['gain_e2e']:+.2f}** | {sm['bound_gain']:+.2f} | | | |
+
+**Gain end to end {sm['gain_e2e']:+.2f} points (stdev over seeds {sm['gain_e2e_stdev']:.2f}) vs the bound's gain
+{sm['bound_gain']:+.2f}: {100 * sm['ratio_e2e']:.1f} % of the bound; target >= {100 * RATIO_TARGET:.0f} %: \
+{'met' if met else 'NOT met'}.** At accounting level on the same events: {sm['gain_acct']:+.2f} points,
+{100 * sm['ratio_acct']:.1f} % of the bound.
+
+Timing: accepted pods held their slices {sm['hold_extension_mean_ms']:.0f} ms longer than their lifetimes on
+average, so the controller runs a slightly heavier load than the accounting simulation. With every policy given
+the measured arrivals and that extension (policy-neutral): ours end to end vs DAS \
+{sm['gain_e2e_matched']:+.2f} points, bound {sm['bound_gain_matched']:+.2f}
+({100 * sm['ratio_e2e_matched']:.1f} %); ours replayed with each pod's own measured hold \
+{100 * sm['replay_ours_measured_timing']:.2f} % (end to end {100 * sm['e2e_ours']:.2f} %).
+Rejected pods planned before their deletion: {sum(r['rejected_but_planned_before_deletion'] for r in runs)};
+accepted pods that failed, never ran, or lost their slices before their runtime was over (pods cut by the drain
+excluded): {sum(len(r['anomalies']) for r in runs)} (JSON `packing.runs[].anomalies`); nodes not drained within
+{DRAIN_DEADLINE:g} s: {sum(not r['drained'] for r in runs)}. {head}
+"""
+
+
 def figures(got: dict[str, Any], orders_acct: dict[str, Any], sequential: dict[str, float],
-            spread: dict[str, float], headline: dict[str, float]) -> dict[str, float | int]:
+            headline: dict[str, float]) -> dict[str, float | int]:
     lat, oe, pk, op, logs_seen = got["latency"], got["orders_e2e"], got["packing"], got["operator"], got["logs"]
     timings: dict[str, float] = got["timings"]
-    gain_e2e = 100 * (pk["e2e_ours"] - pk["acct_das"])
     fig: dict[str, float | int] = {
         "lat_pods": lat["pods"],
         "lat_fit_on_arrival": lat["fit_on_arrival"],
@@ -854,29 +977,8 @@ def figures(got: dict[str, Any], orders_acct: dict[str, Any], sequential: dict[s
         "lat_admission_call_p99_ms": lat["admission_call"]["p99_ms"],
         "kubelet_start_latency_ms": round(1000 * START_LATENCY),
         "meets_latency_target": int(0 <= lat["fit_to_ungated"]["p99_ms"] <= LATENCY_TARGET_MS),
-        "pack_events": pk["events"],
-        "pack_mean_lifetime_s": pk["mean_lifetime_s"],
-        "pack_e2e_ours_pct": round(100 * pk["e2e_ours"], 2),
-        "pack_acct_ours_pct": round(100 * pk["acct_ours"], 2),
-        "pack_acct_das_pct": round(100 * pk["acct_das"], 2),
-        "pack_gain_e2e_vs_das_points": round(gain_e2e, 2),
-        "pack_gain_acct_vs_das_points": round(100 * (pk["acct_ours"] - pk["acct_das"]), 2),
-        "pack_e2e_minus_acct_points": round(100 * (pk["e2e_ours"] - pk["acct_ours"]), 2),
-        "pack_replay_measured_timing_pct": round(100 * pk["replay_ours_measured_timing"], 2),
-        "pack_e2e_minus_replay_points": round(100 * (pk["e2e_ours"] - pk["replay_ours_measured_timing"]), 2),
-        "pack_acct_ours_stretched_pct": round(100 * pk["acct_ours_lifetimes_stretched"], 2),
-        "pack_acct_das_stretched_pct": round(100 * pk["acct_das_lifetimes_stretched"], 2),
-        "pack_decisions_differing_from_acct": pk["decisions_differing_from_acct"],
-        "pack_decisions_differing_from_replay": pk["decisions_differing_from_replay"],
-        "pack_hold_extension_mean_ms": pk["hold_extension_mean_ms"],
-        "pack_no_verdict_in_window": pk["verdicts"].get("no verdict in window", 0),
-        "pack_rejected_but_planned": pk["rejected_but_planned_before_deletion"],
-        "pack_accepted_pods_failed_or_slices_lost": len(pk["anomalies"]),
+        **pack_figures(pk),
         "lat_pods_failed_or_slices_lost": len(lat["anomalies"]),
-        "pack_accepted_ungate_p99_ms": pk["accepted_to_ungated"]["p99_ms"],
-        "pack_seed_spread_gain_mean_points": round(spread["mean"], 2),
-        "pack_seed_spread_gain_stdev_points": round(spread["stdev"], 2),
-        "meets_gain_target": int(gain_e2e >= GAIN_TARGET),
         "orders_e2e_trials": oe["trials"],
         "orders_e2e_placed_pct": round(100 * oe["placed_share"], 2),
         "orders_e2e_das_same_trials_pct": round(100 * oe["das_share_same_trials"], 2),
@@ -903,17 +1005,13 @@ def figures(got: dict[str, Any], orders_acct: dict[str, Any], sequential: dict[s
 
 
 def markdown(fig: dict[str, float | int], got: dict[str, Any], orders_acct: dict[str, Any],
-             sequential: dict[str, float], spread: dict[str, float], headline: dict[str, float], mode: Mode,
+             sequential: dict[str, float], headline: dict[str, float], mode: Mode,
              quick: bool) -> str:
     lat, oe, pk, op = got["latency"], got["orders_e2e"], got["packing"], got["operator"]
     stage_rows = "\n".join(f"| {k.replace('_', ' ')} | {v['p50_ms']} | {v['p99_ms']} | {v['max_ms']} |"
                            for k, v in lat["stages_fit"].items())
     acct_rows = "\n".join(f"| {m} | {100 * o['ours_share_every_order']:.1f} % | "
                           f"{100 * o['das_share_every_order']:.1f} % |" for m, o in orders_acct.items())
-    head = (f"On the 20,000-event sequence of bench/accounting.py (same seed, mix, load): ours "
-            f"{100 * headline['ours']:.1f} %, DAS {100 * headline['das']:.1f} % "
-            f"({100 * (headline['ours'] - headline['das']):+.1f} points).") if headline else \
-        "(The 20,000-event accounting headline is computed in the full run only.)"
     return f"""# MIG slicer end to end ({'quick' if quick else 'full'} run)
 
 Emulated cluster in-process, `gpuops run --controllers migslicer` and one `gpuops agent --emulated` per node as
@@ -949,40 +1047,7 @@ Stages, pods that fit on arrival (ms):
 |---|---|---|---|
 {stage_rows}
 
-## (b) Packing through the controller, 1 node x 8 {MODEL}
-
-`churn({SEED}, {pk['events']}, {PACK_RHO}, {PACK_MIX})` from bench/accounting.py, 1 time unit = \
-{pk['scale_seconds_per_unit']} s (mean lifetime {pk['mean_lifetime_s']} s, arrivals over \
-{pk['arrival_span_s']} s). Accepted: gate lifted; rejected: the allocator's first answer NoCapacity (or
-nothing within {ACCEPT_WINDOW:g} s), pod deleted at once. Verdicts: {pk['verdicts']}.
-
-| compute-weighted acceptance | % |
-|---|---|
-| ours, end to end through the controller | {100 * pk['e2e_ours']:.1f} |
-| ours, accounting level (`simulate(events, ours)`) | {100 * pk['acct_ours']:.1f} |
-| DAS lowest free slot, accounting level | {100 * pk['acct_das']:.1f} |
-| **gain end to end vs DAS** | **{fig['pack_gain_e2e_vs_das_points']:+.1f} points** (target >= +{GAIN_TARGET:g}: \
-{'met' if fig['meets_gain_target'] else 'NOT met'}) |
-| gain accounting level vs DAS | {fig['pack_gain_acct_vs_das_points']:+.1f} points |
-| end to end - accounting level | {fig['pack_e2e_minus_acct_points']:+.1f} points |
-| ours replayed at accounting level with the measured arrivals and slice holds | \
-{100 * pk['replay_ours_measured_timing']:.1f} |
-| ours / DAS, accounting level, every lifetime + the mean measured hold extension | \
-{100 * pk['acct_ours_lifetimes_stretched']:.1f} / {100 * pk['acct_das_lifetimes_stretched']:.1f} |
-
-Timing: an accepted pod held its slices {pk['hold_extension_mean_ms']:.0f} ms longer than its lifetime on
-average (p50 {pk['hold_extension']['p50_ms']}, p99 {pk['hold_extension']['p99_ms']} ms: plan to Running
-p50 {pk['start_overhead']['p50_ms']} ms, finish to slices destroyed p50 {pk['release_after_finish']['p50_ms']} ms).
-Decisions differing from accounting `ours`: {pk['decisions_differing_from_acct']} of {pk['events']} (first at
-event {pk['first_differing_event']}); from the replay with measured timing: {pk['decisions_differing_from_replay']}.
-Rejected pods planned before their deletion: {pk['rejected_but_planned_before_deletion']}. Accepted pods that failed,
-never ran, or lost their slices before their runtime was over: {len(pk['anomalies'])} (JSON `packing.anomalies`).
-Accepted pods, creation to gate lifted: p50 {pk['accepted_to_ungated']['p50_ms']},
-p99 {pk['accepted_to_ungated']['p99_ms']} ms.
-
-Noise of one {pk['events']}-event sequence: accounting-level gain on {spread['seeds']} other seeds
-{spread['mean']:+.1f} +- {spread['stdev']:.1f} points (min {spread['min']:+.1f}, max {spread['max']:+.1f}). {head}
-
+{pack_markdown(pk, mode, headline)}
 ## Feasible single-GPU batches in any order
 
 End to end: {oe['trials']} trials ({oe['batches']} batches where DAS fails in some order, a DAS-failing order and
@@ -1007,7 +1072,8 @@ Operator metric `gpuops_migslicer_allocation_seconds` (creation to gate lifted):
 {fig['operator_allocation_mean_ms']:.0f} ms over {op['allocation_seconds_count']:.0f} pods; the same interval measured
 here: mean {fig['measured_allocation_mean_ms']:.0f} ms over {op['measured_ungate_count']} pods. NoCapacity plans
 {op['plan_failures_no_capacity']}; operator alive at the end: {op['operator_alive']}, agents alive
-{op['agents_alive']}/7; log lines at warning / error level (operator and agents): {got['logs']['warning']} /
+{op['agents_alive']}/{sum(n for n, _ in NODE_GROUPS.values())}; log lines at warning / error level (operator and \
+agents): {got['logs']['warning']} /
 {got['logs']['error']}.
 Command: `python bench/migslicer.py{' --quick' if quick else ''}`; phases (s): \
 {', '.join(f'{k} {v:.0f}' for k, v in got['timings'].items())}.
