@@ -2,9 +2,9 @@
 gpuops/controllers/*/setup.py wire theirs: shared informers from a `Manager`, an index, a `Controller` whose
 watches map events to keys, a reconcile that reads the caches and patches status.
 
-The pod informer decodes into `GPUPod`, a projection that keeps only what the controller reads (name, namespace,
-resourceVersion and annotations, which the reflector needs, the phase, and whether any container asks for a
-GPU): a controller choosing its own model through `ResourceType.typed`, as gpuops/kube/objects.py describes.
+The pod informer decodes into `GPUPod`, a projection that keeps only what the controller and the informer read
+(name, namespace, resourceVersion, the phase, and whether any container asks for a GPU): a controller choosing
+its own model through `ResourceType.typed`, as gpuops/kube/objects.py describes.
 An index keeps each namespace's counted pods, so a reconcile is one `len()`. Pod events reach the controller only
 when they change whether a pod counts (a predicate), and map to the GPUPodCounts of the pod's namespace.
 """
@@ -35,7 +35,6 @@ class _Meta(msgspec.Struct, rename="camel", gc=False):
     name: str = ""
     namespace: str = ""
     resource_version: str = ""
-    annotations: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         self.namespace = sys.intern(self.namespace)
@@ -115,7 +114,8 @@ def install(manager: Manager) -> Controller:
 
     changes_count = Predicate(create=lambda p: bool(counted(p)), update=lambda a, b: counted(a) != counted(b),
                               delete=lambda p: bool(counted(p)))
-    controller = Controller("gpupodcount", reconcile, client=client)
+    # One pass computes the status from the caches: the watch event of its own status write has nothing new.
+    controller = Controller("gpupodcount", reconcile, client=client, skip_own_write_events=True)
     controller.watch(counts)
     controller.watch(pods, to_counts, predicates=[changes_count])
     manager.add(controller)
@@ -138,8 +138,9 @@ def description() -> dict[str, Any]:
     return {
         "command": "python bench/_framework_gpuops.py KUBECONFIG",
         "framework": "gpuops.kube Manager (no leader election, no metrics or probe servers), shared informers "
-                     "(streaming initial list), Controller with 4 workers and read-your-own-writes",
-        "pods_model": "GPUPod projection (name, namespace, resourceVersion, annotations, phase, gpu flag)",
+                     "(streaming initial list), Controller with 4 workers, read-your-own-writes and "
+                     "skip_own_write_events (its own status writes do not queue it again)",
+        "pods_model": "GPUPod projection (name, namespace, resourceVersion, phase, gpu flag)",
         "design": "index of Running GPU pods by namespace; pod events that change whether a pod counts map to "
                   "the namespace's GPUPodCounts; reconcile patches status.running when it differs",
         "gc": "tune_for_large_heaps (as `gpuops run`)",

@@ -2,8 +2,10 @@
 
 Why this split: kubeconfig handling (contexts, TLS, proxies, exec credential plugins, in-cluster token
 rotation) is subtle and kubernetes_asyncio already does it as kubectl does, so we load its `Configuration`
-and send every request through its `ApiClient.rest_client` with `_preload_content=False`. Its generated
-models are what we avoid: responses arrive as bytes and msgspec decodes them straight into our Structs.
+and send every request through the aiohttp session of its `ApiClient.rest_client`, with the proxy and TLS
+server name that rest client was configured with. Its request wrapper (stdlib json encoding, per-request
+option checks) and its generated models are what we avoid: bodies are encoded and responses decoded by
+msgspec, straight from and into our Structs.
 
 Failures are typed (`errors.py`): non-2xx answers become the matching `ApiError` subclass, and a request
 that got no answer becomes `TransportError` (`RequestTimeout` when a client-side timeout fired). Nothing is
@@ -22,7 +24,7 @@ import urllib.request
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Generic, Literal, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import aiohttp
 import msgspec
@@ -58,6 +60,7 @@ DEFAULT_WATCH_READ_TIMEOUT = 120.0
 _MAX_FRAME = 256 * 1024 * 1024  # far above any object the apiserver accepts (3 MiB requests, 1.5 MiB in etcd)
 _SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 _JSON_TYPE = re.compile("json", re.IGNORECASE)
+_JSON = "application/json"
 
 
 class _TypedList(msgspec.Struct, Generic[T], kw_only=True, gc=False):
@@ -132,6 +135,7 @@ class Client:
     ) -> None:
         self._api = api_client
         self._rest = api_client.rest_client
+        self._session: aiohttp.ClientSession = self._rest.pool_manager
         self.host: str = str(api_client.configuration.host).rstrip("/")
         self.namespace = namespace
         """The kubeconfig context's namespace (in a pod: the service account's); a default, never implied."""
@@ -141,6 +145,9 @@ class Client:
         self.on_write: list[WriteCallback] = []
         self._credentials = credentials
         self._metric_host = urlsplit(self.host).netloc or self.host
+        self._m_requests: dict[tuple[str, str], Any] = {}
+        self._m_durations: dict[str, Any] = {}
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._warned: set[str] = set()
         _settle_proxy(self._rest, self.host)
 
@@ -275,7 +282,10 @@ class Client:
         total: float | None,
         accept: str,
     ) -> bytes:
-        client_timeout = aiohttp.ClientTimeout(total=self.timeout if total is None else total)
+        if total is None and self._timeout.total == self.timeout:
+            client_timeout = self._timeout  # the common case: no per-request override, default unchanged
+        else:
+            client_timeout = aiohttp.ClientTimeout(total=self.timeout if total is None else total)
         if payload is not None and SECRET_VALUES and not _SECRETS_PATH.search(path):
             # status, conditions, Events: no secret value reaches the API server (a Secret is written on purpose)
             scrub = SECRET_VALUES.scrub_bytes if isinstance(payload, bytes) else SECRET_VALUES.scrub_any
@@ -310,23 +320,18 @@ class Client:
         accept: str,
         client_timeout: aiohttp.ClientTimeout,
     ) -> aiohttp.ClientResponse:
-        """Send through the rest client; the response comes back with its body unread (request counted)."""
+        """Send through the session; the response comes back with its body unread (request counted)."""
         attempt = 0
+        url = self.host + path + ("?" + urlencode(list(query.items())) if query else "")
+        data = _encode(payload)
+        options = self._options()
         while True:
-            headers = {"Accept": accept, "User-Agent": self.user_agent}
-            if content_type:
-                headers["Content-Type"] = content_type
+            headers = {"Accept": accept, "User-Agent": self.user_agent, "Content-Type": content_type or _JSON}
             await self._authorize(headers)
             code = "<error>"
             try:
-                resp: aiohttp.ClientResponse = await self._rest.request(
-                    method,
-                    self.host + path,
-                    query_params=list(query.items()) if query else None,
-                    headers=headers,
-                    body=payload,
-                    _preload_content=False,
-                    _request_timeout=client_timeout,
+                resp = await self._session.request(
+                    method, url, headers=headers, data=data, timeout=client_timeout, **options
                 )
                 code = str(resp.status)
             except TimeoutError as e:
@@ -334,7 +339,7 @@ class Client:
             except (aiohttp.ClientError, OSError) as e:
                 raise TransportError(f"{method} {path}: {_describe(e)}") from e
             finally:
-                metrics.REST_CLIENT_REQUESTS.labels(code, method, self._metric_host).inc()
+                self._counted(code, method).inc()
             if resp.status == 401 and self._credentials is not None and attempt == 0:
                 # An exec plugin's token may be revoked before its expiry: ask the plugin again, once.
                 resp.release()
@@ -347,8 +352,32 @@ class Client:
             self._log_warnings(resp)
             return resp
 
+    def _options(self) -> dict[str, Any]:
+        """The session options the rest client adds to every request (read each time: tests and callers may
+        set its proxy after construction)."""
+        rest = self._rest
+        options: dict[str, Any] = {}
+        if rest.proxy:
+            options["proxy"] = rest.proxy
+        if rest.proxy_headers:
+            options["proxy_headers"] = rest.proxy_headers
+        if rest.server_hostname:
+            options["server_hostname"] = rest.server_hostname
+        return options
+
+    def _counted(self, code: str, method: str) -> Any:
+        """The request counter's child for (code, method), looked up once (`labels` takes a lock per call)."""
+        child = self._m_requests.get((code, method))
+        if child is None:
+            child = metrics.REST_CLIENT_REQUESTS.labels(code, method, self._metric_host)
+            self._m_requests[code, method] = child
+        return child
+
     def _observe(self, method: str, start: float) -> None:
-        metrics.REST_CLIENT_REQUEST_DURATION.labels(method, self._metric_host).observe(time.monotonic() - start)
+        child = self._m_durations.get(method)
+        if child is None:
+            child = self._m_durations[method] = metrics.REST_CLIENT_REQUEST_DURATION.labels(method, self._metric_host)
+        child.observe(time.monotonic() - start)
 
     async def _authorize(self, headers: dict[str, str]) -> None:
         try:
@@ -609,12 +638,19 @@ class Client:
 _SECRETS_PATH = re.compile(r"^/api/v1/(namespaces/[^/]+/)?secrets(/|$)")
 
 
-def _payload(body: bytes, content_type: str) -> tuple[Any, str]:
-    """What to hand the rest client for a raw body, and the Content-Type to send.
+def _encode(payload: Any) -> bytes | None:
+    """The request body: bytes pass through, JSON-shaped values are encoded (every typed body is JSON)."""
+    if payload is None or isinstance(payload, bytes):
+        return payload
+    return msgspec.json.encode(payload)
 
-    kubernetes_asyncio's rest client json.dumps() every body whose Content-Type mentions json (and exactly
-    "application/apply-patch+yaml"), so such bodies go in as decoded values; any other type passes bytes
-    through untouched. A YAML apply patch gets a charset parameter, which takes it down the bytes path.
+
+def _payload(body: bytes, content_type: str) -> tuple[Any, str]:
+    """The payload for a raw body, and the Content-Type to send.
+
+    A body whose Content-Type mentions json is checked and goes in as decoded values (a malformed one fails
+    here, not at the server, and the secret scrubber sees values); any other type passes bytes through
+    untouched. An apply patch that is not JSON is YAML text, sent as such with a charset parameter.
     """
     if _JSON_TYPE.search(content_type):
         try:

@@ -20,6 +20,14 @@ What it adds to controller-runtime's semantics:
   before its own last write. Gates are re-checked on every event of the informers involved, and every
   `read_your_writes_recheck` seconds while any is pending (a write the informer gets no event for, e.g.
   one outside its label selector, is seen through bookmarks only).
+* Own-write events (`skip_own_write_events=True`, with read-your-own-writes on): the update event of an
+  object at exactly the resourceVersion a reconcile's write returned is that write coming back; the
+  reconcile already knew its result, so its key is not queued again for it (other keys the event maps to
+  are). Any other change reaches the watch as an event of its own version and queues as usual; an
+  own-write event that arrives before the write's response is handled (or after another event of the
+  object) is queued as before. For reconcilers that compute everything from the caches in one pass (write
+  a status and be done); off by default, since a reconciler that takes one step per run (add a
+  finalizer, return, continue when its event comes back) relies on its own writes to run again.
 * Each reconcile runs with structlog context variables: controller, key, reconcile_id (uuid4), trigger
   (what queued the key: "update ConfigMap ns/a", "retry", "requeue_after", ...).
 
@@ -378,6 +386,7 @@ class Controller:
         max_delay: float | None = None,
         rate_limiter: RateLimiter[Request] | None = None,
         handler_buffer: int = 10_000,
+        skip_own_write_events: bool = False,
     ) -> None:
         """`rate_limiter` delays the retries of this controller's keys (one limiter per controller); without
         one its queue uses `default_controller_limiter`, whose per-key backoff `base_delay`/`max_delay` shape."""
@@ -399,6 +408,7 @@ class Controller:
         self.read_your_writes_recheck = read_your_writes_recheck
         self.need_leader_election = need_leader_election
         self.handler_buffer = handler_buffer
+        self.skip_own_write_events = skip_own_write_events
         self.queue: WorkQueue[Request] = WorkQueue(
             name, controller=name, rate_limiter=rate_limiter, base_delay=base_delay, max_delay=max_delay
         )
@@ -406,6 +416,8 @@ class Controller:
         self._handlers: list[Handler[Any]] = []
         self._triggers: dict[Request, str] = {}
         self._gates: dict[Request, _Gate] = {}
+        self._own: dict[tuple[int, str], tuple[str, Request]] = {}
+        """(informer id, object key) -> (resourceVersion a reconcile's write returned, that reconcile's key)."""
         self._gate_pending = asyncio.Event()
         self._stop = asyncio.Event()
         self._grace: float | None = None
@@ -479,15 +491,21 @@ class Controller:
 
         def on_update(old: Any, new: Any) -> None:
             self._check_gates(informer)
-            resync = _rv(old) == _rv(new)
+            new_rv = _rv(new)
+            resync = _rv(old) == new_rv
+            writer = self._own_write(informer, new, new_rv) if self._own and not resync else None
             what = ("resync " if resync else "update ") + _describe(kind_of, new)
             for w in watches:
                 if all(p.update(old, new) for p in w.predicates):
                     reqs = dict.fromkeys([*w.mapper(old), *w.mapper(new)])
+                    if writer is not None:
+                        reqs.pop(writer, None)
                     enqueue(reqs, LOW if resync else NORMAL, what)
 
         def on_delete(obj: Any) -> None:
             self._check_gates(informer)
+            if self._own:  # a write of an object now gone has no event left to come back as
+                self._own.pop((id(informer), informer.rt.key(obj)), None)
             what = "delete " + _describe(kind_of, obj)
             for w in watches:
                 if all(p.delete(obj) for p in w.predicates):
@@ -577,6 +595,7 @@ class Controller:
             self.client.on_write.remove(self._on_write)
         for req in list(self._gates):
             self._release(req, timed_out=False, observe=False)
+        self._own.clear()
         self.queue.shutdown()
         self._triggers.clear()
 
@@ -694,6 +713,27 @@ class Controller:
                     if rvmod.is_newer_or_equal(prev.resource_version, resource_version):
                         continue  # concurrent writes inside one reconcile may report out of order
             run.writes[slot] = _Write(inf, key, resource_version)
+            if self.skip_own_write_events:
+                self._own[slot] = (resource_version, run.request)
+
+    def _own_write(self, informer: Informer[Any], obj: Any, resource_version: str) -> Request | None:
+        """The key whose reconcile wrote `obj` at exactly `resource_version`, if that write is what this event
+        brings; the record is dropped once an event at or past its version arrives."""
+        slot = (id(informer), informer.rt.key(obj))
+        own = self._own.get(slot)
+        if own is None:
+            return None
+        written, writer = own
+        if written == resource_version:
+            del self._own[slot]
+            return writer
+        try:
+            if rvmod.is_newer_or_equal(written, resource_version):
+                return None  # an older event (someone else's, or an earlier write of ours): keep waiting
+        except rvmod.NotComparable:
+            pass
+        del self._own[slot]  # a newer version came first: our write's event has passed or never comes
+        return None
 
     def _gate(self, req: Request, run: _Run) -> None:
         if self._stopping or not self.read_your_writes:

@@ -2,8 +2,10 @@
 
 Store
     A dict keyed `namespace/name` (or `name`), plus optional secondary indexes. A relist is a mark-and-sweep
-    in place: each relist starts an epoch, every listed or streamed item overwrites its key and stamps the
-    epoch, and when the list completes every key with an older epoch is removed with a synthetic delete.
+    in place: each relist starts an epoch, every listed or streamed item overwrites its key and is marked
+    in the epoch, and when the list completes every unmarked key is removed with a synthetic delete. The
+    marks are a set of keys that lives only while a relist runs, and only if the store held anything when
+    it began (an empty store has nothing to sweep: the first list, the largest, keeps no marks at all).
     There is never a second copy of the store; readers always see a complete (at worst slightly stale)
     store. An item listed at the resourceVersion the store already holds changes nothing and notifies
     nobody.
@@ -161,8 +163,8 @@ class Store(Generic[T]):
         self._rv = resource_version
         self.notify = notify
         self._items: dict[str, T] = {}
-        self._epochs: dict[str, int] = {}
-        self._epoch = 0
+        self._marked: set[str] | None = None
+        """Keys listed in the running relist (None: no relist running, or nothing to sweep after it)."""
         self._indexers: dict[str, Callable[[T], Iterable[str]]] = {}
         self._indices: dict[str, dict[str, set[str]]] = {}
         self.last_resource_version = ""
@@ -229,14 +231,15 @@ class Store(Generic[T]):
     # ------------------------------------------------------------------------------------------ writes
 
     def begin_relist(self) -> None:
-        self._epoch += 1
         self.relisting = True
+        self._marked = set() if self._items else None
 
     def upsert(self, obj: T) -> None:
         key = self._key(obj)
         items = self._items
         old = items.get(key)
-        self._epochs[key] = self._epoch
+        if self._marked is not None:
+            self._marked.add(key)
         if old is not None and self._rv(old) == self._rv(obj):
             return
         items[key] = obj
@@ -251,22 +254,23 @@ class Store(Generic[T]):
         old = self._items.pop(key, None)
         if old is None:
             return
-        del self._epochs[key]
+        if self._marked is not None:
+            self._marked.discard(key)
         if self._indexers:
             self._reindex(key, old, None)
         if self.notify is not None:
             self.notify(DELETE, old, obj)
 
     def sweep(self) -> Iterator[str]:
-        """Remove every key not stamped in the current epoch (synthetic deletes), yielding after each."""
-        epoch = self._epoch
-        stale = [k for k, e in self._epochs.items() if e != epoch]
+        """Remove every key not marked in the current relist (synthetic deletes), yielding after each."""
+        marked, self._marked = self._marked, None
+        stale = [k for k in self._items if k not in marked] if marked is not None else []
+        del marked
         try:
             for key in stale:
                 old = self._items.pop(key, None)
                 if old is None:
                     continue
-                del self._epochs[key]
                 if self._indexers:
                     self._reindex(key, old, None)
                 if self.notify is not None:

@@ -250,15 +250,17 @@ class MaxOfLimiter(Generic[K]):
         if not parts:
             raise ValueError("MaxOfLimiter needs at least one limiter")
         self.parts: tuple[RateLimiter[K], ...] = parts
+        # Checked once: isinstance against a runtime Protocol inspects its members on every call, and
+        # `started` runs for every key a worker takes.
+        self._run_aware: tuple[RunAware[K], ...] = tuple(p for p in parts if isinstance(p, RunAware))
 
     def when(self, key: K) -> float:
         delays = [p.when(key) for p in self.parts]  # every part records the failure
         return max(delays)
 
     def started(self, key: K) -> None:
-        for p in self.parts:
-            if isinstance(p, RunAware):
-                p.started(key)
+        for p in self._run_aware:
+            p.started(key)
 
     def forget(self, key: K) -> None:
         for p in self.parts:

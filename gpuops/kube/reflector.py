@@ -20,9 +20,10 @@ What it does:
   the ~60 s bookmark cadence) is restarted, including one whose response headers never arrive. Time spent
   waiting on full handler buffers does not count as silence.
 
-Frames are decoded by msgspec straight into the resource's Struct; an ERROR frame becomes the matching
-`ApiError`. The reflector writes only through its `Sink` (the informer), which owns the store, the handlers
-and backpressure: after each item, if `sink.full`, the reflector awaits `sink.drain()` and stops reading.
+Frames are decoded by msgspec straight into the resource's Struct (a BOOKMARK frame also into a small model
+of its own, so a resource's model need not keep annotations); an ERROR frame becomes the matching `ApiError`.
+The reflector writes only through its `Sink` (the informer), which owns the store, the handlers and
+backpressure: after each item, if `sink.full`, the reflector awaits `sink.drain()` and stops reading.
 """
 
 from __future__ import annotations
@@ -194,8 +195,25 @@ class _StatusCode(msgspec.Struct, gc=False):
     code: int = 0
 
 
+class _BookmarkMeta(msgspec.Struct, rename="camel", gc=False):
+    resource_version: str = ""
+    annotations: dict[str, str] | None = None
+
+
+class _BookmarkObject(msgspec.Struct, gc=False):
+    metadata: _BookmarkMeta = msgspec.field(default_factory=_BookmarkMeta)
+
+
+class _BookmarkFrame(msgspec.Struct, gc=False):
+    """A BOOKMARK frame's own reading: bookmarks are rare, so decoding them twice costs nothing, and the
+    resource's model need not keep annotations (or a resourceVersion) for the reflector's sake."""
+
+    object: _BookmarkObject = msgspec.field(default_factory=_BookmarkObject)
+
+
 _raw_frame = msgspec.json.Decoder(_RawFrame)
 _status_code = msgspec.json.Decoder(_StatusCode)
+_bookmark_frame = msgspec.json.Decoder(_BookmarkFrame)
 
 
 def _frame_error(line: bytes) -> ApiError:
@@ -366,7 +384,6 @@ class Reflector(Generic[T]):
         self._path = rt.path(namespace)
         self._decode: Callable[[bytes], _Frame[T]] = msgspec.json.Decoder(_Frame[rt.struct]).decode  # type: ignore[name-defined]
         self._rv_of = _rv_getter(rt)
-        self._annotations_of = _annotations_getter(rt)
         self._streaming_key = (client.host, rt.group, rt.version, rt.plural)
         labels = (self.name, rt.group, rt.version, rt.plural)
         self._labels = labels
@@ -630,7 +647,9 @@ class Reflector(Generic[T]):
                 self._path,
                 query,
                 timeout=server_timeout + 60.0,
-                read_timeout=self.options.watchdog + 10.0,
+                # No socket read timeout: the watchdog already ends a silent stream, and aiohttp's would
+                # cancel and re-arm a timer on every chunk the stream delivers.
+                read_timeout=0,
             ) as batches:
                 outcome.opened = True
                 if not initial_events:
@@ -685,7 +704,7 @@ class Reflector(Generic[T]):
                     tally.scheduled = True
                     loop.call_soon(tally.flush)
                 if typ == "BOOKMARK":
-                    in_initial = await self._bookmark(obj, in_initial, outcome, started)
+                    in_initial = await self._bookmark(line, in_initial, outcome, started)
                     continue
                 if transform is not None:
                     obj = transform(obj)
@@ -713,13 +732,14 @@ class Reflector(Generic[T]):
                 else:
                     observe(elapsed)
 
-    async def _bookmark(self, obj: Any, in_initial: bool, outcome: _Outcome, started: float) -> bool:
+    async def _bookmark(self, line: bytes, in_initial: bool, outcome: _Outcome, started: float) -> bool:
         """Take a bookmark's resourceVersion; during a streaming list, its initial-events-end bookmark ends the
         relist (the store is synced). Returns whether the initial events are still coming."""
         self._tally.counts["BOOKMARK"] += 1
-        rv = self._rv_of(obj)
+        meta = _bookmark_frame.decode(line).object.metadata
+        rv = meta.resource_version
         if in_initial:
-            if (self._annotations_of(obj) or {}).get(INITIAL_EVENTS_END) != "true":
+            if (meta.annotations or {}).get(INITIAL_EVENTS_END) != "true":
                 # A server that supports streaming lists ends the initial set before any other
                 # bookmark; one that ignored sendInitialEvents never will.
                 raise ApiError(400, "BadRequest", "bookmark before the initial-events-end bookmark")
@@ -762,10 +782,3 @@ def _rv_getter(rt: ResourceType[Any]) -> Callable[[Any], str]:
     if isinstance(rt.struct, type) and issubclass(rt.struct, Mapping):
         return lambda o: str((o.get("metadata") or {}).get("resourceVersion") or "")
     return operator.attrgetter("metadata.resource_version")
-
-
-def _annotations_getter(rt: ResourceType[Any]) -> Callable[[Any], Mapping[str, str] | None]:
-    if isinstance(rt.struct, type) and issubclass(rt.struct, Mapping):
-        return lambda o: (o.get("metadata") or {}).get("annotations")
-    return operator.attrgetter("metadata.annotations")
-

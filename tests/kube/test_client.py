@@ -346,14 +346,14 @@ async def test_request_timeout_when_the_server_stalls(server: APIServer, client:
 
 async def test_every_patch_type_sends_its_content_type(client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
     sent: list[str] = []
-    original = client._rest.request
+    original = client._session.request
 
     async def spy(method: str, url: str, **kw: Any) -> Any:
         if method == "PATCH":
             sent.append(kw["headers"]["Content-Type"])
         return await original(method, url, **kw)
 
-    monkeypatch.setattr(client._rest, "request", spy)
+    monkeypatch.setattr(client._session, "request", spy)
     await client.create(CONFIGMAPS, cm("p", a="1"), "default")
     out = await client.patch(CONFIGMAPS, "p", {"data": {"b": "2"}}, namespace="default", patch_type="merge")
     assert out.data == {"a": "1", "b": "2"}

@@ -10,6 +10,7 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, Literal
 
+import msgspec
 import pytest
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 from waiting import until_holds
@@ -244,6 +245,65 @@ def test_store_custom_index_and_label_index() -> None:
     assert store.index_keys("team", "y") == ["ns/a"]
     store.delete(mk("b", "6", "x"))
     assert store.index_values("team") == ["y"]
+
+
+def test_store_relist_sweeps_unlisted_keys_and_keeps_no_marks_outside_a_relist() -> None:
+    """A relist of a non-empty store removes what it did not list (synthetic deletes); a relist of an empty
+    store, and the store between relists, keep no per-key marks."""
+    deleted: list[str] = []
+
+    def notify(kind: int, old: Any, new: Any) -> None:
+        if kind == 2:
+            deleted.append(CONFIGMAPS.key(old))
+
+    store: Store[objects.ConfigMap] = Store(CONFIGMAPS.key, lambda o: o.metadata.resource_version, notify)
+
+    def mk(name: str, rv: str) -> objects.ConfigMap:
+        return objects.ConfigMap(metadata=objects.ObjectMeta(name=name, namespace="ns", resource_version=rv))
+
+    store.begin_relist()
+    assert store._marked is None  # empty: nothing could need sweeping
+    for name in ("a", "b", "c"):
+        store.upsert(mk(name, "1"))
+    assert list(store.sweep()) == [] and sorted(store.keys()) == ["ns/a", "ns/b", "ns/c"]
+    store.begin_relist()
+    store.upsert(mk("a", "1"))  # unchanged, still listed
+    store.upsert(mk("c", "2"))
+    store.upsert(mk("d", "2"))
+    store.delete(mk("d", "3"))  # listed, then gone: not swept twice
+    assert list(store.sweep()) == ["ns/b"]
+    assert deleted == ["ns/d", "ns/b"] and sorted(store.keys()) == ["ns/a", "ns/c"]
+    assert store._marked is None and not store.relisting
+
+
+class _BareMeta(msgspec.Struct, rename="camel"):
+    name: str = ""
+    namespace: str = ""
+    resource_version: str = ""
+
+
+class _Bare(msgspec.Struct):
+    """A projection without annotations: the streaming list's end bookmark must still be recognised."""
+
+    metadata: _BareMeta = msgspec.field(default_factory=_BareMeta)
+
+
+async def test_streaming_list_syncs_a_projection_without_annotations(emulator: tuple[APIServer, Client]) -> None:
+    s, client = emulator
+    for i in range(5):
+        await client.create(CONFIGMAPS, cm(f"bare{i}"))
+    inf = Informer(client, CONFIGMAPS.typed(_Bare), namespace="default")
+    inf.start()
+    try:
+        assert await inf.wait_synced(10)
+        assert (inf.reflector.streaming_lists, inf.reflector.paginated_lists) == (1, 0)
+        assert inf.store.last_resource_version == str(s.store.rv)
+        listed = inf.store.keys()
+        assert {k for k in listed if k.startswith("default/bare")} == {f"default/bare{i}" for i in range(5)}
+        await client.create(CONFIGMAPS, cm("bare-late"))
+        await until_holds("a live add after the sync", lambda: "default/bare-late" in inf.store, 10.0)
+    finally:
+        await inf.stop()
 
 
 # ------------------------------------------------------------------------------------------------ factory
