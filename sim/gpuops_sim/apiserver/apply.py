@@ -732,6 +732,37 @@ def _changed_parts(old: dict[str, Any] | None, new: dict[str, Any]) -> tuple[dic
     return before, after
 
 
+_CREATED_PARTS_MAX = 5_000
+_created_parts: dict[tuple[str, str, str, bytes], _Compare] = {}
+"""What a top-level part of a new built-in object adds, by group, kind, part and the part's encoding."""
+
+
+def _created(schema: _Schema, after: dict[str, Any]) -> _Compare:
+    """The comparison of a new object with nothing, one top-level part at a time (a part's paths do not depend
+    on the others); a built-in part's is remembered by its encoding, so the pods of one template walk their
+    shared spec once. Custom resources (whose shapes come from a CRD that may change) are walked whole."""
+    if not schema.builtin:
+        return _Walker(schema).compare(schema.skeleton({}), schema.skeleton(after))
+    c = _Compare(set(), set(), set())
+    empty = schema.skeleton({})
+    for k, v in after.items():
+        try:
+            key: tuple[str, str, str, bytes] | None = (schema.group, schema.kind, k, msgspec.json.encode(v))
+        except (OverflowError, TypeError, ValueError):
+            key = None
+        part = _created_parts.get(key) if key is not None else None
+        if part is None:
+            part = _Walker(schema).compare(empty, schema.skeleton({k: v}))
+            if key is not None:
+                if len(_created_parts) >= _CREATED_PARTS_MAX:
+                    _created_parts.clear()
+                _created_parts[key] = part
+        c.added.update(part.added)
+        c.modified.update(part.modified)
+        c.removed.update(part.removed)
+    return c
+
+
 def _sans_mf(meta: Any) -> Any:
     if isinstance(meta, dict) and "managedFields" in meta:
         return {k: v for k, v in meta.items() if k != "managedFields"}
@@ -829,7 +860,10 @@ def update_managed_fields(
         return obj  # objects without managedFields stay untracked until an apply
     schema = _Schema(_group(api_version), str(obj.get("kind") or (old or {}).get("kind") or ""), list_keys)
     before_obj, after_obj = _changed_parts(old, obj)
-    c = _Walker(schema).compare(schema.skeleton(before_obj), schema.skeleton(after_obj))
+    if old is None:
+        c = _created(schema, after_obj)
+    else:
+        c = _Walker(schema).compare(schema.skeleton(before_obj), schema.skeleton(after_obj))
     ident = _identity(manager, operation, api_version, subresource)
     try:
         if stored is None:

@@ -207,8 +207,10 @@ def _patched(info: ResourceInfo, ctype: str, old: dict[str, Any], body: Any) -> 
     )
 
 
-def _check_patched(info: ResourceInfo, name: str, patched: Any) -> None:
-    """The patched object must still be an object of this kind, with the URL's name."""
+def _check_patched(info: ResourceInfo, name: str, patched: Any, stored: dict[str, Any]) -> None:
+    """The patched object must still be an object of this kind, with the URL's name. Only the top-level parts
+    the patch changed are decoded again: every stored part decoded when it was written (`_validate` checks
+    each part that is not the same JSON as the stored one)."""
     if not isinstance(patched, dict):
         raise StatusError(422, "Invalid", "the patch produced an object that is not a JSON object")
     patched.setdefault("metadata", {})
@@ -221,7 +223,8 @@ def _check_patched(info: ResourceInfo, name: str, patched: Any) -> None:
             f"the URL ({name})"
         )
     bschema = builtin_schema(info)
-    decode_err = builtin.builtin_decode_error(bschema, info.kind, patched) if bschema is not None else None
+    changed = {k: v for k, v in patched.items() if k not in stored or not _same_json(v, stored[k])}
+    decode_err = builtin.builtin_decode_error(bschema, info.kind, changed) if bschema is not None else None
     if decode_err:
         raise invalid(
             info.kind, info.group, name, [Cause("FieldValueInvalid", f"Invalid value: {decode_err}", "patch")]
@@ -380,13 +383,13 @@ class ObjectAPI:
         bschema = builtin_schema(info)
         if bschema is not None:
             # Top-level parts equal to the stored object's were checked and pruned when it was written: an
-            # update (a kubelet's status write above all) only pays for what it changes. Metadata counts as
-            # equal only when it encodes alike (Python's == takes True for 1).
+            # update (a kubelet's status write above all) only pays for what it changes. A part counts as
+            # equal only when it encodes alike (Python's == takes True for 1, and 1.0 for 1).
             if old is None:
                 part = obj
             else:
                 part = {k: v for k, v in obj.items()
-                        if k in _ALWAYS_CHECKED or k not in old or old[k] != v}
+                        if k in _ALWAYS_CHECKED or k not in old or not _same_json(old[k], v)}
                 if "metadata" in part and _same_json(part["metadata"], old.get("metadata")):
                     del part["metadata"]
             decode_err = builtin.builtin_decode_error(bschema, info.kind, part)
@@ -670,14 +673,18 @@ class ObjectAPI:
         require_rv: bool | None = None,
         operation_manager: str = "Update",
         check_unknown: bool = True,
+        owned: bool = False,
     ) -> dict[str, Any]:
+        """Replace the stored object (PUT, and every patch once applied). `owned`: `body` is a fresh object no
+        one else holds (a patch's result), so it is not copied again before the write edits it."""
         new = builtin.ensure_object(body)
         _check_update_target(info, namespace, name, new["metadata"])
         self._check_namespace(info, namespace, creating=False)
         current = self.get(info, namespace, name)
         old = current.obj
         _check_update_version(info, name, new["metadata"].get("resourceVersion"), old, require_rv)
-        new = clone(new)
+        if not owned:
+            new = clone(new)
         new = self._merge_for_subresource(info, old, new, subresource)
         _keep_server_metadata(info, namespace, name, new["metadata"], old["metadata"])
         if old["metadata"].get("deletionTimestamp"):
@@ -754,8 +761,10 @@ class ObjectAPI:
         self._check_namespace(info, namespace, creating=False)
         current = self.get(info, namespace, name)
         patched = _patched(info, ctype, current.obj, body)
-        _check_patched(info, name, patched)
-        obj = await self.update(info, namespace, name, patched, ctx, subresource, require_rv=False)
+        _check_patched(info, name, patched, current.obj)
+        # A JSON or merge patch builds its result from copies of the stored object and the patch's values.
+        owned = ctype in (JSON_PATCH, MERGE_PATCH)
+        obj = await self.update(info, namespace, name, patched, ctx, subresource, require_rv=False, owned=owned)
         return 200, obj
 
     async def _apply(

@@ -444,12 +444,13 @@ def _prune_value(x: JSON, s: Schema | None, path: str, rec: list[str] | None, un
         emb = _embedded(s)
         props = _props(s)
         addl = _additional(s)
+        settled = _call_settled
         out: dict[str, Any] = {}
         for k, v in x.items():
             if emb and k in META_FIELDS:
                 out[k] = _meta_field(k, v, path, un.embedded_meta if un.track else None, un)
             elif k in props:
-                out[k] = _prune_value(v, props[k], _join(path, k), rec, un)
+                out[k] = v if settled and id(v) in settled else _prune_value(v, props[k], _join(path, k), rec, un)
             elif addl is not None:
                 out[k] = _prune_value(v, addl, _join(path, k), rec, un)
             elif rec is not None and (k not in META_FIELDS or path):
@@ -540,6 +541,8 @@ def prune(schema: Schema, obj: Any, *, resource_root: bool = True) -> Any:
 def prune_nulls(schema: Schema, obj: Any) -> Any:
     """Drop nulls of non-nullable fields that have no default (they would fail the type check otherwise)."""
 
+    settled = _call_settled
+
     def walk(x: JSON, s: Schema | None) -> JSON:
         if isinstance(x, dict):
             out: dict[str, Any] = {}
@@ -547,7 +550,7 @@ def prune_nulls(schema: Schema, obj: Any) -> Any:
                 sub: Schema | None = _props(s).get(k) if k in _props(s) else _additional(s)
                 if v is None and sub is not None and not sub.get("nullable") and sub.get("default") is None:
                     continue
-                out[k] = walk(v, sub)
+                out[k] = v if settled and id(v) in settled else walk(v, sub)
             return out
         if isinstance(x, list):
             memo = _call_settled
@@ -584,6 +587,7 @@ def _has_default(s: Schema | None) -> bool:
 
 def apply_defaults(schema: Schema, obj: Any) -> Any:
     """A copy of `obj` with `default`s applied top-down; a default may itself receive nested defaults."""
+    settled = _call_settled
 
     def walk(x: JSON, s: Schema | None) -> JSON:
         if s is None:
@@ -597,7 +601,8 @@ def apply_defaults(schema: Schema, obj: Any) -> Any:
             addl = _additional(s)
             for k in list(out):
                 if k in props:
-                    out[k] = walk(out[k], props[k])
+                    if not (settled and id(out[k]) in settled):
+                        out[k] = walk(out[k], props[k])
                 elif addl is not None:
                     if out[k] is None and not addl.get("nullable") and _has_default(addl):
                         out[k] = _copy(addl["default"])
@@ -830,8 +835,10 @@ def _fewest(results: list[list[Cause]]) -> list[Cause]:
 class _Checker:
     """One kube-openapi validation run. `prefix` is the field path its root stands for (nil -> "<nil>")."""
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, unchanged: Mapping[str, bytes] | None = None) -> None:
         self.prefix = prefix
+        self.unchanged = unchanged or {}
+        """Root properties whose values equal the old object's, with their encodings (see `_remembered`)."""
 
     def field(self, name: str) -> str:
         name = name[1:] if name.startswith(".") else name
@@ -1014,6 +1021,17 @@ class _Checker:
             return []
         return [field_invalid(self.field(name), x, f"{name} in body should be a multiple of {go_value(f)}")]
 
+    def _remembered(self, s: Schema, x: JSON, name: str, encoding: bytes) -> list[Cause]:
+        """A root property the update leaves as it was: checked once per distinct encoding under its schema node
+        (the checks are a pure function of both; only a pass is remembered), as list items are."""
+        clean = _clean.of(s)
+        if encoding in clean:
+            return []
+        found = self.check(s, x, name)
+        if not found:
+            _clean.remember(s, encoding)
+        return found
+
     def _array(self, s: Schema, x: list[Any], name: str) -> list[Cause]:
         errs: list[Cause] = []
         items = _items(s)
@@ -1093,7 +1111,10 @@ class _Checker:
                         errs.extend(self.check(addl, v, f"{name}.{k}"))
         for k, p in props.items():
             if k in x and isinstance(p, Mapping):
-                errs.extend(self.check(p, x[k], _join(name, k)))
+                if not name and k in self.unchanged:
+                    errs.extend(self._remembered(p, x[k], k, self.unchanged[k]))
+                else:
+                    errs.extend(self.check(p, x[k], _join(name, k)))
         for k in s.get("required") or []:
             if isinstance(k, str) and k not in x:
                 errs.append(field_required(self.field(f"{name}.{k}")))
@@ -1216,7 +1237,10 @@ def _map_list_old(s: Schema, old: JSON) -> Callable[[JSON], JSON]:
     return get
 
 
-def _cel_errors(s: Schema | None, x: JSON, old: JSON, path: str, root: bool) -> list[Cause]:
+def _cel_errors(
+    s: Schema | None, x: JSON, old: JSON, path: str, root: bool, skip: frozenset[str] = frozenset()
+) -> list[Cause]:
+    """CEL rule errors of `x`'s subtree, in upstream order; `skip`: properties of `x` not to descend into."""
     if s is None or x is None or not has_rules(s):
         return []
     errs = cel.evaluate_rules(s, x, old, path, is_resource_root=root)
@@ -1227,7 +1251,7 @@ def _cel_errors(s: Schema | None, x: JSON, old: JSON, path: str, root: bool) -> 
             for k, v in x.items():
                 errs.extend(_cel_errors(addl, v, old_map.get(k), _path_key(path, k), False))
         for k, v in x.items():
-            if k in props:
+            if k in props and k not in skip:
                 errs.extend(_cel_errors(props[k], v, old_map.get(k), _join(path, k), False))
     elif isinstance(x, list):
         items = _items(s)
@@ -1238,16 +1262,72 @@ def _cel_errors(s: Schema | None, x: JSON, old: JSON, path: str, root: bool) -> 
     return errs
 
 
-def _validate(schema: Schema, obj: JSON, old: JSON, root_path: str, prior: list[Cause]) -> list[Cause]:
-    errs = _Checker(root_path).check(schema, obj, "")
+def _validate(
+    schema: Schema, obj: JSON, old: JSON, root_path: str, prior: list[Cause], *, ratchet: bool = False
+) -> list[Cause]:
+    """Every check of a write, in upstream order. `ratchet` (a resource's update): root properties equal to the
+    old object's are checked through `_Checker._remembered`, and their CEL rules are not evaluated where
+    ratcheting would drop every error they can give (`_ratchet_drops_rules`)."""
+    unchanged = _unchanged_roots(schema, obj, old) if ratchet and not root_path else {}
+    errs = _Checker(root_path, unchanged).check(schema, obj, "")
     errs.extend(_embedded_errors(schema, obj, root_path))
     errs.extend(_list_errors(schema, obj, root_path))
     if has_rules(schema):
         if any(c.reason in _BLOCKING for c in prior + errs):
             errs.append(field_invalid("<nil>", None, _BLOCKED_MESSAGE))
         else:
-            errs.extend(_cel_errors(schema, obj, old, root_path, not root_path))
+            props = _props(schema)
+            skip = frozenset(k for k in unchanged if _ratchet_drops_rules(props[k]))
+            errs.extend(_cel_errors(schema, obj, old, root_path, not root_path, skip))
     return errs
+
+
+_PLAIN_KEY = re.compile(r"[^.\[\]]+")
+"""A property name that is one step of a field path (`_unchanged` reads paths back into steps)."""
+
+
+def _unchanged_roots(schema: Schema, obj: JSON, old: JSON) -> dict[str, bytes]:
+    """Root properties (objects and arrays) of `obj` that encode exactly as the old object's, with their
+    encodings: the same JSON, so also the same to `_unchanged`, which compares Go encodings."""
+    if not isinstance(obj, dict) or not isinstance(old, dict):
+        return {}
+    props = _props(schema)
+    memo = _call_settled or {}
+    out: dict[str, bytes] = {}
+    for k, v in obj.items():
+        if k not in old or not isinstance(props.get(k), Mapping) or not isinstance(v, dict | list):
+            continue
+        was = old[k]
+        if not _PLAIN_KEY.fullmatch(k) or (was is not v and v != was):  # `!=` first: a changed part fails fast
+            continue
+        try:
+            known = memo.get(id(v))
+            encoding = known[1] if known is not None else msgspec.json.encode(v)
+            if was is v or encoding == msgspec.json.encode(was):
+                out[k] = encoding
+        except (OverflowError, TypeError, ValueError):  # ints beyond 64 bits: checked as they are
+            continue
+    return out
+
+
+_drops_cache: dict[int, tuple[Any, bool]] = {}
+
+
+def _ratchet_drops_rules(s: Schema) -> bool:
+    """Whether ratcheting drops every CEL error from a subtree under `s` whose value equals the old one: true
+    unless a node `_unchanged` can walk to has a transition rule (those see both values and are never dropped)
+    or is a list-type=map (whose items correlate by key, so a repeated key can pair an item with another).
+    Errors of the other rules name a field inside the subtree, whose value equals its old one."""
+    hit = _drops_cache.get(id(s))
+    if hit is not None and hit[0] is s:
+        return hit[1]
+    children = [*_props(s).values(), _additional(s), _items(s)]
+    drops = (not _transition_rule(s) and s.get("x-kubernetes-list-type") != "map"
+             and all(_ratchet_drops_rules(c) for c in children if isinstance(c, Mapping)))
+    if len(_drops_cache) > 50_000:  # schemas of deleted or replaced CRDs
+        _drops_cache.clear()
+    _drops_cache[id(s)] = (s, drops)
+    return drops
 
 
 _FIELD_TOKEN = re.compile(r"([^.\[\]]+)|\[([^\]]*)\]")
@@ -1383,6 +1463,18 @@ def process_custom_resource(
         _call_settled = outer
 
 
+def _settle_unchanged_roots(schema: Schema, body: dict[str, Any], old: dict[str, Any]) -> None:
+    """Root properties an update leaves as stored (the spec of a status write) skip the decode walks when those
+    leave them as they are, decided once per distinct encoding (`_is_settled`)."""
+    memo = _call_settled
+    if memo is None or _preserve(schema):
+        return
+    props = _props(schema)
+    for k in _unchanged_roots(schema, body, old):
+        if k not in META_FIELDS:
+            _is_settled(body[k], props[k], memo)
+
+
 def _process_custom_resource(
     info: ResourceInfo, obj: dict[str, Any], *, old: dict[str, Any] | None, field_validation: str
 ) -> tuple[dict[str, Any], list[str]]:
@@ -1411,6 +1503,8 @@ def _process_custom_resource(
     body.setdefault("apiVersion", expected)
     body.setdefault("kind", info.kind)
     schema: Schema = info.schema if info.schema is not None else {"type": "object", **_ANY_SCHEMA}
+    if old is not None:
+        _settle_unchanged_roots(schema, body, old)
 
     warnings = check_field_validation(
         unknown_fields(schema, body), field_validation, options_kind=options_kind
@@ -1427,7 +1521,7 @@ def _process_custom_resource(
     if not causes:
         if old is None:
             causes.extend(_name_causes(cleaned.get("metadata") or {}))
-        causes.extend(_validate(schema, cleaned, old, "", causes))
+        causes.extend(_validate(schema, cleaned, old, "", causes, ratchet=old is not None))
         if causes and old is not None:
             causes = _ratchet(schema, cleaned, old, causes)
     if causes:
