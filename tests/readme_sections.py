@@ -44,6 +44,8 @@ HEADLINES: dict[str, tuple[str, list[Headline]]] = {
                  "kubernetes-asyncio", "/s"),
         Headline("watch events decoded into the cache", "ours_events_per_s", "official_watch_events_per_s",
                  "official client", "/s"),
+        Headline("share of the stack's limit on the same stream (decoding alone)", "ours_share_of_stack_limit_pct",
+                 unit=" %"),
         Headline("memory per cached pod", "bytes_per_cached_pod_ours",
                  "bytes_per_cached_pod_kubernetes_asyncio_model", "kubernetes-asyncio model", " B"),
         Headline("cold sync of 100,000 pods (paginated list)", "cold_sync_seconds_paginated_list", unit=" s"),
