@@ -14,6 +14,8 @@ from typing import Any
 
 import msgspec
 
+from .gostrings import go_json_escape
+
 PathElement = tuple[str, Any]
 Path = tuple[PathElement, ...]
 PathTrie = dict[PathElement, list[Any]]  # {element: [is_member, children]}
@@ -45,16 +47,7 @@ def _canon(v: Any) -> str:
 
 def _go_json(v: Any) -> str:
     """Go's encoding/json: sorted keys, compact, HTML-safe escapes."""
-    s = json.dumps(v, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    for ch, esc in (
-        ("<", "\\u003c"),
-        (">", "\\u003e"),
-        ("&", "\\u0026"),
-        ("\u2028", "\\u2028"),
-        ("\u2029", "\\u2029"),
-    ):
-        s = s.replace(ch, esc)
-    return s
+    return go_json_escape(json.dumps(v, sort_keys=True, separators=(",", ":"), ensure_ascii=False))
 
 
 def _pe_to_fields(pe: PathElement) -> str:

@@ -1,6 +1,18 @@
-"""Go's string quoting, because upstream error messages show bad values the way Go's %q prints them."""
+"""Go's string quoting, because upstream error messages show bad values the way Go's %q prints them, and the
+HTML-safe escapes Go's encoding/json writes into JSON text."""
 
 from __future__ import annotations
+
+_JSON_HTML_ESCAPES = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"),
+                      ("\u2029", "\\u2029"))
+
+
+def go_json_escape(text: str) -> str:
+    """JSON text as Go's encoding/json writes it: <, >, & and the line/paragraph separators as \\u escapes."""
+    for ch, esc in _JSON_HTML_ESCAPES:
+        text = text.replace(ch, esc)
+    return text
+
 
 _GO_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}
 

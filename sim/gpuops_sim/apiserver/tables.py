@@ -30,6 +30,7 @@ from typing import Any
 
 from . import quantity
 from .errors import bad_request
+from .gostrings import go_json_escape
 from .resources import ResourceInfo
 from .selectors import label_selector_from_object
 from .store import clone
@@ -186,16 +187,7 @@ def _go_json(value: Any) -> str:
     if isinstance(value, float):
         return _json_float(value)
     if isinstance(value, str):
-        s = json.dumps(value, ensure_ascii=False)
-        for ch, esc in (
-            ("<", "\\u003c"),
-            (">", "\\u003e"),
-            ("&", "\\u0026"),
-            ("\u2028", "\\u2028"),
-            ("\u2029", "\\u2029"),
-        ):
-            s = s.replace(ch, esc)
-        return s
+        return go_json_escape(json.dumps(value, ensure_ascii=False))
     if isinstance(value, Mapping):
         members = (f"{_go_json(str(k))}:{_go_json(value[k])}" for k in sorted(value, key=str))
         return "{" + ",".join(members) + "}"
