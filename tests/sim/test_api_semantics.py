@@ -831,6 +831,29 @@ async def test_streaming_list(api: Api) -> None:
             assert ev["type"] == "ADDED" and ev["object"]["metadata"]["name"] == f"c{rv}"
 
 
+async def test_streaming_list_sends_the_versions_of_its_start(api: Api) -> None:
+    """The initial events are framed while they are sent; what they carry is still fixed when the watch starts:
+    a change made after that arrives as an event after the end bookmark, never inside an initial ADDED."""
+    for name in ("a", "b", "c"):
+        await api.ok("POST", CMS, cm(name, data={"k": "before"}))
+    start_rv = api.s.store.rv
+    info = api.s.registry.lookup("", "v1", "configmaps")
+    assert info is not None
+    params = {"sendInitialEvents": "true", "resourceVersionMatch": "NotOlderThan", "allowWatchBookmarks": "true"}
+    stream = watch._WatchStream(api.s.store, info, NS, params, None, False)
+    initial = stream.backlog(None, True)
+    assert initial is not None
+    await api.ok("PATCH", f"{CMS}/c", {"data": {"k": "after"}})
+    await api.ok("DELETE", f"{CMS}/b")
+    await api.ok("POST", CMS, cm("d", data={"k": "after"}))
+    evs = [json.loads(line) for line in initial]
+    assert [(e["type"], e["object"]["metadata"].get("name")) for e in evs[:-1]] == [
+        ("ADDED", "a"), ("ADDED", "b"), ("ADDED", "c")]
+    assert {e["object"]["data"]["k"] for e in evs[:-1]} == {"before"}
+    assert evs[-1]["type"] == "BOOKMARK"
+    assert evs[-1]["object"]["metadata"]["resourceVersion"] == str(start_rv)
+
+
 @pytest.mark.parametrize(
     ("params", "message"),
     [
