@@ -30,10 +30,12 @@ its own nodes (nodeSelector on the node group, or on one node) so they never sha
             same events go through accounting's `simulate` with `ours` and `das_lowest_free_slot` and through the
             per-GPU repack bound (`simulate_repack`); the target is accounting's: our gain over DAS end to end
             >= RATIO_TARGET of the bound's gain, means over the seeds. The end-to-end figure differs from
-            accounting's `ours` only by timing: a pod holds its slices from its plan to the agent destroying them
-            after it finishes, not exactly [arrival, arrival + lifetime). That hold is measured per pod; a replay
-            of `ours` with the measured arrivals and holds shows how much of the gap timing explains, and every
-            policy is also run with the measured arrivals and the mean measured hold extension.
+            accounting's `ours` only by timing: a pod holds its slices from its plan until its claims end after
+            it finishes (Released: the allocator plans on those placements from then; or the agent destroyed
+            the slices, if that came first), not exactly [arrival, arrival + lifetime). That hold is measured
+            per pod; a replay of `ours` with the measured arrivals and holds shows how much of the gap timing
+            explains, and every policy is also run with the measured arrivals and the mean measured hold
+            extension.
 
 Everything is timed on this process's monotonic clock (store events carry it). Percentiles are nearest-rank.
 """
@@ -145,6 +147,12 @@ class ClaimRec:
     history: list[tuple[float, str, str]] = field(default_factory=list)  # (time, phase, message) changes
     present: bool = False  # its slice was seen in the MigNode
     gone: float | None = None  # ... and then no longer
+    ended: float | None = None  # Released or Failed: the allocator plans on its placement from then
+
+    @property
+    def freed(self) -> float | None:
+        """When its placement was free to plan on: the claim ended or its slice went, whichever came first."""
+        return min((t for t in (self.ended, self.gone) if t is not None), default=None)
 
 
 @dataclass(eq=False)
@@ -259,6 +267,9 @@ class Recorder:
             c.bound = t
         if st.get("advertised") and c.advertised is None:
             c.advertised = t
+        if phase in ("Released", "Failed") and c.ended is None:
+            c.ended = t
+            _check_released(c.pod)
         device = st.get("deviceUUID") or ""
         if device and not c.device:
             c.device = device
@@ -280,10 +291,14 @@ class Recorder:
             elif c.present:
                 c.gone = ev.time
                 watched.discard(c)
-                pod = c.pod
-                if len(pod.claims) == len(pod.profiles) and all(x.gone is not None for x in pod.claims):
-                    pod.released = max(x.gone for x in pod.claims if x.gone is not None)
-                pod.event.set()
+                _check_released(c.pod)
+                c.pod.event.set()
+
+
+def _check_released(pod: PodRec) -> None:
+    """A pod's slices are released once every one of its placements is free to plan on."""
+    if pod.released is None and len(pod.claims) == len(pod.profiles) and all(x.freed is not None for x in pod.claims):
+        pod.released = max(x.freed for x in pod.claims if x.freed is not None)
 
 
 async def wait_on(event: asyncio.Event, ready: Callable[[], bool], deadline: float) -> bool:
@@ -463,7 +478,7 @@ def anomalies(recs: Iterable[PodRec]) -> list[dict[str, Any]]:
             continue
         rel = {k: ms(v - r.added) if v is not None else None for k, v in (
             ("planned", r.planned), ("ungated", r.ungated), ("bound", r.bound), ("running", r.running),
-            ("finished", r.finished), ("slices_gone", r.released))}
+            ("finished", r.finished), ("slices_freed", r.released))}
         out.append({"pod": f"{r.ns}/{r.name}", "profiles": list(r.profiles), "runtime_s": round(r.runtime, 3),
                     "why": why, "node": r.node, "end": r.end_phase, "end_reason": r.end_reason, **rel,
                     "claims": [[(ms(t - r.added), ph, m) for t, ph, m in c.history] for c in r.claims]})

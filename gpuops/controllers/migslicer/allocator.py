@@ -3,11 +3,12 @@ scheduler bind the pod there.
 
 One pod, from admission to its container holding the slices:
   1. The webhook renamed `nvidia.com/mig-<p>` to `gpuops.io/mig-<p>` and added the gate `gpuops.io/mig-slicer`.
-  2. Plan: the MigNodes' slices plus every live claim (and the claims this process created that the cache has
-     not shown yet) are the occupancy; `gpuops.accounting.mig.place_in_cluster` picks node, GPUs and starts
-     among the nodes that admit the pod (nodeSelector, required affinity, taints; Ready, schedulable, agent
-     alive, no other MIG manager: `gpuops.controllers.coexistence`). One AllocationClaim per slice, owned by the
-     pod, labelled with the node for its agent.
+  2. Plan: the MigNodes' slices (but those of ended claims, which the agent destroys first) plus every live
+     claim (and the claims this process created that the cache has not shown yet) are the occupancy;
+     `gpuops.accounting.mig.place_in_cluster` picks node, GPUs and starts among the nodes that admit the pod
+     (nodeSelector, required affinity, taints; Ready, schedulable, agent alive, no other MIG manager:
+     `gpuops.controllers.coexistence`). One AllocationClaim per slice, owned by the pod, labelled with the node
+     for its agent.
      Nothing fits: the pod stays gated with the condition `gpuops.io/MigSlices=False` and a
      FailedMigAllocation Event saying why; any change of MigNodes or claims wakes it.
   3. The agent creates each slice and reports the claim Created (device UUID).
@@ -90,6 +91,8 @@ INDEX_CLAIMS_BY_NODE = "gpuops.io/claim-node"
 HOSTNAME = "kubernetes.io/hostname"
 _SECOND = 1_000_000
 _LIVE = ("Pending", "Created", "Bound")
+_ENDED = ("Released", "Failed")
+"""Claims whose slice the agent destroys at once, unless a live claim has taken it over."""
 _DONE = ("Succeeded", "Failed")
 
 
@@ -308,14 +311,20 @@ class Allocator:
         return created is not None and now - created > self.settings.pending_timeout * _SECOND
 
     def _occupancy(self) -> dict[str, dict[str, set[tuple[int, int, str]]]]:
-        """node -> GPU UUID -> (start, size, profile) of every slice that exists or is claimed."""
+        """node -> GPU UUID -> (start, size, profile) of every slice that exists or is claimed, but for slices on
+        their way out: at the placement of a Released or Failed claim, a slice no live claim owns is destroyed by
+        the agent at once (before it makes the slices of newer claims), so it is free to plan on already. Waiting
+        for the agent's next report held every freed slice a few hundred milliseconds past its pod's end."""
         out: dict[str, dict[str, set[tuple[int, int, str]]]] = {}
+        claims = [*self.claims.store.list(), *self._reserved.values()]
+        leaving = {(c.spec.node_name, c.spec.gpu_uuid, c.spec.start) for c in claims if c.status.phase in _ENDED}
         for mn in self.mig_nodes.store.list():
-            gpus = out.setdefault(mn.spec.node_name or mn.metadata.name, {})
+            name = mn.spec.node_name or mn.metadata.name
+            gpus = out.setdefault(name, {})
             for g in mn.status.gpus:
                 held = gpus.setdefault(g.uuid, set())
-                held.update((s.start, s.size, s.profile) for s in g.slices)
-        for c in [*self.claims.store.list(), *self._reserved.values()]:
+                held.update((s.start, s.size, s.profile) for s in g.slices if (name, g.uuid, s.start) not in leaving)
+        for c in claims:
             if c.status.phase in _LIVE:
                 out.setdefault(c.spec.node_name, {}).setdefault(c.spec.gpu_uuid, set()).add(
                     (c.spec.start, c.spec.size, c.spec.profile))

@@ -153,6 +153,40 @@ async def test_released_and_orphaned_slices_are_destroyed(tmp_path: Path) -> Non
         await until("the released and the orphaned slice are gone", empty)
 
 
+async def test_a_claim_planned_over_a_released_slice_is_made_in_the_same_pass(tmp_path: Path) -> None:
+    """The allocator plans on a Released claim's placement before the agent destroys its slice. An agent that
+    finds both at once (here: the release and the new claim made while it was down) destroys the released
+    slice first and makes the new one in that pass, not after a failed attempt and its retry delay."""
+    async with APIServer() as server:
+        server.write_kubeconfig(tmp_path / "k")
+        client = await Client.from_kubeconfig(str(tmp_path / "k"))
+        await install_crds(client, ["mignodes", "allocationclaims"], [CLAIMS, MIG_NODES])
+
+        async def agent_for(check: Any) -> None:
+            mgr = Manager(client, ManagerOptions(namespace=None, metrics_bind_address="0",
+                                                 health_probe_bind_address="0"))
+            backend = MigBackend(FakeNVML.from_spec("A100-40GB:2", NODE, state_file=tmp_path / "gpus.json"))
+            mig_agent.install(mgr, NODE, backend, settings=mig_agent.AgentSettings(
+                grace=60.0, heartbeat=30.0, retry=60.0, backend_name="emulated"))
+            task = asyncio.create_task(mgr.run())
+            try:
+                await check()
+            finally:
+                mgr.request_stop()
+                await asyncio.wait_for(task, 10)
+
+        await claim(client, "old", "7g.40gb", 0, 8)
+        await agent_for(lambda: until("old Created", lambda: phase(client, "old", "Created")))
+        # while the agent is down: the pod finished (Released) and the next one was planned over its slice
+        await client.patch(CLAIMS, "old", {"status": {"phase": "Released"}}, namespace=NS, subresource="status")
+        await claim(client, "next", "3g.20gb", 4, 4)
+        await agent_for(lambda: until("next Created before any retry", lambda: phase(client, "next", "Created"),
+                                      within=15))
+        with MigBackend(driver(tmp_path)) as other:
+            assert [(s.start, s.profile) for s in other.slices() if s.gpu_uuid == G0] == [(4, "3g.20gb")]
+        await client.close()
+
+
 async def test_an_orphan_in_the_way_is_cleared_for_a_claim(tmp_path: Path) -> None:
     with MigBackend(driver(tmp_path)) as other:
         other.create(G0, "1g.5gb", 0)  # left behind by a deleted claim

@@ -25,6 +25,7 @@ from gpuops.controllers.migslicer.api import (
     GATE,
     MIG_NODES,
     AllocationClaim,
+    MigNode,
     resource_of_profile,
 )
 from gpuops.controllers.migslicer.settings import Settings
@@ -71,6 +72,7 @@ class FakeAgent:
         self.slices: dict[str, tuple[str, int, int, str]] = {}  # claim key -> (gpu, start, size, profile)
         self.offered: dict[str, int] = {}
         self.extra_gpus: list[dict[str, Any]] = []  # reported as they are (e.g. a model our tables lack)
+        self.frozen = False  # a slow agent: it neither makes, destroys nor reports anything
 
     async def publish(self) -> None:
         gpus = []
@@ -89,6 +91,8 @@ class FakeAgent:
                                 subresource="status")
 
     async def step(self) -> None:
+        if self.frozen:
+            return
         _, claims = await self.client.list(CLAIMS, namespace=NS)
         changed = False
         offered: dict[str, int] = {}
@@ -237,6 +241,41 @@ async def test_no_fit_waits_with_a_reason_then_runs_when_capacity_frees(tmp_path
             return sum(c.status.phase == "Released" for c in (await client.list(CLAIMS, namespace=NS))[1]) == 3
 
         await until("the three claims released", all_released, 15)
+
+
+async def test_a_released_slice_is_planned_on_before_the_agent_reports_it_gone(tmp_path: Path) -> None:
+    """The agent destroys a Released claim's slice at once, before it makes newer claims' slices: the allocator
+    plans on that placement as soon as it released the claim, not only after the agent's next report."""
+    async with running(tmp_path) as (_cluster, client, agent):
+        await client.create(PODS, mig_pod("first-0", {"7g.40gb": 1}, runtime=2.0), NS)
+        await client.create(PODS, mig_pod("first-1", {"7g.40gb": 1}, runtime=60.0), NS)
+
+        async def both_running() -> bool:
+            phases = [(await client.get(PODS, n, NS)).status.phase for n in ("first-0", "first-1")]
+            return phases == ["Running", "Running"]
+
+        await until("both GPUs taken", both_running)
+        agent.frozen = True  # from here on, the MigNode keeps listing both 7g slices
+
+        async def released() -> AllocationClaim | None:
+            return next((c for c in await claims_of(client, "first-0") if c.status.phase == "Released"), None)
+
+        freed = await until("first-0 finished and its claim released", released)
+        await client.create(PODS, mig_pod("next", {"3g.20gb": 1}), NS)
+
+        async def planned() -> AllocationClaim | None:
+            return next(iter(await claims_of(client, "next")), None)
+
+        c = await until("next planned while the report still lists the released slice", planned, 15)
+        mn: MigNode = await client.get(MIG_NODES, NODE)
+        assert any(s.claim.endswith(freed.metadata.name) for g in mn.status.gpus for s in g.slices)
+        assert c.spec.gpu_uuid == freed.spec.gpu_uuid
+        agent.frozen = False
+
+        async def next_runs() -> bool:
+            return (await client.get(PODS, "next", NS)).status.phase == "Running"
+
+        await until("next runs once the agent catches up", next_runs)
 
 
 def test_an_ask_no_node_could_ever_hold_is_told_apart_from_a_wait_for_capacity() -> None:

@@ -123,6 +123,8 @@ class NodeAgent:
         claims = sorted(self.claims.store.list(), key=lambda c: (c.metadata.creation_timestamp or "", c.metadata.name))
         retry = False
         if self.held is None:
+            # first the slices of ended claims: the allocator plans newer claims on their placements already
+            slices = await self._clean(claims, slices)
             for c in claims:
                 if c.status.phase in ("Pending", "Created", "Bound"):
                     changed = await self._ensure(c, slices)
@@ -130,7 +132,6 @@ class NodeAgent:
                         retry = True
                     elif changed:
                         slices = await self._call(self.backend.slices)
-            slices = await self._clean(claims, slices)
         else:
             self._orphans.clear()  # their grace starts over once the node is ours again
             self.held_at = time.monotonic()
