@@ -854,6 +854,18 @@ async def test_streaming_list_sends_the_versions_of_its_start(api: Api) -> None:
     assert evs[-1]["object"]["metadata"]["resourceVersion"] == str(start_rv)
 
 
+async def test_a_namespace_finalize_leaves_the_stored_version_as_it_was(api: Api) -> None:
+    """A stored version is what a watch started earlier still sends: a later write must not change it."""
+    await api.ok("POST", "/api/v1/namespaces", {"metadata": {"name": "fin"}, "spec": {"finalizers": ["a/b"]}})
+    info = api.s.registry.lookup("", "v1", "namespaces")
+    assert info is not None
+    before = api.s.store.get(info.storage_key, "", "fin")
+    assert before is not None
+    seen = json.dumps(before.obj, sort_keys=True)
+    await api.ok("PUT", "/api/v1/namespaces/fin/finalize", {"metadata": {"name": "fin"}, "spec": {"finalizers": []}})
+    assert json.dumps(before.obj, sort_keys=True) == seen
+
+
 @pytest.mark.parametrize(
     ("params", "message"),
     [

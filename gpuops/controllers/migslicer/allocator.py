@@ -312,12 +312,15 @@ class Allocator:
 
     def _occupancy(self) -> dict[str, dict[str, set[tuple[int, int, str]]]]:
         """node -> GPU UUID -> (start, size, profile) of every slice that exists or is claimed, but for slices on
-        their way out: at the placement of a Released or Failed claim, a slice no live claim owns is destroyed by
-        the agent at once (before it makes the slices of newer claims), so it is free to plan on already. Waiting
-        for the agent's next report held every freed slice a few hundred milliseconds past its pod's end."""
+        their way out: at the placement of an ended (Released or Failed) claim whose pod finished or is gone, a
+        slice no live claim owns is destroyed by the agent at once (before it makes the slices of newer claims),
+        so it is free to plan on already. Waiting for the agent's next report held every freed slice a few
+        hundred milliseconds past its pod's end. A terminating pod's containers may still use theirs: those
+        stay taken until the agent's report drops them."""
         out: dict[str, dict[str, set[tuple[int, int, str]]]] = {}
         claims = [*self.claims.store.list(), *self._reserved.values()]
-        leaving = {(c.spec.node_name, c.spec.gpu_uuid, c.spec.start) for c in claims if c.status.phase in _ENDED}
+        leaving = {(c.spec.node_name, c.spec.gpu_uuid, c.spec.start) for c in claims
+                   if c.status.phase in _ENDED and not self._pod_may_run(c)}
         for mn in self.mig_nodes.store.list():
             name = mn.spec.node_name or mn.metadata.name
             gpus = out.setdefault(name, {})
@@ -329,6 +332,11 @@ class Allocator:
                 out.setdefault(c.spec.node_name, {}).setdefault(c.spec.gpu_uuid, set()).add(
                     (c.spec.start, c.spec.size, c.spec.profile))
         return out
+
+    def _pod_may_run(self, claim: AllocationClaim) -> bool:
+        """Whether the claim's pod may still have a container on its slice: it exists and has not finished."""
+        pod = self.pods.store.get(f"{claim.metadata.namespace}/{claim.spec.pod_name}")
+        return pod is not None and pod.metadata.uid == claim.spec.pod_uid and pod.status.phase not in _DONE
 
     def _refused(self) -> dict[str, str]:
         """Reports left out of planning (see reports.py); each newly refused one gets a Warning Event and a log."""

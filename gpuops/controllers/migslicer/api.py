@@ -230,8 +230,9 @@ class ClaimStatus(ApiStruct):
     allocator deletes the claim and places the pod again), Created (the slice exists), Bound (the kubelet gave it
     to a container), Released (the pod finished; the agent destroys the slice) or Failed (the slice could not be
     made, or was lost after Bound; see message). For a Failed claim, the allocator places a pod that is still
-    gated again, and deletes a running pod that lost its slice. The placement of a Released or Failed claim is
-    free for new claims at once: the agent destroys the old slice before it makes theirs."""
+    gated again, and deletes a running pod that lost its slice. Once its pod finished or is gone, the placement
+    of a Released or Failed claim is free for new claims: the agent destroys the old slice before it makes
+    theirs."""
     device_uuid: str = msgspec.field(default="", name="deviceUUID")
     """The MIG device UUID (MIG-...) of the slice, the value NVIDIA_VISIBLE_DEVICES names. Set together with
     Created."""

@@ -398,6 +398,6 @@ class ControllerLoops:
                     dict(c, lastTransitionTime=None) for c in old.get("conditions") or []
                 ]:
                     continue
-                new = dict(s.obj)
+                new = dict(s.obj, metadata=dict(s.obj["metadata"]))  # the stored version stays as it was
                 new["status"] = status
                 self.store.put(PDB_GR, new)

@@ -838,7 +838,7 @@ class APIServer:
         current = self.api.get(info, "", name).obj
         if not isinstance(body, dict):
             raise bad_request("the body of a finalize request must be a Namespace")
-        new = dict(current)
+        new = dict(current, metadata=dict(current["metadata"]))  # the stored version stays as it was
         new["spec"] = dict(
             current.get("spec") or {}, finalizers=(body.get("spec") or {}).get("finalizers") or []
         )

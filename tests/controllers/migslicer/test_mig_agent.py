@@ -187,6 +187,38 @@ async def test_a_claim_planned_over_a_released_slice_is_made_in_the_same_pass(tm
         await client.close()
 
 
+@pytest.mark.parametrize(("profile", "start", "size"), [("7g.40gb", 0, 8), ("3g.20gb", 4, 4)])
+async def test_a_released_slice_still_in_use_is_neither_taken_over_nor_fatal(
+        tmp_path: Path, profile: str, start: int, size: int) -> None:
+    """A force-deleted pod's processes may still hold its slice when a new claim is planned there. The new claim
+    must not take that slice over (same profile and start), and a slice in the way that cannot be destroyed yet
+    must not fail the agent's pass (other claims, the offer and the report go on): it is made once it is free."""
+    async with agent_running(tmp_path) as (client, _):
+        await claim(client, "old", "7g.40gb", 0, 8)
+        old = await until("old Created", lambda: phase(client, "old", "Created"))
+        nvml = driver(tmp_path)
+        with MigBackend(driver(tmp_path)) as other:
+            gi = next(x.gpu_instance_id for x in other.slices() if x.device_uuid == old.status.device_uuid)
+        assert gi is not None
+        nvml.set_busy(0, gi)  # a process of the old pod still runs on it
+        await client.patch(CLAIMS, "old", {"status": {"phase": "Released"}}, namespace=NS, subresource="status")
+        await claim(client, "new", profile, start, size)
+        await claim(client, "elsewhere", "1g.5gb", 0, 1, gpu=gpu_uuid(NODE, 1))
+        await until("a claim on the other GPU is made meanwhile", lambda: phase(client, "elsewhere", "Created"))
+        beat = (await client.get(MIG_NODES, NODE)).status.heartbeat
+        await until("the agent reports on", lambda: _reported_after(client, beat))
+        new = await client.get(CLAIMS, "new", NS)
+        assert new.status.phase in ("", "Pending"), new.status  # not Created on the busy slice, not Failed
+        nvml.set_busy(0, gi, busy=False)  # the old pod's process exits
+        made = await until("new made once the old slice is free", lambda: phase(client, "new", "Created"))
+        assert made.status.message.endswith(f"made on {NODE}"), made.status.message  # made anew, not taken over
+
+
+async def _reported_after(client: Client, beat: str | None) -> bool:
+    mn: MigNode = await client.get(MIG_NODES, NODE)
+    return mn.status.heartbeat != beat
+
+
 async def test_an_orphan_in_the_way_is_cleared_for_a_claim(tmp_path: Path) -> None:
     with MigBackend(driver(tmp_path)) as other:
         other.create(G0, "1g.5gb", 0)  # left behind by a deleted claim

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
-from waiting import install_crds, until
+from waiting import install_crds, until, until_holds
 
 from gpuops.accounting import mig
 from gpuops.controllers.migslicer.allocator import CONDITION, never_fits
@@ -37,6 +37,7 @@ from gpuops.kube.manager import Manager, ManagerOptions
 from gpuops.kube.resources import EVENTS, NODES, PODS
 from gpuops.kube.times import format_time, wall_clock
 from gpuops_sim.cluster.cluster import SimCluster
+from gpuops_sim.cluster.kubelet import TERMINATION_ANNOTATION
 from gpuops_sim.scenario import parse
 
 NS = "work"
@@ -73,6 +74,7 @@ class FakeAgent:
         self.offered: dict[str, int] = {}
         self.extra_gpus: list[dict[str, Any]] = []  # reported as they are (e.g. a model our tables lack)
         self.frozen = False  # a slow agent: it neither makes, destroys nor reports anything
+        self.freeze_on_release = False  # ... from the first claim it sees Released, its slice still reported
 
     async def publish(self) -> None:
         gpus = []
@@ -94,6 +96,9 @@ class FakeAgent:
         if self.frozen:
             return
         _, claims = await self.client.list(CLAIMS, namespace=NS)
+        if self.freeze_on_release and any(c.status.phase == "Released" for c in claims):
+            self.frozen = True
+            return
         changed = False
         offered: dict[str, int] = {}
         for c in claims:
@@ -247,20 +252,17 @@ async def test_a_released_slice_is_planned_on_before_the_agent_reports_it_gone(t
     """The agent destroys a Released claim's slice at once, before it makes newer claims' slices: the allocator
     plans on that placement as soon as it released the claim, not only after the agent's next report."""
     async with running(tmp_path) as (_cluster, client, agent):
-        await client.create(PODS, mig_pod("first-0", {"7g.40gb": 1}, runtime=2.0), NS)
+        agent.freeze_on_release = True  # the MigNode keeps listing first-0's slice once its claim is Released
+        await client.create(PODS, mig_pod("first-0", {"7g.40gb": 1}, runtime=1.0), NS)
         await client.create(PODS, mig_pod("first-1", {"7g.40gb": 1}, runtime=60.0), NS)
-
-        async def both_running() -> bool:
-            phases = [(await client.get(PODS, n, NS)).status.phase for n in ("first-0", "first-1")]
-            return phases == ["Running", "Running"]
-
-        await until("both GPUs taken", both_running)
-        agent.frozen = True  # from here on, the MigNode keeps listing both 7g slices
 
         async def released() -> AllocationClaim | None:
             return next((c for c in await claims_of(client, "first-0") if c.status.phase == "Released"), None)
 
-        freed = await until("first-0 finished and its claim released", released)
+        freed = await until("first-0 finished and its claim released", released, 30)
+        other = await claims_of(client, "first-1")
+        assert other and other[0].status.phase in ("Pending", "Created", "Bound")  # the other GPU is taken
+        await until_holds("the agent stopped at the release", lambda: agent.frozen)
         await client.create(PODS, mig_pod("next", {"3g.20gb": 1}), NS)
 
         async def planned() -> AllocationClaim | None:
@@ -270,12 +272,47 @@ async def test_a_released_slice_is_planned_on_before_the_agent_reports_it_gone(t
         mn: MigNode = await client.get(MIG_NODES, NODE)
         assert any(s.claim.endswith(freed.metadata.name) for g in mn.status.gpus for s in g.slices)
         assert c.spec.gpu_uuid == freed.spec.gpu_uuid
-        agent.frozen = False
+        agent.freeze_on_release = agent.frozen = False
 
         async def next_runs() -> bool:
             return (await client.get(PODS, "next", NS)).status.phase == "Running"
 
         await until("next runs once the agent catches up", next_runs)
+
+
+async def test_a_terminating_pods_released_slice_stays_taken_until_the_agent_drops_it(tmp_path: Path) -> None:
+    """A pod being deleted has its claims Released at once, but its containers run on through their grace
+    period: its slice is not planned on until the agent's report no longer lists it."""
+    async with running(tmp_path) as (_cluster, client, agent):
+        agent.freeze_on_release = True
+        slow = mig_pod("slow-stop", {"7g.40gb": 1}, runtime=120.0)
+        slow["metadata"]["annotations"][TERMINATION_ANNOTATION] = "60"  # SIGTERM takes a minute
+        slow["spec"]["terminationGracePeriodSeconds"] = 60
+        await client.create(PODS, slow, NS)
+        await client.create(PODS, mig_pod("other", {"7g.40gb": 1}, runtime=120.0), NS)
+
+        async def running_both() -> bool:
+            phases = [(await client.get(PODS, n, NS)).status.phase for n in ("slow-stop", "other")]
+            return phases == ["Running", "Running"]
+
+        await until("both GPUs taken", running_both)
+        await client.delete(PODS, "slow-stop", NS)
+
+        async def released() -> AllocationClaim | None:
+            return next((c for c in await claims_of(client, "slow-stop") if c.status.phase == "Released"), None)
+
+        await until("the terminating pod's claim released", released)
+        await client.create(PODS, mig_pod("next", {"3g.20gb": 1}), NS)
+
+        async def told_no_capacity() -> bool:
+            p = await client.get(PODS, "next", NS)
+            c = cond.get_condition(p.status.conditions, CONDITION)
+            return c is not None and c.status == "False" and c.reason == "NoCapacity"
+
+        await until("next planned and found no room", told_no_capacity)
+        assert not await claims_of(client, "next")
+        terminating = await client.get(PODS, "slow-stop", NS)
+        assert terminating.metadata.deletion_timestamp and terminating.status.phase == "Running"
 
 
 def test_an_ask_no_node_could_ever_hold_is_told_apart_from_a_wait_for_capacity() -> None:

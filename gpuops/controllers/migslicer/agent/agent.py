@@ -3,16 +3,19 @@
 One reconcile per change of the node's claims (label `gpuops.io/node=<node>`) and on a heartbeat timer. It reads
 the layout from the GPUs every time (the device is the truth, not memory, so a restarted agent needs no state):
   Pending claim    its slice is made at the claim's exact placement (or adopted, if an earlier agent made it and
-                   died before writing Created) -> Created with the device UUID. A placement taken by a slice no
-                   claim owns is freed first; one taken by another claim's slice, or any non-retryable NVML error,
-                   -> Failed with the reason (the allocator plans again). Retryable errors are retried.
+                   died before writing Created; never the slice of an ended claim) -> Created with the device
+                   UUID. A placement taken by a slice no claim owns is freed first; one taken by another claim's
+                   slice, or any non-retryable NVML error, -> Failed with the reason (the allocator plans again).
+                   Retryable errors are retried.
   Created claim    whose slice vanished (a reboot: MIG instances do not survive one) is made again; a Bound one
                    (its container had the device) -> Failed: the pod lost its device.
   advertised       claims annotated `gpuops.io/advertise` have their slice listed by the device plugin of its
                    profile (`gpuops.io/mig-<profile>`), then status.advertised; the kubelet's Allocate of a slice
                    marks its claim Bound.
-  orphans          slices of Released claims are destroyed at once; slices no claim names (the claim was deleted,
-                   or an agent died between making a slice and its claim going away) after `grace` seconds.
+  orphans          slices of Released and Failed claims are destroyed at once, first of all (the allocator plans
+                   newer claims on their placements once their pods finished); slices no claim names (the claim
+                   was deleted, or an agent died between making a slice and its claim going away) after `grace`
+                   seconds.
   MigNode          GPUs, MIG mode, and the slices with their claims, written when they change and on heartbeats.
   held             while the operator's answer to that write carries ConflictDetected=True (another MIG manager or
                    MIG device plugin on the node, see `gpuops.controllers.migslicer.conflicts`), no slice is made
@@ -144,10 +147,14 @@ class NodeAgent:
         return next((s for s in slices if s.gpu_uuid == c.spec.gpu_uuid and s.start == c.spec.start), None)
 
     async def _ensure(self, c: AllocationClaim, slices: list[SliceInfo]) -> bool | None:
-        """Make the claim's slice exist; True when the layout changed, None when it should be retried."""
+        """Make the claim's slice exist; True when the layout changed, None when it should be retried. An ended
+        claim's slice is never taken over: its pod's processes may still hold it (a force-deleted pod), so it is
+        destroyed (which NVML refuses while in use) and made anew."""
         s = self._at(slices, c)
         owners = {(x.spec.gpu_uuid, x.spec.start): x for x in self.claims.store.list() if x.status.phase in _LIVE}
-        if s is not None and s.profile == c.spec.profile and s.complete:
+        ended = _ended_devices(self.claims.store.list())
+        if (s is not None and s.profile == c.spec.profile and s.complete
+                and (s.device_uuid not in ended or s.device_uuid == c.status.device_uuid)):
             if c.status.phase == "Pending" or c.status.device_uuid != s.device_uuid:
                 await self._status(c, {"phase": "Created" if c.status.phase == "Pending" else c.status.phase,
                                        "deviceUUID": s.device_uuid, "createdAt": format_time(self.clock()),
@@ -176,8 +183,11 @@ class NodeAgent:
             overlap = [x for x in slices if x.gpu_uuid == c.spec.gpu_uuid and x.start < c.spec.start + c.spec.size
                        and c.spec.start < x.start + x.size]
             if overlap and all((x.gpu_uuid, x.start) not in owners for x in overlap):
-                for x in overlap:  # slices no claim owns overlap it: free them, make it next pass
-                    await self._destroy(x)
+                try:
+                    for x in overlap:  # slices no claim owns overlap it: free them, make it next pass
+                        await self._destroy(x)
+                except MigBackendError as err:  # still in use (its pod's processes are ending): next pass
+                    log.info("slice in the way not destroyed yet", claim=_key(c), error=str(err))
                 return None
             await self._status(c, {"phase": "Failed", "message": f"cannot create {c.spec.profile} at "
                                    f"{c.spec.gpu_uuid}/{c.spec.start}: {e}"})
@@ -192,13 +202,15 @@ class NodeAgent:
     async def _clean(self, claims: list[AllocationClaim], slices: list[SliceInfo]) -> list[SliceInfo]:
         live = {(c.spec.gpu_uuid, c.spec.start): c for c in claims if c.status.phase in _LIVE}
         released = {(c.spec.gpu_uuid, c.spec.start) for c in claims if c.status.phase in ("Released", "Failed")}
+        ended = _ended_devices(claims)
         now = time.monotonic()
         changed = False
         seen: set[tuple[str, int]] = set()
         for s in slices:
             key = (s.gpu_uuid, s.start)
             c = live.get(key)
-            if c is not None and c.spec.profile == s.profile:
+            if c is not None and c.spec.profile == s.profile and (
+                    s.device_uuid not in ended or s.device_uuid == c.status.device_uuid):
                 continue
             seen.add(key)
             first = self._orphans.setdefault(key, now)
@@ -371,3 +383,10 @@ def install(manager: Manager, node: str, backend: MigBackend, *, plugin_dir: str
 
     manager.add_runnable("mig-agent-lifecycle", lifecycle, need_leader_election=False)
     return agent
+
+
+def _ended_devices(claims: Sequence[AllocationClaim]) -> set[str]:
+    """Device UUIDs of Released and Failed claims that no live claim holds: slices to destroy, never to adopt."""
+    live = {c.status.device_uuid for c in claims if c.status.phase in _LIVE and c.status.device_uuid}
+    return {c.status.device_uuid for c in claims
+            if c.status.phase in ("Released", "Failed") and c.status.device_uuid and c.status.device_uuid not in live}
