@@ -127,10 +127,11 @@ class NodeAgent:
         retry = False
         if self.held is None:
             # first the slices of ended claims: the allocator plans newer claims on their placements already
-            slices = await self._clean(claims, slices)
+            ended = _ended_devices(claims)
+            slices = await self._clean(claims, slices, ended)
             for c in claims:
                 if c.status.phase in ("Pending", "Created", "Bound"):
-                    changed = await self._ensure(c, slices)
+                    changed = await self._ensure(c, slices, ended)
                     if changed is None:
                         retry = True
                     elif changed:
@@ -146,13 +147,12 @@ class NodeAgent:
     def _at(slices: Sequence[SliceInfo], c: AllocationClaim) -> SliceInfo | None:
         return next((s for s in slices if s.gpu_uuid == c.spec.gpu_uuid and s.start == c.spec.start), None)
 
-    async def _ensure(self, c: AllocationClaim, slices: list[SliceInfo]) -> bool | None:
+    async def _ensure(self, c: AllocationClaim, slices: list[SliceInfo], ended: set[str]) -> bool | None:
         """Make the claim's slice exist; True when the layout changed, None when it should be retried. An ended
         claim's slice is never taken over: its pod's processes may still hold it (a force-deleted pod), so it is
         destroyed (which NVML refuses while in use) and made anew."""
         s = self._at(slices, c)
         owners = {(x.spec.gpu_uuid, x.spec.start): x for x in self.claims.store.list() if x.status.phase in _LIVE}
-        ended = _ended_devices(self.claims.store.list())
         if (s is not None and s.profile == c.spec.profile and s.complete
                 and (s.device_uuid not in ended or s.device_uuid == c.status.device_uuid)):
             if c.status.phase == "Pending" or c.status.device_uuid != s.device_uuid:
@@ -199,10 +199,10 @@ class NodeAgent:
                                "message": f"slice {made.device_uuid} made on {self.node}"})
         return True
 
-    async def _clean(self, claims: list[AllocationClaim], slices: list[SliceInfo]) -> list[SliceInfo]:
+    async def _clean(self, claims: list[AllocationClaim], slices: list[SliceInfo], ended: set[str]
+                     ) -> list[SliceInfo]:
         live = {(c.spec.gpu_uuid, c.spec.start): c for c in claims if c.status.phase in _LIVE}
         released = {(c.spec.gpu_uuid, c.spec.start) for c in claims if c.status.phase in ("Released", "Failed")}
-        ended = _ended_devices(claims)
         now = time.monotonic()
         changed = False
         seen: set[tuple[str, int]] = set()
